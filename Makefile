@@ -1,0 +1,28 @@
+# Two entry points for a newcomer: `make demo` and `make test`. Both install what is missing first.
+SHELL := /bin/bash
+VENV  := .venv
+BIN   := $(VENV)/bin
+DEMO  ?= .prx/demo
+
+.PHONY: setup demo test doctor clean lock
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/prx-corpus demo-sources $(DEMO)/sources
+	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+doctor: setup
+	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus
+
+clean:
+	rm -rf .prx .pytest_cache test-artifacts
+
+# Re-resolve requirements.lock after changing dependencies in pyproject.toml.
+lock:
+	$(BIN)/pip install -q uv && $(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 \
+		--python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line -o requirements.lock

@@ -1,0 +1,5 @@
+"""Demo sources derived from real offline photos (see `build.build_demo_sources`)."""
+
+from prx_core.demo.build import DemoManifest, Planted, build_demo_sources, load_manifest
+
+__all__ = ["DemoManifest", "Planted", "build_demo_sources", "load_manifest"]

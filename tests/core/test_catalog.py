@@ -1,0 +1,94 @@
+"""The sources.yaml catalog: valid files load, every invalid field gets an error naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prx_core.catalog import CatalogError, SourceSpec, dump_catalog, load_catalog
+
+VALID = {
+    "name": "photos_a",
+    "format": "parquet",
+    "uri": "data/photos",
+    "image_column": "image",
+    "caption_column": "caption",
+    "key_column": "key",
+    "embedding_column": None,
+    "weight": 1.0,
+}
+
+
+def write(tmp_path: Path, sources: object) -> Path:
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump({"sources": sources}))
+    return path
+
+
+def test_valid_catalog_resolves_relative_uris(tmp_path: Path) -> None:
+    wds = {"name": "crawl", "format": "webdataset", "uri": "s3://bucket/crawl", "weight": 2}
+    catalog = load_catalog(write(tmp_path, [VALID, wds]))
+    assert catalog.names == ["photos_a", "crawl"]
+    assert catalog.get("photos_a").uri == str(tmp_path / "data" / "photos")
+    assert catalog.get("crawl").uri == "s3://bucket/crawl"
+    assert catalog.get("crawl").weight == 2.0
+    with pytest.raises(KeyError, match="no source named 'nope'"):
+        catalog.get("nope")
+
+
+def test_dump_then_load_round_trips(tmp_path: Path) -> None:
+    specs = [SourceSpec(**{**VALID, "uri": "/abs/photos"}), SourceSpec("web", "imagefolder", "/abs/web", weight=0.5)]
+    dump_catalog(specs, tmp_path / "sources.yaml")
+    assert list(load_catalog(tmp_path / "sources.yaml").sources) == specs
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "problem"),
+    [
+        ({"name": "Photos-A"}, "name", "must match"),
+        ({"name": None}, "name", "must match"),
+        ({"format": "csv"}, "format", "must be one of"),
+        ({"uri": ""}, "uri", "required"),
+        ({"image_column": None}, "image_column", "required for format parquet"),
+        ({"caption_column": 3}, "caption_column", "column name or null"),
+        ({"weight": 0}, "weight", "positive number"),
+        ({"weight": "heavy"}, "weight", "positive number"),
+        ({"weight": float("nan")}, "weight", "positive number"),
+        ({"colour": "red"}, "colour", "unknown field"),
+    ],
+)
+def test_invalid_field_is_named(tmp_path: Path, change: dict, field: str, problem: str) -> None:
+    with pytest.raises(CatalogError) as err:
+        load_catalog(write(tmp_path, [{**VALID, **change}]))
+    message = str(err.value)
+    assert f"field '{field}'" in message and problem in message
+    assert "sources.yaml" in message
+
+
+def test_error_names_the_source(tmp_path: Path) -> None:
+    bad = {"name": "web", "format": "imagefolder", "uri": "x", "embedding_column": "clip"}
+    with pytest.raises(CatalogError, match=r"source 'web': field 'embedding_column': not supported"):
+        load_catalog(write(tmp_path, [VALID, bad]))
+
+
+def test_duplicate_names_rejected(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match=r"source 'photos_a': field 'name': duplicate"):
+        load_catalog(write(tmp_path, [VALID, VALID]))
+
+
+@pytest.mark.parametrize("text", ["", "sources: []", "- a\n- b", "sources: [1]", "sources: {a: 1}", "other: 1\nsources: []"])
+def test_malformed_documents(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "sources.yaml"
+    path.write_text(text)
+    with pytest.raises(CatalogError):
+        load_catalog(path)
+
+
+def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="cannot read catalog"):
+        load_catalog(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("sources: [\n")
+    with pytest.raises(CatalogError, match="not valid YAML"):
+        load_catalog(tmp_path / "bad.yaml")

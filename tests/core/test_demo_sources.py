@@ -1,0 +1,208 @@
+"""The demo sources hold at least 300 samples in 3 formats, with every planted case present.
+
+The sources are read back here with plain pyarrow / tarfile / os (not the pipeline's readers),
+so a bug in the writer cannot hide behind the same bug in a reader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import struct
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image, ImageFile, UnidentifiedImageError
+
+from prx_core.catalog import load_catalog
+from prx_core.demo import build_demo_sources, load_manifest
+
+FLOOR = 384 * 384
+
+
+def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
+    """(source, key) -> (image bytes, caption) for every sample of every demo source."""
+    catalog = load_catalog(demo / "sources.yaml")
+    out: dict[tuple[str, str], tuple[bytes, str]] = {}
+    for spec in catalog.sources:
+        root = Path(spec.uri)
+        if spec.format == "parquet":
+            for part in sorted(root.glob("*.parquet")):
+                for row in pq.read_table(part).to_pylist():
+                    out[(spec.name, row[spec.key_column])] = (row[spec.image_column], row[spec.caption_column])
+        elif spec.format == "imagefolder":
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and path.suffix != ".txt":
+                    out[(spec.name, path.stem)] = (path.read_bytes(), path.with_suffix(".txt").read_text().strip())
+        elif spec.format == "webdataset":
+            members: dict[str, dict[str, bytes]] = {}
+            for shard in sorted(root.glob("*.tar")):
+                with tarfile.open(shard) as tar:
+                    for m in tar.getmembers():
+                        key, ext = m.name.split(".", 1)
+                        members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+            for key, files in members.items():
+                image = next(v for k, v in files.items() if k != "txt")
+                out[(spec.name, key)] = (image, files["txt"].decode().strip())
+    return out
+
+
+@pytest.fixture(scope="module")
+def demo(demo_dir: Path):
+    return load_manifest(demo_dir), read_sources(demo_dir)
+
+
+def decode(data: bytes) -> Image.Image:
+    im = Image.open(io.BytesIO(data))
+    im.load()
+    return im
+
+
+def test_size_and_formats(demo_dir: Path, demo) -> None:
+    manifest, files = demo
+    catalog = load_catalog(demo_dir / "sources.yaml")
+    assert {s.format for s in catalog.sources} >= {"parquet", "imagefolder", "webdataset"}
+    assert len(files) == len(manifest.samples) >= 300
+    assert all(Path(s.uri).exists() for s in catalog.sources)
+    assert min(Counter(source for source, _ in files).values()) >= 80
+    parquet = catalog.get("stock_photos")
+    table = pq.read_table(next(Path(parquet.uri).glob("*.parquet")))
+    assert table.schema.field(parquet.embedding_column).type.list_size == 512
+
+
+def test_every_sample_matches_its_manifest_entry(demo) -> None:
+    manifest, files = demo
+    for s in manifest.samples:
+        data, caption = files[(s.source, s.key)]
+        assert caption == s.caption and len(caption.split()) >= 3
+        if s.reject is None:
+            with Image.open(io.BytesIO(data)) as im:
+                sideways = im.getexif().get(0x0112) in (5, 6, 7, 8)
+                assert (im.size[::-1] if sideways else im.size) == tuple(s.size), s
+
+
+def members(manifest, kind: str):
+    found = [s for s in manifest.samples if kind in s.kinds]
+    assert found, f"no planted {kind}"
+    return found
+
+
+def test_duplicates_across_sources_at_different_resolutions(demo) -> None:
+    manifest, files = demo
+    groups: dict[str, dict[str, object]] = {}
+    for s in members(manifest, "duplicate"):
+        groups.setdefault(s.group, {})[s.role] = s
+    assert len(groups) >= 8
+    roles = Counter(role for g in groups.values() for role in g)
+    assert roles["reencode"] >= 3 and roles["copy"] >= 3 and roles["resize50"] == len(groups)
+    for group in groups.values():
+        original, half = group["original"], group["resize50"]
+        assert len({s.source for s in group.values()}) == 3
+        assert half.size == (original.size[0] // 2, original.size[1] // 2)
+        raw = files[(original.source, original.key)][0]
+        if "copy" in group:
+            assert files[(group["copy"].source, group["copy"].key)][0] == raw
+        else:
+            reencode = group["reencode"]
+            assert reencode.size == original.size
+            assert files[(reencode.source, reencode.key)][0] != raw
+
+
+def test_text_heavy_images_with_saying_captions(demo) -> None:
+    manifest, _ = demo
+    text = members(manifest, "text_heavy")
+    assert {"document", "spreadsheet", "slide", "screenshot"} <= {k for s in text for k in s.kinds}
+    assert len({s.source for s in text}) == 3
+    for s in text:
+        assert any(w in s.caption.lower() for w in ("document", "spreadsheet", "slide", "screenshot"))
+
+
+def test_out_of_bounds_sizes(demo) -> None:
+    manifest, files = demo
+    for s in members(manifest, "small"):
+        w, h = decode(files[(s.source, s.key)][0]).size
+        assert w * h < FLOOR and s.reject == "below_floor"
+    for s in members(manifest, "aspect_ratio"):
+        w, h = decode(files[(s.source, s.key)][0]).size
+        assert not 0.5 <= w / h <= 2.0 and s.reject == "aspect_ratio"
+
+
+@pytest.mark.parametrize(
+    ("kind", "modes", "fmt"),
+    [
+        ("rgba", {"RGBA"}, "PNG"),
+        ("la", {"LA"}, "PNG"),
+        ("palette", {"P"}, None),
+        ("grayscale", {"L", "LA"}, None),
+        ("grayscale16", {"I;16", "I"}, "PNG"),
+        ("cmyk", {"CMYK"}, "JPEG"),
+        ("bmp", {"RGB"}, "BMP"),
+        ("tiff", {"RGB"}, "TIFF"),
+        ("webp", {"RGB"}, "WEBP"),
+    ],
+)
+def test_modes_and_formats(demo, kind: str, modes: set[str], fmt: str | None) -> None:
+    manifest, files = demo
+    transparent = 0
+    for s in members(manifest, kind):
+        im = decode(files[(s.source, s.key)][0])
+        assert im.mode in modes, (s.key, im.mode)
+        if fmt:
+            assert im.format == fmt
+        if kind == "rgba":
+            transparent += im.getchannel("A").getextrema()[0] < 255
+    if kind == "rgba":
+        assert transparent >= 2  # the vignetted photos really are transparent somewhere
+
+
+def test_exif_rotated(demo) -> None:
+    manifest, files = demo
+    orientations = set()
+    for s in members(manifest, "exif_rotated"):
+        im = decode(files[(s.source, s.key)][0])
+        orientation = im.getexif().get(0x0112)
+        orientations.add(orientation)
+        if orientation in (6, 8):
+            assert im.size == tuple(s.size)[::-1]  # stored sideways
+    assert orientations == {3, 6, 8}
+
+
+def test_hostile_files(demo) -> None:
+    manifest, files = demo
+    expected = {"truncated": "truncated", "zero_byte": "empty", "not_an_image": "not_an_image",
+                "pixel_bomb": "too_many_pixels", "format_not_allowed": "format_not_allowed"}
+    for kind, reason in expected.items():
+        for s in members(manifest, kind):
+            assert s.reject == reason
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+    for s in members(manifest, "truncated"):
+        with pytest.raises(OSError):
+            decode(files[(s.source, s.key)][0])
+    assert all(files[(s.source, s.key)][0] == b"" for s in members(manifest, "zero_byte"))
+    for s in members(manifest, "not_an_image"):
+        with pytest.raises(UnidentifiedImageError):
+            Image.open(io.BytesIO(files[(s.source, s.key)][0]))
+    for s in members(manifest, "pixel_bomb"):
+        data = files[(s.source, s.key)][0]
+        width, height = struct.unpack(">II", data[16:24])  # PNG IHDR, read without Pillow
+        assert data[12:16] == b"IHDR" and width * height > 100_000_000 and len(data) < 10_000
+    for s in members(manifest, "format_not_allowed"):
+        with Image.open(io.BytesIO(files[(s.source, s.key)][0])) as im:
+            assert im.format == "PPM"
+
+
+def test_build_is_deterministic(tmp_path: Path) -> None:
+    def digest(folder: Path) -> dict[str, str]:
+        return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    first = build_demo_sources(tmp_path / "a", use_wallpapers=False)
+    second = build_demo_sources(tmp_path / "b", use_wallpapers=False)
+    assert len(first.samples) >= 300
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    build_demo_sources(tmp_path / "a", use_wallpapers=False)  # rebuilding in place replaces it whole
+    assert digest(tmp_path / "a") == digest(tmp_path / "b")
+    assert not (tmp_path / "a.partial").exists()
