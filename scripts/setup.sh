@@ -20,7 +20,7 @@ warn() { printf '\033[1;33m[setup] WARNING:\033[0m %s\n' "$*" >&2; }
 # --- 1. Debian packages: codec headers for pillow-simd, demo wallpapers, Chromium for UI tests.
 APT_PACKAGES=(
     libjpeg62-turbo-dev zlib1g-dev libpng-dev libwebp-dev libtiff-dev liblcms2-dev libfreetype6-dev
-    gnome-backgrounds plasma-workspace-wallpapers
+    gnome-backgrounds plasma-workspace-wallpapers libgs-common
 )
 install_apt() {
     if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 import tempfile
 from pathlib import Path
 
 import pytest
+import pyarrow.parquet as pq
 
 # Short base path: Ray's unix sockets must stay under 107 characters.
 _SANDBOX = Path(tempfile.mkdtemp(prefix="prxt-", dir="/tmp"))
@@ -42,4 +44,41 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     out = tmp_path_factory.mktemp("demo") / "sources"
     build_demo_sources(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_files(demo_dir: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
+    return read_sources(demo_dir)
+
+
+def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
+    """(source, key) -> (image bytes, caption) for every sample of every demo source.
+
+    Read with plain pyarrow / tarfile / os, not the pipeline's readers, so a bug in the
+    writer cannot hide behind the same bug in a reader."""
+    from prx_core.catalog import load_catalog
+
+    catalog = load_catalog(demo / "sources.yaml")
+    out: dict[tuple[str, str], tuple[bytes, str]] = {}
+    for spec in catalog.sources:
+        root = Path(spec.uri)
+        if spec.format == "parquet":
+            for part in sorted(root.glob("*.parquet")):
+                for row in pq.read_table(part).to_pylist():
+                    out[(spec.name, row[spec.key_column])] = (row[spec.image_column], row[spec.caption_column])
+        elif spec.format == "imagefolder":
+            for path in sorted(root.rglob("*")):
+                if path.is_file() and path.suffix != ".txt":
+                    out[(spec.name, path.stem)] = (path.read_bytes(), path.with_suffix(".txt").read_text().strip())
+        elif spec.format == "webdataset":
+            members: dict[str, dict[str, bytes]] = {}
+            for shard in sorted(root.glob("*.tar")):
+                with tarfile.open(shard) as tar:
+                    for m in tar.getmembers():
+                        key, ext = m.name.split(".", 1)
+                        members.setdefault(key, {})[ext] = tar.extractfile(m).read()
+            for key, files in members.items():
+                image = next(v for k, v in files.items() if k != "txt")
+                out[(spec.name, key)] = (image, files["txt"].decode().strip())
     return out

@@ -29,6 +29,7 @@ SOURCES = (
     SourceSpec("crawl_wds", "webdataset", "crawl_wds", weight=1.0),
 )
 ASPECTS = (0.56, 0.67, 0.75, 0.8, 1.0, 1.0, 1.25, 1.33, 1.5, 1.78)
+DUPLICATE_ASPECTS = (1.0, 1.33, 0.75, 1.5, 0.8)
 CROP_WORDS = ("", "Close-up of ", "Detail of ", "Wide shot: ", "Cropped view of ")
 
 
@@ -132,7 +133,8 @@ class DemoBuilder:
         big = [p for p in self.color if min(p.image.size) >= 400] or self.color
         for g in range(groups):
             photo = big[g % len(big)]
-            image = self.crop(photo, float(ASPECTS[g % len(ASPECTS)]), min(1600, 2 * max(photo.image.size)))
+            # large enough that the 50% copy is still above the 384x384 floor
+            image = self.crop(photo, DUPLICATE_ASPECTS[g % len(DUPLICATE_ASPECTS)], max(1200, min(1600, 2 * max(photo.image.size))))
             original = syn.encode(image, "JPEG", quality=95)
             group = f"dup_{g:02d}"
             common = ["photo", "duplicate"]
@@ -207,6 +209,9 @@ class DemoBuilder:
         for source in ("web_images", "stock_photos"):
             photo, im = sample()
             self.add(source, syn.cmyk_jpeg(im), "jpg", photo.caption, ["cmyk"], im.size)
+        if (profile := syn.cmyk_profile_path()) is not None:
+            photo, im = sample()
+            self.add("web_images", syn.cmyk_icc_jpeg(im, profile), "jpg", photo.caption, ["cmyk", "cmyk_icc"], im.size)
         for source, orientation in (("web_images", 6), ("web_images", 8), ("crawl_wds", 3)):
             photo = self.pick()
             im = self.crop(photo, 0.75, 1000)  # portrait upright; stored rotated for 6 and 8
@@ -215,7 +220,8 @@ class DemoBuilder:
         photo, im = sample()
         self.add("web_images", syn.encode(im, "BMP"), "bmp", photo.caption, ["bmp"], im.size)
         photo, im = sample()
-        self.add("web_images", syn.encode(im, "TIFF", compression="tiff_lzw"), "tif", photo.caption, ["tiff"], im.size)
+        # uncompressed: libtiff's LZW output was seen to differ between two identical runs
+        self.add("web_images", syn.encode(im, "TIFF", compression="raw"), "tif", photo.caption, ["tiff"], im.size)
 
     def hostile(self) -> None:
         """Files that must be rejected with a reason, never crash the run."""

@@ -123,8 +123,28 @@ def exif_rotated_jpeg(upright: Image.Image, orientation: int, quality: int = 90)
     return encode(stored, "JPEG", quality=quality, exif=exif.tobytes())
 
 
+CMYK_PROFILES = ("/usr/share/color/icc/ghostscript/default_cmyk.icc", "/usr/share/color/icc/ghostscript/ps_cmyk.icc")
+
+
 def cmyk_jpeg(image: Image.Image, quality: int = 90) -> bytes:
     return encode(image.convert("CMYK"), "JPEG", quality=quality)
+
+
+def cmyk_profile_path() -> str | None:
+    """A CMYK ICC profile from Debian's libgs-common, when installed."""
+    import os
+
+    return next((p for p in CMYK_PROFILES if os.path.exists(p)), None)
+
+
+def cmyk_icc_jpeg(image: Image.Image, profile_path: str, quality: int = 90) -> bytes:
+    """A print-style CMYK JPEG: separated through a real CMYK profile, which is embedded."""
+    from PIL import ImageCms
+
+    profile = ImageCms.getOpenProfile(profile_path)
+    cmyk = ImageCms.profileToProfile(image.convert("RGB"), ImageCms.createProfile("sRGB"), profile, outputMode="CMYK")
+    with open(profile_path, "rb") as handle:
+        return encode(cmyk, "JPEG", quality=quality, icc_profile=handle.read())
 
 
 def rgba_png(image: Image.Image) -> bytes:

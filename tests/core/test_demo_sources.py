@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import io
 import struct
-import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -23,36 +22,9 @@ from prx_core.demo import build_demo_sources, load_manifest
 FLOOR = 384 * 384
 
 
-def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
-    """(source, key) -> (image bytes, caption) for every sample of every demo source."""
-    catalog = load_catalog(demo / "sources.yaml")
-    out: dict[tuple[str, str], tuple[bytes, str]] = {}
-    for spec in catalog.sources:
-        root = Path(spec.uri)
-        if spec.format == "parquet":
-            for part in sorted(root.glob("*.parquet")):
-                for row in pq.read_table(part).to_pylist():
-                    out[(spec.name, row[spec.key_column])] = (row[spec.image_column], row[spec.caption_column])
-        elif spec.format == "imagefolder":
-            for path in sorted(root.rglob("*")):
-                if path.is_file() and path.suffix != ".txt":
-                    out[(spec.name, path.stem)] = (path.read_bytes(), path.with_suffix(".txt").read_text().strip())
-        elif spec.format == "webdataset":
-            members: dict[str, dict[str, bytes]] = {}
-            for shard in sorted(root.glob("*.tar")):
-                with tarfile.open(shard) as tar:
-                    for m in tar.getmembers():
-                        key, ext = m.name.split(".", 1)
-                        members.setdefault(key, {})[ext] = tar.extractfile(m).read()
-            for key, files in members.items():
-                image = next(v for k, v in files.items() if k != "txt")
-                out[(spec.name, key)] = (image, files["txt"].decode().strip())
-    return out
-
-
 @pytest.fixture(scope="module")
-def demo(demo_dir: Path):
-    return load_manifest(demo_dir), read_sources(demo_dir)
+def demo(demo_dir: Path, demo_files):
+    return load_manifest(demo_dir), demo_files
 
 
 def decode(data: bytes) -> Image.Image:
