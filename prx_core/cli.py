@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources (later: build, browse, bench)."""
+"""The `prx-corpus` command line: doctor, demo-sources, bench."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ def _cmd_demo_sources(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from benchmarks.image_path import format_table, run
+
+    started = time.time()
+    print("image-path benchmark (one core): building the corpus, then naive / fused / floor ...", flush=True)
+    results = run(quick=args.quick)
+    results["wall_seconds"] = time.time() - started
+    print(format_table(results))
+    print(f"\n{results['wall_seconds']:.0f} s in all")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from prx_core.doctor import default_root
 
@@ -49,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", help="output folder (replaced whole)")
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
+
+    bench = sub.add_parser("bench", help="image-path benchmark: naive vs process_image vs floor (one core)")
+    bench.add_argument("--quick", action="store_true", help="200 images instead of 400 (under 3 minutes)")
+    bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench.set_defaults(func=_cmd_bench)
     return parser
 
 

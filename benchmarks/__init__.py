@@ -1,0 +1,1 @@
+"""The performance suite (results in docs/benchmarks.md)."""
