@@ -27,6 +27,33 @@ def join_uri(base: str, *parts: str) -> str:
     return os.path.normpath(os.path.join(base, *parts))
 
 
+def filesystem_for(uri: str, storage_options: dict[str, Any] | None = None) -> fsspec.AbstractFileSystem:
+    """The fsspec filesystem that serves `uri` (local files, or s3:// through s3fs)."""
+    if is_remote(uri):
+        return fsspec.filesystem(uri.split("://", 1)[0], **(storage_options or {}))
+    return fsspec.filesystem("file")
+
+
+def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, str]:
+    """s3fs options as pylance (object_store) expects them."""
+    opts = dict(storage_options or {})
+    client = opts.pop("client_kwargs", {}) or {}
+    mapping = {
+        "key": "aws_access_key_id",
+        "secret": "aws_secret_access_key",
+        "token": "aws_session_token",
+        "endpoint_url": "aws_endpoint",
+    }
+    out = {mapping[k]: str(v) for k, v in opts.items() if k in mapping and v is not None}
+    if "endpoint_url" in client:
+        out["aws_endpoint"] = str(client["endpoint_url"])
+    if "region_name" in client:
+        out["aws_region"] = str(client["region_name"])
+    if out.get("aws_endpoint", "").startswith("http://"):
+        out["allow_http"] = "true"
+    return out
+
+
 @dataclass(frozen=True)
 class Storage:
     """A corpus root (local folder or object-store prefix) plus its connection options.
@@ -53,29 +80,10 @@ class Storage:
         return self.uri("lance", f"{table}.lance")
 
     def filesystem(self) -> fsspec.AbstractFileSystem:
-        if self.is_remote:
-            protocol = self.root.split("://", 1)[0]
-            return fsspec.filesystem(protocol, **self.storage_options)
-        return fsspec.filesystem("file")
+        return filesystem_for(self.root, self.storage_options)
 
     def lance_storage_options(self) -> dict[str, str]:
-        """s3fs options as pylance (object_store) expects them."""
-        opts = dict(self.storage_options)
-        client = opts.pop("client_kwargs", {}) or {}
-        mapping = {
-            "key": "aws_access_key_id",
-            "secret": "aws_secret_access_key",
-            "token": "aws_session_token",
-            "endpoint_url": "aws_endpoint",
-        }
-        out = {mapping[k]: str(v) for k, v in opts.items() if k in mapping and v is not None}
-        if "endpoint_url" in client:
-            out["aws_endpoint"] = str(client["endpoint_url"])
-        if "region_name" in client:
-            out["aws_region"] = str(client["region_name"])
-        if out.get("aws_endpoint", "").startswith("http://"):
-            out["allow_http"] = "true"
-        return out
+        return lance_storage_options(self.storage_options)
 
     def check_writable(self) -> tuple[bool, str]:
         """Write, read back and delete a probe object under the root."""

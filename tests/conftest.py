@@ -82,3 +82,24 @@ def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
                 image = next(v for k, v in files.items() if k != "txt")
                 out[(spec.name, key)] = (image, files["txt"].decode().strip())
     return out
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> dict:
+    """A real S3 HTTP endpoint on loopback (moto's server) and s3fs storage options for it."""
+    import socket
+
+    from moto.server import ThreadedMotoServer
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    yield {"endpoint": endpoint, "storage_options": options}
+    server.stop()
