@@ -103,8 +103,12 @@ def exif_orientation(image: Image.Image) -> int:
 
 def upright_size(image: Image.Image, orientation: int) -> tuple[int, int]:
     """The size after applying the EXIF orientation (5-8 swap width and height)."""
-    w, h = image.size
-    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+    return _oriented(image.size, orientation)
+
+
+def _oriented(size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """Map a size between stored and upright axes (the mapping is its own inverse)."""
+    return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
 
 
 def load_pixels(image: ImageFile.ImageFile) -> Rejection | None:
@@ -160,14 +164,12 @@ def cmyk_to_rgb(image: Image.Image) -> Image.Image:
 def _scale_to_8bit(image: Image.Image) -> Image.Image:
     """16/32-bit integer and float images to L: by the nominal range of the data."""
     array = np.asarray(image, dtype=np.float64)
+    peak = float(array.max(initial=0.0))
     if image.mode == "F":
-        top = 1.0 if array.max(initial=0.0) <= 1.0 else 255.0 if array.max(initial=0.0) <= 255.0 else array.max()
-        scaled = array / top * 255.0
+        top = 1.0 if peak <= 1.0 else 255.0 if peak <= 255.0 else peak
     else:
-        peak = array.max(initial=0.0)
         top = 255.0 if peak <= 255 else 65535.0 if peak <= 65535 else float(2**32 - 1)
-        scaled = array / top * 255.0
-    return Image.fromarray(np.clip(np.rint(scaled), 0, 255).astype(np.uint8), "L")
+    return Image.fromarray(np.clip(np.rint(array / top * 255.0), 0, 255).astype(np.uint8), "L")
 
 
 @dataclass(frozen=True)
@@ -196,12 +198,15 @@ def decode_image(
         return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
 
-def decode_opened(image: ImageFile.ImageFile, min_size: tuple[int, int] | None = None) -> Decoded | Rejection:
-    orientation = exif_orientation(image)
+def decode_opened(
+    image: ImageFile.ImageFile, min_size: tuple[int, int] | None = None, orientation: int | None = None
+) -> Decoded | Rejection:
+    """Decode an `open_image` result; pass `orientation` when the caller already read the EXIF."""
+    orientation = exif_orientation(image) if orientation is None else orientation
     original = upright_size(image, orientation)
     fmt, mode, stored = image.format or "?", image.mode, image.size
     if image.format == "JPEG" and min_size is not None:
-        want = min_size[::-1] if orientation in (5, 6, 7, 8) else min_size
+        want = _oriented(min_size, orientation)
         image.draft(None, (max(1, want[0]), max(1, want[1])))
     if (failure := load_pixels(image)) is not None:
         return failure

@@ -156,10 +156,12 @@ def _read_folder(spec: SourceSpec, fragment: str, storage_options: dict[str, Any
     fs = filesystem_for(spec.uri, storage_options)
     start, stop = (int(v) for v in fragment.split(":"))
     root = spec.uri.split("://", 1)[-1].rstrip("/")
-    # one listing, not one existence check per image (a HEAD request each on S3)
-    sidecars = {p.split("://", 1)[-1] for p in _glob(fs, spec.uri, CAPTION_EXTENSIONS)}
+    # one listing for images and captions, not an existence check per image (a HEAD each on S3)
+    listing = _glob(fs, spec.uri, IMAGE_EXTENSIONS + CAPTION_EXTENSIONS)
+    images = [p for p in listing if p.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS]
+    sidecars = {p.split("://", 1)[-1] for p in listing if p.rsplit(".", 1)[-1].lower() in CAPTION_EXTENSIONS}
     rows: list[dict[str, Any]] = []
-    for path in _glob(fs, spec.uri, IMAGE_EXTENSIONS)[start:stop]:
+    for path in images[start:stop]:
         stem = posixpath.splitext(path.split("://", 1)[-1])[0]
         sidecar = next((f"{stem}.{ext}" for ext in CAPTION_EXTENSIONS if f"{stem}.{ext}" in sidecars), None)
         caption = fs.cat_file(sidecar).decode("utf-8", errors="replace").strip() if sidecar else None

@@ -141,10 +141,11 @@ def cmyk_icc_jpeg(image: Image.Image, profile_path: str, quality: int = 90) -> b
     """A print-style CMYK JPEG: separated through a real CMYK profile, which is embedded."""
     from PIL import ImageCms
 
-    profile = ImageCms.getOpenProfile(profile_path)
-    cmyk = ImageCms.profileToProfile(image.convert("RGB"), ImageCms.createProfile("sRGB"), profile, outputMode="CMYK")
     with open(profile_path, "rb") as handle:
-        return encode(cmyk, "JPEG", quality=quality, icc_profile=handle.read())
+        icc = handle.read()
+    profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+    cmyk = ImageCms.profileToProfile(image.convert("RGB"), ImageCms.createProfile("sRGB"), profile, outputMode="CMYK")
+    return encode(cmyk, "JPEG", quality=quality, icc_profile=icc)
 
 
 def rgba_png(image: Image.Image) -> bytes:
