@@ -4,14 +4,21 @@ VENV  := .venv
 BIN   := $(VENV)/bin
 DEMO  ?= .prx/demo
 
-.PHONY: setup demo test doctor clean lock
+DEMO_ENV = DAGSTER_HOME=$(CURDIR)/.prx/dagster PRX_ROOT=$(CURDIR)/$(DEMO)/corpus PRX_SOURCES=$(CURDIR)/$(DEMO)/sources/sources.yaml
+
+.PHONY: setup demo ui test doctor clean lock
 
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	$(BIN)/prx-corpus demo-sources $(DEMO)/sources
-	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus
+	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus --no-ray
+	$(DEMO_ENV) $(BIN)/prx-corpus build --sources $(DEMO)/sources/sources.yaml --root $(DEMO)/corpus
+	@echo; echo "Open the Dagster UI on this corpus (runs, checks, metadata): make ui  (then http://127.0.0.1:3000)"
+
+ui: setup
+	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,9 +1,61 @@
-"""Dagster definitions for the corpus (loaded by workspace.yaml).
+"""Dagster definitions of the corpus (loaded by workspace.yaml, the CLI and the tests).
 
-The asset graph (raw_source -> samples -> captions ... -> mds_shards, skip_lists) is added stage
-by stage, one module per stage, by the asset-graph issue.
+raw_source -> samples -> buckets -> captions -> caption_labels -> skip_lists
+                      -> phashes -> duplicates (global) ------------^
+                         buckets + captions -> mds_shards ----------^
 """
+
+from __future__ import annotations
 
 import dagster as dg
 
-defs = dg.Definitions()
+from prx_assets import automation
+from prx_assets.buckets import buckets_asset
+from prx_assets.caption_labels import caption_labels_asset
+from prx_assets.captions import captions_asset
+from prx_assets.duplicates import duplicates
+from prx_assets.mds_shards import mds_shards_asset
+from prx_assets.phashes import phashes
+from prx_assets.raw_source import raw_source
+from prx_assets.samples import samples
+from prx_assets.skip_lists import skip_lists_asset
+from prx_assets.settings import Settings, load_settings
+from prx_resources import (
+    CaptionerResource, CatalogResource, EmbeddedRay, LabelerResource, RayCluster, SkipPolicyResource, StorageResource,
+)
+
+
+def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    ray_config = settings.section("ray")
+    ray = RayCluster(**ray_config) if ray_config.get("address") else EmbeddedRay(**ray_config)
+    return {
+        "storage": StorageResource(**{"root": settings.root, **settings.section("storage")}),
+        "catalog": CatalogResource(path=settings.sources),
+        "captioner": CaptionerResource(**settings.section("captioner")),
+        "labeler": LabelerResource(**settings.section("labeler")),
+        "policy": SkipPolicyResource(**settings.section("skip_policy")),
+        "ray": ray,
+    }
+
+
+def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.AssetsDefinition]:
+    storage, captioner, labeler, policy = (resources[k] for k in ("storage", "captioner", "labeler", "policy"))
+    return [
+        raw_source, samples, buckets_asset(storage), phashes, duplicates, captions_asset(captioner),
+        caption_labels_asset(captioner, labeler), mds_shards_asset(storage, captioner),
+        skip_lists_asset(captioner, labeler, policy),
+    ]
+
+
+def build_definitions(settings: Settings) -> dg.Definitions:
+    resources = build_resources(settings)
+    return dg.Definitions(
+        assets=build_assets(resources),
+        jobs=[automation.refresh_source_job, automation.compact_corpus],
+        schedules=[automation.weekly_source_refresh, automation.compact_schedule],
+        sensors=[automation.sources_sensor],
+        resources=resources,
+    )
+
+
+defs = build_definitions(load_settings())

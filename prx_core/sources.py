@@ -9,6 +9,7 @@ empty image bytes, so decoding rejects it with a reason instead of losing it sil
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -176,3 +177,22 @@ def _read_folder(spec: SourceSpec, fragment: str, storage_options: dict[str, Any
 
 def _lance_options(uri: str, storage_options: dict[str, Any] | None) -> dict[str, str] | None:
     return lance_storage_options(storage_options) if is_remote(uri) else None
+
+
+def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the source is right now, without reading its contents: fragments, files, bytes and a
+    fingerprint (names and sizes, or the Lance version) that changes when the source does."""
+    fragments = list_fragments(spec, storage_options)
+    if spec.format == "lance":
+        import lance
+
+        dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
+        entries = [f"lance@{dataset.version}"]
+        files, size = len(dataset.get_fragments()), 0
+    else:
+        fs = filesystem_for(spec.uri, storage_options)
+        details = fs.find(spec.uri, detail=True) if not fs.isfile(spec.uri) else {spec.uri: fs.info(spec.uri)}
+        entries = sorted(f"{name}\t{info.get('size', 0)}" for name, info in details.items())
+        files, size = len(entries), sum(int(info.get("size") or 0) for info in details.values())
+    digest = hashlib.sha256("\n".join([spec.format, *entries]).encode()).hexdigest()[:16]
+    return {"fragments": len(fragments), "files": files, "bytes": size, "fingerprint": digest}

@@ -1,1 +1,19 @@
-"""prx_resources."""
+"""Dagster resources of the corpus: one interface each, a local and a cluster implementation.
+
+Assets read through these and call `prx_core`; nothing here does image work itself.
+"""
+
+from prx_resources.catalog import CatalogResource
+from prx_resources.models import CaptionerResource, LabelerResource, SkipPolicyResource
+from prx_resources.ray import EmbeddedRay, RayCluster
+from prx_resources.storage import StorageResource
+
+__all__ = [
+    "CaptionerResource",
+    "CatalogResource",
+    "EmbeddedRay",
+    "LabelerResource",
+    "RayCluster",
+    "SkipPolicyResource",
+    "StorageResource",
+]

@@ -1,4 +1,7 @@
-"""The `prx-corpus` command line: doctor, demo-sources, bench."""
+"""The `prx-corpus` command line: doctor, demo-sources, build, bench.
+
+Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
+"""
 
 from __future__ import annotations
 
@@ -34,6 +37,49 @@ def _cmd_demo_sources(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_build(args: argparse.Namespace) -> int:
+    import os
+
+    os.environ["PRX_ROOT"] = os.path.abspath(args.root) if "://" not in args.root else args.root
+    os.environ["PRX_SOURCES"] = os.path.abspath(args.sources)
+    if args.config:
+        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
+    os.environ.setdefault("LANCE_LOG", "error")  # not "No existing dataset, it will be created" per table
+    import ray
+
+    from prx_assets.build import prepare_instance, run_build, sync_sources
+    from prx_assets.definitions import build_definitions
+    from prx_assets.settings import load_settings
+    from prx_core.catalog import load_catalog
+    from prx_core.storage import Storage
+    from prx_core.summary import corpus_summary, format_summary
+
+    started = time.time()
+    settings = load_settings()
+    catalog = load_catalog(settings.sources)
+    defs = build_definitions(settings)
+    instance = prepare_instance(args.dagster_home)
+    print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
+          f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
+    sync_sources(instance, catalog)
+    ray.init(include_dashboard=False, logging_level="warning", configure_logging=False)
+    try:
+        select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
+        outcome = run_build(defs, instance, catalog.names, args.source, select)
+    finally:
+        ray.shutdown()
+    storage = defs.resources["storage"]
+    print("\n" + format_summary(corpus_summary(Storage(settings.root, dict(storage.storage_options)))))
+    for label in outcome.warnings:
+        print(f"WARN check {label}")
+    for label in outcome.failed_blocking:
+        print(f"FAIL blocking check {label}")
+    for label in outcome.failed_runs:
+        print(f"FAIL {label}")
+    print(f"\n{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
+    return 0 if outcome.ok else 1
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     import json
 
@@ -67,6 +113,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("dir", help="output folder (replaced whole)")
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
+
+    build = sub.add_parser("build", help="materialize the corpus through the Dagster definitions, print a summary")
+    build.add_argument("--sources", required=True, help="the sources.yaml catalog")
+    build.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    build.add_argument("--source", action="append", help="only this source (repeatable); default: all")
+    build.add_argument("--select", help="comma-separated assets to materialize (default: all)")
+    build.add_argument("--config", help="YAML with resource settings: storage, captioner, labeler, skip_policy, ray")
+    build.add_argument("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME or .prx/dagster)")
+    build.set_defaults(func=_cmd_build)
 
     bench = sub.add_parser("bench", help="image-path benchmark: naive vs process_image vs floor (one core)")
     bench.add_argument("--quick", action="store_true", help="200 images instead of 400 (under 3 minutes)")

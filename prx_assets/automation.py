@@ -1,0 +1,60 @@
+"""Partitions kept in sync with the catalog, scheduled per-source refreshes, Lance compaction."""
+
+
+import dagster as dg
+
+from prx_assets.common import SOURCES
+from prx_core import lance_io
+from prx_core.schemas import TABLES
+from prx_resources import CatalogResource, StorageResource
+
+PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards"]
+FTS_COLUMNS = {"samples": ["original_caption"], "captions": ["caption"]}
+
+refresh_source_job = dg.define_asset_job(
+    "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE), partitions_def=SOURCES,
+    description="Re-ingest one source end to end; duplicates and skip_lists follow by automation.",
+)
+
+
+@dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
+def sources_sensor(context: dg.SensorEvaluationContext, catalog: CatalogResource) -> dg.SensorResult:
+    """Adds a partition for every catalog source and removes those no longer listed."""
+    current = set(context.instance.get_dynamic_partitions(SOURCES.name))
+    wanted = catalog.load().names
+    added = [name for name in wanted if name not in current]
+    removed = sorted(current - set(wanted))
+    requests = ([SOURCES.build_add_request(added)] if added else []) + ([SOURCES.build_delete_request(removed)] if removed else [])
+    return dg.SensorResult(dynamic_partitions_requests=requests,
+                           skip_reason=None if requests else "catalog and partitions agree")
+
+
+@dg.schedule(job=refresh_source_job, cron_schedule="0 2 * * 0", default_status=dg.DefaultScheduleStatus.STOPPED)
+def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest]:
+    """One run per source partition every week: a scheduled per-source backfill."""
+    return [dg.RunRequest(partition_key=name, run_key=f"{name}-{context.scheduled_execution_time:%Y%m%d}")
+            for name in context.instance.get_dynamic_partitions(SOURCES.name)]
+
+
+@dg.op(description="compact_files, cleanup of versions older than the retention, index refresh, per table")
+def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> None:
+    store = storage.storage()
+    options = store.lance_storage_options()
+    for table in TABLES:
+        uri = store.lance_uri(table)
+        if not lance_io.table_exists(uri, options):
+            continue
+        report = lance_io.compact_table(uri, storage_options=options)
+        indexes = lance_io.refresh_indexes(uri, FTS_COLUMNS.get(table, []), storage_options=options)
+        context.log.info(f"{table}: {report}; indexes: {indexes}")
+        if table in PER_SOURCE + ["duplicates"]:  # rejects and mds_index are tables, not assets
+            context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))
+
+
+@dg.job(description="Compact every Lance table and clean old versions safely.")
+def compact_corpus() -> None:
+    compact_tables()
+
+
+compact_schedule = dg.ScheduleDefinition(job=compact_corpus, cron_schedule="0 4 * * *",
+                                         default_status=dg.DefaultScheduleStatus.STOPPED)

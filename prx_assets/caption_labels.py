@@ -1,0 +1,36 @@
+"""Asset `caption_labels`: visual / text / nsfw from caption text."""
+
+
+import dagster as dg
+from dagster_ray import RayResource
+
+from prx_assets.buckets import CHEAP
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
+from prx_core.stages.labels import build_labels
+from prx_resources import CaptionerResource, LabelerResource, StorageResource
+
+CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", blocking=True,
+                            description="Every captioned eligible content has a label.")]
+
+
+def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions"], check_specs=CHECKS, kinds={"ray", "lance"},
+              code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP)
+    def caption_labels(
+        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
+        labeler: LabelerResource, ray: RayResource,
+    ) -> dg.MaterializeResult:
+        config = labeler.config()
+        report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
+                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}]"))
+        labelled = sum(report.distribution.values())
+        return dg.MaterializeResult(
+            metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,
+                      "labelled": report.labelled, "label_distribution": counts_table(report.distribution, "label"),
+                      **lance_versions(**report.read_versions, caption_labels=report.labels_version)},
+            check_results=[dg.AssetCheckResult(check_name="caption_labels_coverage", passed=labelled == report.captioned,
+                                               metadata={"captioned": report.captioned, "labelled": labelled})],
+            data_version=dg.DataVersion(f"caption_labels@{report.labels_version}"),
+        )
+
+    return caption_labels

@@ -1,0 +1,52 @@
+"""Asset `captions`: VLM re-captioning of eligible samples, each content once per captioner."""
+
+
+import statistics
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.compute as pc
+from dagster_ray import RayResource
+
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
+from prx_core.stages.captions import build_captions, eligible_contents, existing_keys
+from prx_resources import CaptionerResource, StorageResource
+
+CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
+                            description="Every eligible (bucketed) content of the source has a caption.")]
+
+
+def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
+    """Never automatic (it is the dominant cost): materialize by hand or by backfill."""
+
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
+              code_version=captioner.config().version(), pool="gpu")
+    def captions(
+        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource
+    ) -> dg.MaterializeResult:
+        store, config = storage.storage(), captioner.config()
+        report = build_captions(context.partition_key, store, config, actors=captioner.actors,
+                                progress=progress(context, f"captions[{context.partition_key}]"))
+        eligible, _ = eligible_contents(context.partition_key, store)
+        covered = existing_keys(store.lance_uri("captions"), "captioner_version", config.version(),
+                                store.lance_storage_options(), "error = ''")
+        missing = eligible.filter(pc.invert(pc.is_in(eligible["content_id"], pa.array(sorted(covered), pa.string()))))
+        words = report.word_counts
+        return dg.MaterializeResult(
+            metadata={
+                "captioner": config.captioner_id(), "eligible": report.eligible, "reused": report.reused,
+                "captioned": report.captioned, "failed": report.failed,
+                "images_per_second": round(report.images_per_second, 2),
+                "mean_words": round(statistics.fmean(words), 1) if words else 0.0,
+                "in_100_200_words": round(sum(100 <= w <= 200 for w in words) / len(words), 3) if words else 0.0,
+                "failures": counts_table(report.failures, "reason"),
+                **lance_versions(**report.read_versions, captions=report.captions_version),
+            },
+            check_results=[dg.AssetCheckResult(
+                check_name="captions_coverage", passed=missing.num_rows == 0,
+                metadata={"eligible": eligible.num_rows, "missing": missing.num_rows,
+                          "missing_sample": str(missing["content_id"].to_pylist()[:10])})],
+            data_version=dg.DataVersion(f"captions@{report.captions_version}"),
+        )
+
+    return captions

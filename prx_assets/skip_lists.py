@@ -1,0 +1,42 @@
+"""Asset `skip_lists`: per stream and reason, what training skips, without rewriting shards."""
+
+
+import dagster as dg
+
+from prx_assets.buckets import CHEAP
+from prx_assets.common import GROUP, SOURCES, lance_versions, md_table
+from prx_core.stages.skip_lists import build_skip_lists
+from prx_resources import CaptionerResource, LabelerResource, SkipPolicyResource, StorageResource
+
+REWRITE_ABOVE = 0.10  # substitution over-samples; above this a stream should be rewritten
+CHECKS = [dg.AssetCheckSpec("skip_lists_fraction", asset="skip_lists",
+                            description=f"Warns when a stream skips more than {REWRITE_ABOVE:.0%} of its samples.")]
+
+
+def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource) -> dg.AssetsDefinition:
+    version = f"{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
+
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
+              check_specs=CHECKS, kinds={"json"}, code_version=version, automation_condition=CHEAP)
+    def skip_lists(
+        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
+        labeler: LabelerResource, policy: SkipPolicyResource,
+    ) -> dg.MaterializeResult:
+        rules = policy.policy()
+        report = build_skip_lists(context.partition_key, storage.storage(), captioner.config().version(),
+                                  labeler.config().version(), rules)
+        table = [{"stream": s.stream, "samples": s.size, "skipped": s.skipped, "fraction": round(s.fraction, 3),
+                  **s.by_reason} for s in report.streams]
+        heavy = [s.stream for s in report.streams if s.fraction > REWRITE_ABOVE]
+        reasons = sorted({r for s in report.streams for r in s.by_reason})
+        return dg.MaterializeResult(
+            metadata={"policy_version": rules.version(), "samples": report.samples, "skipped": report.skipped,
+                      "skip_fraction": round(report.skipped / max(report.samples, 1), 4), "files": len(report.files),
+                      "streams": md_table(table, ["stream", "samples", "skipped", "fraction", *reasons]),
+                      **lance_versions(**report.read_versions)},
+            check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,
+                                               severity=dg.AssetCheckSeverity.WARN,
+                                               metadata={"streams_above": str(heavy), "threshold": REWRITE_ABOVE})],
+        )
+
+    return skip_lists

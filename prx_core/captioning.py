@@ -1,0 +1,322 @@
+"""Captioner backends: a config, a stable id and version, and one result per image.
+
+The contract every backend keeps is `CaptionerConfig` -> `captioner_id()` / `version()` ->
+one `CaptionResult` per input (failures recorded, never raised), so the captions asset keys rows
+by captioner version and re-captions only when the output could change. A vLLM backend (a whole
+Ray Data stage via `ray.data.llm.build_processor`) or an OpenAI-compatible endpoint reuses the
+config, id/version and the `CaptionBatch` output columns; only the engine behind them changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from prx_core.decode import Rejection, decode_image
+from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
+
+SOURCE = "source"
+TRANSFORMERS = "transformers"
+KNOWN_BACKENDS: tuple[str, ...] = (SOURCE, TRANSFORMERS)
+MIN_MAX_PIXELS = 28 * 28  # one merged Qwen-VL patch; anything smaller cannot be seen at all
+
+# Stable reason codes, the part of `CaptionResult.error` before the first ": ".
+NO_SOURCE_CAPTION = "no_source_caption"
+DECODE_ERROR = "decode_error"
+GENERATION_ERROR = "generation_error"
+EMPTY_CAPTION = "empty_caption"
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")  # config, tokenizer, template
+SAMPLE_BYTES, SAMPLE_WINDOWS = 256 << 10, 65
+
+
+@dataclass(frozen=True)
+class CaptionerConfig:
+    """Everything that selects a captioner; `version()` hashes the parts that change its output."""
+
+    backend: str
+    model: str = ""  # transformers: a local Hugging Face checkpoint directory
+    prompt_version: str = PROMPT_VERSION
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_pixels: int = 448 * 448  # pixel cap of the image sent to the model
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        if self.backend not in KNOWN_BACKENDS:
+            raise ValueError(f"unknown captioner backend {self.backend!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
+        if self.backend == TRANSFORMERS and not self.model:
+            raise ValueError("the transformers backend needs `model`: a local checkpoint directory")
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be at least 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        if self.max_pixels < MIN_MAX_PIXELS:
+            raise ValueError(f"max_pixels must be at least {MIN_MAX_PIXELS}, got {self.max_pixels}")
+
+    def captioner_id(self) -> str:
+        """Human-readable and stable: "source" or "<backend>:<model name>:<12 hex of version>"."""
+        if self.backend == SOURCE:
+            return SOURCE
+        return f"{self.backend}:{Path(self.model.rstrip('/')).name}:{self.version()[:12]}"
+
+    def version(self) -> str:
+        return hashlib.sha256(json.dumps(self.version_inputs(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def version_inputs(self) -> dict[str, Any]:
+        """What the output depends on; batch_size does not (one result per image either way)."""
+        if self.backend == SOURCE:
+            return {"backend": SOURCE, "rule": "strip"}  # no model, prompt, sampling or pixels
+        sampling: dict[str, float] = {"temperature": float(self.temperature)}
+        if self.temperature > 0:  # greedy decoding ignores top_p
+            sampling["top_p"] = float(self.top_p)
+        return {
+            "backend": self.backend,
+            "model": fingerprint_checkpoint(Path(self.model)),
+            "prompt_version": self.prompt_version,
+            "prompt_sha256": hashlib.sha256(CAPTION_PROMPT.encode()).hexdigest(),
+            "sampling": sampling,
+            "max_new_tokens": self.max_new_tokens,
+            "max_pixels": self.max_pixels,
+        }
+
+    def recorded_prompt_version(self) -> str:
+        """The prompt version stored with each caption; a copied source caption used none."""
+        return "" if self.backend == SOURCE else self.prompt_version
+
+
+def fingerprint_checkpoint(path: Path) -> str:
+    """Identity of a local checkpoint by content, not location: config, tokenizer and template
+    files in full, weight files by name, size and sampled content (hashing 16 GB of weights in
+    full would cost a minute every time a version is computed)."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a local Hugging Face checkpoint (no config.json)")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        relative = file.relative_to(path)
+        if any(part.startswith(".") for part in relative.parts) or file.suffix not in WEIGHT_SUFFIXES + TEXT_SUFFIXES:
+            continue  # README, images, .gitattributes, our build marker: they do not change the output
+        size = file.stat().st_size
+        digest.update(f"{relative.as_posix()}\0{size}\0{hash_file(file, size)}\n".encode())
+    return digest.hexdigest()
+
+
+def hash_file(file: Path, size: int) -> str:
+    """Small files in full; a weight file by 65 evenly spaced windows, first and last included,
+    so a fine-tune of the middle layers changes it while the cost stays ~16 MiB per file."""
+    if file.suffix not in WEIGHT_SUFFIXES or size <= SAMPLE_WINDOWS * SAMPLE_BYTES:
+        return hashlib.sha256(file.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for k in range(SAMPLE_WINDOWS):
+            handle.seek((size - SAMPLE_BYTES) * k // (SAMPLE_WINDOWS - 1))
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CaptionResult:
+    """A caption, or `error` = "<reason code>: <message>"; exactly one of them is set."""
+
+    caption: str | None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.caption is None) == (self.error is None):
+            raise ValueError("a CaptionResult holds either a caption or an error")
+
+    @classmethod
+    def failed(cls, reason: str, message: str) -> CaptionResult:
+        return cls(None, f"{reason}: {message}"[:500])
+
+    @property
+    def reason(self) -> str | None:
+        return None if self.error is None else self.error.split(": ", 1)[0]
+
+
+class Captioner(ABC):
+    """Captions a batch of images; one result per input, in input order, never raising for
+    a bad input (only for a caller's mistake, such as mismatched lengths)."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        """Caption `images`; `original_captions` are the source's captions, aligned with them."""
+
+
+class SourceCaptioner(Captioner):
+    """Keeps the source dataset's caption: the baseline, and the no-GPU path."""
+
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        check_lengths(images, original_captions)
+        return [
+            CaptionResult(text.strip()) if text and text.strip()
+            else CaptionResult.failed(NO_SOURCE_CAPTION, "the source has no caption for this image")
+            for text in original_captions
+        ]
+
+
+class TransformersCaptioner(Captioner):
+    """A local Qwen-VL checkpoint with transformers, for tests, the demo and small CPU runs
+    (production uses vLLM on GPUs)."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        super().__init__(config)
+        import torch
+        from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
+
+        path = Path(config.model)
+        self.processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        self.processor.tokenizer.padding_side = "left"  # batched generation appends on the right
+        cap_image_processor(self.processor.image_processor, config.max_pixels)
+        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        self.model = model.eval()
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CAPTION_PROMPT}]}]
+        self.prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # Decoding is defined by the config alone; the checkpoint contributes only its stop ids
+        # (its own generation_config.json may carry top_k / repetition penalties we do not want).
+        stock, tokenizer = model.generation_config, self.processor.tokenizer
+        eos = stock.eos_token_id if stock.eos_token_id is not None else tokenizer.eos_token_id
+        pad = stock.pad_token_id if stock.pad_token_id is not None else tokenizer.pad_token_id
+        sampled = config.temperature > 0
+        self.generation_config = GenerationConfig(
+            max_new_tokens=config.max_new_tokens, do_sample=sampled, num_beams=1,
+            temperature=config.temperature if sampled else None, top_p=config.top_p if sampled else None,
+            top_k=None, eos_token_id=eos, pad_token_id=pad if pad is not None else eos,
+        )
+
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        check_lengths(images, original_captions)
+        results: list[CaptionResult] = []
+        size = self.config.batch_size
+        for start in range(0, len(images), size):
+            chunk = [prepare_image(data, self.config.max_pixels) for data in images[start : start + size]]
+            ready = [(i, item) for i, item in enumerate(chunk) if isinstance(item, Image.Image)]
+            captions = dict(zip((i for i, _ in ready), self.caption_images([image for _, image in ready])))
+            results.extend(item if isinstance(item, CaptionResult) else captions[i] for i, item in enumerate(chunk))
+        return results
+
+    def caption_images(self, images: list[Image.Image]) -> list[CaptionResult]:
+        """Generate for decoded images together; if the batch fails, isolate the bad image(s)."""
+        if not images:
+            return []
+        try:
+            texts = self.generate(images)
+        except Exception as exc:
+            if len(images) == 1:
+                return [CaptionResult.failed(GENERATION_ERROR, f"{type(exc).__name__}: {exc}")]
+            return [result for image in images for result in self.caption_images([image])]
+        return [
+            CaptionResult(text) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
+            for text in texts
+        ]
+
+    def generate(self, images: list[Image.Image]) -> list[str]:
+        import torch
+
+        inputs = self.processor(images=images, text=[self.prompt] * len(images), padding=True, return_tensors="pt")
+        with torch.inference_mode():
+            output = self.model.generate(**inputs, generation_config=self.generation_config)
+        new_tokens = output[:, inputs["input_ids"].shape[1]:]
+        return [text.strip() for text in self.processor.batch_decode(new_tokens, skip_special_tokens=True)]
+
+
+def cap_image_processor(image_processor: Any, max_pixels: int) -> None:
+    """Make the processor's own resize respect the cap (it rounds sides to multiples of 28)."""
+    low = min(image_processor.size.get("shortest_edge", MIN_MAX_PIXELS), max_pixels)
+    image_processor.size = {"shortest_edge": low, "longest_edge": max_pixels}  # a fresh dict, never mutate
+    image_processor.min_pixels, image_processor.max_pixels = low, max_pixels
+
+
+def prepare_image(data: bytes, max_pixels: int) -> Image.Image | CaptionResult:
+    """Decode safely and shrink to at most `max_pixels`; a refusal becomes a result."""
+    side = math.ceil(math.sqrt(max_pixels))  # a JPEG DCT-scaled to >= side x side still covers
+    decoded = decode_image(data, min_size=(side, side))  # the area-capped size, whatever the aspect
+    if isinstance(decoded, Rejection):
+        return CaptionResult.failed(f"{DECODE_ERROR}:{decoded.reason}", decoded.message)
+    return shrink_to_pixels(decoded.image, max_pixels)
+
+
+def shrink_to_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
+    width, height = image.size
+    if width * height <= max_pixels:
+        return image
+    scale = math.sqrt(max_pixels / (width * height))
+    size = (max(1, math.floor(width * scale)), max(1, math.floor(height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
+
+
+def check_lengths(images: Sequence[bytes], original_captions: Sequence[str | None]) -> None:
+    if len(images) != len(original_captions):
+        raise ValueError(f"{len(images)} images but {len(original_captions)} original captions")
+
+
+def build_captioner(config: CaptionerConfig) -> Captioner:
+    if config.backend == SOURCE:
+        return SourceCaptioner(config)
+    if config.backend == TRANSFORMERS:
+        return TransformersCaptioner(config)
+    raise ValueError(f"no captioner for backend {config.backend!r}")  # unreachable: config validates
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def to_bytes(value: Any) -> bytes:
+    """A Ray/Arrow binary cell as bytes (bytes, numpy bytes, uint8 array or None)."""
+    return b"" if value is None else value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
+
+
+def to_optional_str(value: Any) -> str | None:
+    """A Ray/Arrow/pandas string cell as str; null and NaN become None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)
+
+
+class CaptionBatch:
+    """Ray Data `map_batches` callable: one captioner per actor, built in the constructor.
+
+    Input columns: content_id, image (bytes), original_caption (optional). Output: content_id,
+    caption ("" on failure), captioner_id, captioner_version, prompt_version, word_count, error
+    ("" when ok). The image bytes are not passed on.
+    """
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.config = config
+        self.captioner_id = config.captioner_id()
+        self.version = config.version()
+        self.captioner = build_captioner(config)
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        content_ids = [str(value) for value in batch["content_id"]]
+        images = [to_bytes(value) for value in batch["image"]]
+        originals = batch["original_caption"] if "original_caption" in batch else [None] * len(images)
+        results = self.captioner.caption_batch(images, [to_optional_str(value) for value in originals])
+        captions = [result.caption or "" for result in results]
+        count = len(results)
+        return {
+            "content_id": np.array(content_ids, dtype=object),
+            "caption": np.array(captions, dtype=object),
+            "captioner_id": np.array([self.captioner_id] * count, dtype=object),
+            "captioner_version": np.array([self.version] * count, dtype=object),
+            "prompt_version": np.array([self.config.recorded_prompt_version()] * count, dtype=object),
+            "word_count": np.array([word_count(text) for text in captions], dtype=np.int64),
+            "error": np.array([result.error or "" for result in results], dtype=object),
+        }
+

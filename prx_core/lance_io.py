@@ -1,0 +1,368 @@
+"""Lance table I/O for the corpus: one-commit partition replacement, upserts, compaction, indexes.
+
+Heavy tables are written as uncommitted fragments (in parallel, e.g. in Ray tasks) and then
+published by the driver in ONE commit that also removes the partition's previous rows, so a
+rerun is idempotent and a crash before the commit leaves the previous version intact. Works on
+local paths and `s3://` URIs; `storage_options` are pylance's (`storage.lance_storage_options`).
+Pure library: never imports dagster.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lance import LanceDataset, LanceOperation
+from lance.commit import CommitConflictError
+from lance.fragment import FragmentMetadata
+
+log = logging.getLogger(__name__)
+
+StorageOptions = dict[str, str] | None
+FTS_TYPES = {"inverted", "fts"}
+BATCH_BYTES = 8 << 20
+MERGE_ALL_SEGMENTS = 1 << 16
+PRIMARY_KEY = {b"lance-schema:unenforced-primary-key": b"true"}
+
+
+class TableNotFoundError(FileNotFoundError):
+    """A Lance table that must exist does not (the message names its URI)."""
+
+
+class _CreationRaced(Exception):
+    """Another writer created the table between our existence check and our create commit."""
+
+
+def sql_literal(value: str) -> str:
+    """A single-quoted SQL string literal for Lance filters (quotes doubled, NUL refused)."""
+    if "\x00" in value:
+        raise ValueError("NUL character in a SQL literal")
+    return "'" + value.replace("'", "''") + "'"
+
+
+def open_table(uri: str, storage_options: StorageOptions = None) -> LanceDataset | None:
+    """The latest version of the table, or None when it does not exist yet."""
+    try:
+        return lance.dataset(uri, storage_options=storage_options or None)
+    except (ValueError, OSError) as exc:
+        if "not found" in str(exc).lower():
+            return None
+        raise
+
+
+def table_exists(uri: str, storage_options: StorageOptions = None) -> bool:
+    return open_table(uri, storage_options) is not None
+
+
+def table_version(uri: str, storage_options: StorageOptions = None) -> int | None:
+    return None if (ds := open_table(uri, storage_options)) is None else ds.version
+
+
+def require_table(uri: str, storage_options: StorageOptions = None) -> LanceDataset:
+    """Like `open_table`, but a missing table is an error naming it."""
+    ds = open_table(uri, storage_options)
+    if ds is None:
+        raise TableNotFoundError(f"Lance table {uri} does not exist (has its asset been materialized?)")
+    return ds
+
+
+def read_table(uri: str, columns: list[str] | None = None, filter: str | None = None,
+               storage_options: StorageOptions = None, version: int | None = None) -> pa.Table:
+    """Read (a projection of) the table; a missing table raises `TableNotFoundError`."""
+    ds = require_table(uri, storage_options)
+    if version is not None:
+        ds = ds.checkout_version(version)
+    return ds.to_table(columns=columns, filter=filter)
+
+
+def write_fragments(uri: str, data: pa.Table | pa.RecordBatchReader | Iterable[pa.RecordBatch],
+                    schema: pa.Schema, storage_options: StorageOptions = None,
+                    max_rows_per_file: int = 1_000_000) -> list[FragmentMetadata]:
+    """Write data files WITHOUT committing; the result pickles (for Ray) and goes to `replace_rows`.
+
+    Tables are fed in ~8 MB batches: one huge batch of image blobs wrote at half the speed."""
+    if isinstance(data, pa.Table):
+        rows_per_batch = max(1, int(BATCH_BYTES * data.num_rows / max(1, data.nbytes)))
+        reader: pa.RecordBatchReader = data.select(schema.names).cast(schema).to_reader(rows_per_batch)
+    elif isinstance(data, pa.RecordBatchReader):
+        reader = data
+    else:
+        reader = pa.RecordBatchReader.from_batches(schema, iter(data))
+    return lance.fragment.write_fragments(reader, uri, schema=schema, max_rows_per_file=max_rows_per_file,
+                                          storage_options=storage_options or None)
+
+
+def _create(uri: str, schema: pa.Schema, fragments: Sequence[FragmentMetadata],
+            storage_options: StorageOptions) -> int:
+    """Create the table as version 1, exclusively.
+
+    A plain Overwrite always wins (it would silently wipe a table another writer just created);
+    with `max_retries=0` pylance 14 only commits it as version 1 and fails when any version exists.
+    """
+    try:
+        ds = LanceDataset.commit(uri, LanceOperation.Overwrite(schema, list(fragments)),
+                                 storage_options=storage_options or None, max_retries=0)
+    except OSError as exc:
+        if open_table(uri, storage_options) is not None:
+            raise _CreationRaced(str(exc)) from exc
+        raise
+    if ds.version != 1:  # would mean pylance changed this behaviour: earlier versions were replaced
+        log.warning("%s: creation committed as version %d, not 1", uri, ds.version)
+    return ds.version
+
+
+def _check_schema(ds: LanceDataset, schema: pa.Schema, uri: str) -> None:
+    have = [(f.name, f.type) for f in ds.schema]
+    want = [(f.name, f.type) for f in schema]
+    if have != want:
+        raise ValueError(f"{uri}: table schema {ds.schema} differs from the writer's {schema}")
+
+
+def _plan_removal(ds: LanceDataset, predicate: str) -> tuple[list[int], list[FragmentMetadata]]:
+    """Fragments to drop (every live row matches) and fragments to update with a deletion vector."""
+    addrs = ds.to_table(columns=[], filter=predicate, with_row_address=True)["_rowaddr"]
+    if len(addrs) == 0:
+        return [], []
+    frag_ids, counts = np.unique(addrs.to_numpy() >> np.uint64(32), return_counts=True)
+    removed: list[int] = []
+    updated: list[FragmentMetadata] = []
+    for frag_id, matched in zip(frag_ids.tolist(), counts.tolist()):
+        fragment = ds.get_fragment(frag_id)
+        meta = None if matched >= fragment.count_rows() else fragment.delete(predicate)
+        if meta is None:  # every live row matches: drop the whole fragment
+            removed.append(frag_id)
+        else:
+            updated.append(meta)
+    return removed, updated
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(0.05 * 2 ** attempt, 2.0) * (0.5 + random.random()))
+
+
+def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata], schema: pa.Schema,
+                 storage_options: StorageOptions = None, max_retries: int = 5) -> int:
+    """Remove every row matching `predicate` and add `fragments`, in ONE commit; the new version.
+
+    `fragments` must hold exactly rows that match `predicate` (or a rerun would duplicate them).
+    Lance rebases the commit over concurrent transactions that touched other fragments (e.g.
+    another partition's replacement); on a real conflict (`CommitConflictError`, e.g. a compaction
+    rewrote one of our fragments) the removal is re-planned against the newest version. Two writers
+    of the SAME partition must not run concurrently (both would add their rows).
+    """
+    last: Exception | None = None
+    for attempt in range(max_retries + 1):
+        ds = open_table(uri, storage_options)
+        try:
+            if ds is None:
+                return _create(uri, schema, fragments, storage_options)
+            _check_schema(ds, schema, uri)
+            removed, updated = _plan_removal(ds, predicate)
+            if not (removed or updated or fragments):
+                return ds.version
+            op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated,
+                                       new_fragments=list(fragments))
+            return LanceDataset.commit(ds, op, read_version=ds.version).version
+        except (CommitConflictError, _CreationRaced) as exc:
+            last = exc
+            log.info("%s: %s replacing %s (attempt %d): %s", uri, type(exc).__name__, predicate,
+                     attempt + 1, exc)
+            _backoff(attempt)
+    raise RuntimeError(f"{uri}: replacing rows where {predicate} still conflicted "
+                       f"after {max_retries} retries") from last
+
+
+def replace_partition(uri: str, predicate: str, table: pa.Table, schema: pa.Schema,
+                      storage_options: StorageOptions = None) -> int:
+    """`write_fragments` + `replace_rows`, for small tables written from the driver."""
+    fragments = write_fragments(uri, table, schema, storage_options)
+    return replace_rows(uri, predicate, fragments, schema, storage_options)
+
+
+def _with_primary_key(schema: pa.Schema, keys: list[str]) -> pa.Schema:
+    return pa.schema([f.with_nullable(False).with_metadata({**(f.metadata or {}), **PRIMARY_KEY})
+                      if f.name in keys else f for f in schema], metadata=schema.metadata)
+
+
+def upsert(uri: str, table: pa.Table, keys: list[str], storage_options: StorageOptions = None) -> int:
+    """Insert new keys and update matched ones in one commit; never deletes (shared tables).
+
+    The key columns are marked as Lance's unenforced primary key when the table is created:
+    without it, concurrent upserts of the same new key each inserted a row (duplicates); with it
+    Lance detects the conflict and retries. Keys must be non-null and unique within `table`."""
+    if any(table[k].null_count for k in keys):
+        raise ValueError(f"{uri}: null values in key columns {keys}")
+    for attempt in range(3):
+        ds = open_table(uri, storage_options)
+        if ds is None:
+            schema = _with_primary_key(table.schema, keys)
+            try:
+                return _create(uri, schema, write_fragments(uri, table, schema, storage_options), storage_options)
+            except _CreationRaced:
+                _backoff(attempt)
+                continue
+        if table.num_rows == 0:
+            return ds.version
+        data = table.select(ds.schema.names).cast(ds.schema)
+        ds.merge_insert(keys).when_matched_update_all().when_not_matched_insert_all().execute(data)
+        return ds.version
+    raise RuntimeError(f"{uri}: could not create or upsert the table")
+
+
+def overwrite(uri: str, table: pa.Table, storage_options: StorageOptions = None) -> int:
+    """Replace the whole table (small global tables such as `duplicates`); creates it if missing."""
+    return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options or None).version
+
+
+@dataclass(frozen=True)
+class FragmentHealth:
+    """Fragment layout of a table.
+
+    A fragment is small when it holds fewer than `small_fraction * target_rows` live rows, and
+    small fragments count only when there are at least two of them: a single small fragment (a
+    table's tail, a whole demo table) cannot be merged with anything, so it is not a problem.
+    """
+
+    fragments: int
+    rows: int
+    small_fragments: int
+    small_ratio: float
+    target_rows: int
+    deleted_rows: int = 0
+
+    @property
+    def needs_compaction(self) -> bool:
+        return self.small_fragments > 0
+
+
+def fragment_health(uri: str, target_rows: int = 1_000_000, small_fraction: float = 0.5,
+                    storage_options: StorageOptions = None) -> FragmentHealth:
+    metas = [f.metadata for f in require_table(uri, storage_options).get_fragments()]
+    live = [m.num_rows for m in metas]
+    small = sum(1 for n in live if n < small_fraction * target_rows)
+    small = small if small >= 2 else 0
+    return FragmentHealth(fragments=len(metas), rows=sum(live), small_fragments=small,
+                          small_ratio=small / len(metas) if metas else 0.0, target_rows=target_rows,
+                          deleted_rows=sum(m.num_deletions for m in metas))
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    fragments_before: int
+    fragments_after: int
+    versions_removed: int
+    bytes_removed: int
+    version: int
+
+
+def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
+                  cleanup_older_than: timedelta = timedelta(days=7),
+                  storage_options: StorageOptions = None) -> CompactionReport:
+    """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
+
+    Indexes first: Lance never merges an indexed fragment with an unindexed one (a replaced
+    partition's new fragments), so compaction alone left them apart. Cleanup never removes the
+    latest or tagged versions, nor (no `delete_unverified`) files of in-flight writers younger
+    than 7 days.
+    """
+    ds = require_table(uri, storage_options)
+    before = len(ds.get_fragments())
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+    stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
+                            versions_removed=stats.old_versions, bytes_removed=stats.bytes_removed,
+                            version=ds.version)
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What `refresh_indexes` did; `indexes` are the names present afterwards."""
+
+    indexes: list[str]
+    created: list[str]
+    optimized: list[str]
+    notes: list[str]
+
+
+def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
+    covered = {int(i) for segment in desc.segments for i in segment.fragment_ids}
+    return {f.fragment_id for f in ds.get_fragments()} - covered
+
+
+def _catch_up_indexes(ds: LanceDataset, names: list[str]) -> list[str]:
+    """Index unindexed fragments and merge each index into one segment; no commit when done.
+
+    One segment matters: compaction never merges fragments covered by different segments (the
+    default optimize left a vector index's new rows in a delta segment, blocking compaction)."""
+    stale = [d.name for d in ds.describe_indices()
+             if d.name in names and (len(d.segments) > 1 or _unindexed_fragments(ds, d))]
+    if stale:
+        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS)
+    return stale
+
+
+def _find_index(ds: LanceDataset, column: str, kinds: set[str] | None) -> Any | None:
+    for desc in ds.describe_indices():
+        if list(desc.field_names) == [column] and (kinds is None or desc.index_type.lower() in kinds):
+            return desc
+    return None
+
+
+def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, pq_min_rows: int) -> str:
+    """IVF with ~sqrt(rows) partitions: IVF_FLAT (exact within partitions) for small tables,
+    IVF_PQ (dim/8 sub-vectors of 8 bits) once the table is large and the dimension allows it."""
+    dim, name = ds.schema.field(column).type.list_size, f"{column}_vector"
+    params = {"num_partitions": max(1, min(4096, round(math.sqrt(rows))))}
+    kind = "IVF_PQ" if rows >= pq_min_rows and dim % 8 == 0 else "IVF_FLAT"
+    if kind == "IVF_PQ":
+        params["num_sub_vectors"] = dim // 8
+    ds.create_index(column, kind, name=name, metric=metric, **params)
+    return name
+
+
+def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
+                    storage_options: StorageOptions = None, *, metric: str = "cosine",
+                    min_vector_rows: int = 256, pq_min_rows: int = 100_000) -> IndexReport:
+    """Create missing INVERTED (full-text) indexes and the vector index, extend existing ones.
+
+    Idempotent: nothing is committed when every fragment is already indexed. The vector column
+    must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
+    fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
+    """
+    ds = require_table(uri, storage_options)
+    created: list[str] = []
+    existing: list[str] = []
+    notes: list[str] = []
+    rows = ds.count_rows()
+    for column in fts_columns:
+        if (desc := _find_index(ds, column, FTS_TYPES)) is not None:
+            existing.append(desc.name)
+        elif rows == 0:
+            notes.append(f"{column}: no full-text index on an empty table")
+        else:
+            ds.create_scalar_index(column, "INVERTED", name=f"{column}_fts")
+            created.append(f"{column}_fts")
+    if vector_column is not None:
+        kind = ds.schema.field(vector_column).type
+        if not (pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)):
+            raise ValueError(f"{uri}: a vector index needs fixed_size_list<float>, {vector_column} is {kind}")
+        if (desc := _find_index(ds, vector_column, None)) is not None:
+            existing.append(desc.name)
+        elif rows < min_vector_rows:
+            notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
+        else:
+            created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
+    optimized = _catch_up_indexes(ds, existing)
+    names = sorted(d.name for d in require_table(uri, storage_options).describe_indices())
+    return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes)

@@ -1,0 +1,129 @@
+"""Stage `captions`: caption every eligible content of a source once per captioner version.
+
+Eligible means bucketed (not rejected, not dropped): nothing that cannot reach the corpus is
+captioned. Captions are keyed by (`content_id`, captioner version) and shared by all sources,
+so re-ingests, byte-identical images in two sources and reruns after a crash reuse them;
+results are committed every `commit_every` captions so a crash loses at most one batch of work.
+Failures are stored with their error and retried on the next run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core import lance_io, schemas
+from prx_core.captioning import CaptionBatch, CaptionerConfig
+from prx_core.parallel import Progress, chunk, quiet_ray_data, scan_partition, take_rows
+from prx_core.stages.samples import source_predicate
+from prx_core.storage import Storage
+
+CAPTION_KEYS = ["content_id", "captioner_version"]
+ROWS_PER_READ = 64
+
+
+@dataclass
+class CaptionsReport:
+    source: str
+    eligible: int  # distinct contents
+    reused: int
+    captioned: int
+    failed: int
+    seconds: float
+    failures: dict[str, int] = field(default_factory=dict)
+    word_counts: list[int] = field(default_factory=list)
+    captions_version: int | None = None
+    read_versions: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_second(self) -> float:
+        return (self.captioned + self.failed) / max(self.seconds, 1e-9)
+
+
+def eligible_contents(source: str, storage: Storage) -> tuple[pa.Table, dict[str, int]]:
+    """First sample (address) per distinct content of `source` that reached a bucket."""
+    options = storage.lance_storage_options()
+    buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
+    if buckets is None:
+        raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
+    bucketed = buckets.to_table(columns=["sample_id"], filter=f"{source_predicate(source)} AND tier IS NOT NULL")
+    version, samples = scan_partition(storage.lance_uri("samples"), source_predicate(source), ["sample_id", "content_id"], options)
+    rows = samples.filter(pc.is_in(samples["sample_id"], bucketed["sample_id"])).sort_by("sample_id")
+    first: dict[str, int] = {}
+    for cid, address in zip(rows["content_id"].to_pylist(), rows["_rowaddr"].to_pylist()):
+        first.setdefault(cid, address)
+    table = pa.table({"content_id": list(first), "_rowaddr": pa.array(list(first.values()), pa.uint64())})
+    return table, {"samples": version, "buckets": buckets.version}
+
+
+def existing_keys(uri: str, version_column: str, version: str, options: dict[str, str], extra: str = "") -> set[str]:
+    """content_ids already done for one model version (failed rows excluded when `extra` says so)."""
+    dataset = lance_io.open_table(uri, options)
+    if dataset is None:
+        return set()
+    where = f"{version_column} = {lance_io.sql_literal(version)}" + (f" AND {extra}" if extra else "")
+    return set(dataset.to_table(columns=["content_id"], filter=where)["content_id"].to_pylist())
+
+
+def read_caption_inputs(task: dict[str, Any]) -> pa.Table:
+    columns = ["content_id", "original_caption"] + (["image"] if task["with_image"] else [])
+    rows = take_rows(task["uri"], task["version"], task["addresses"], columns, task["lance_options"])
+    if not task["with_image"]:
+        rows = rows.append_column("image", pa.array([b""] * rows.num_rows, pa.large_binary()))
+    return rows
+
+
+def build_captions(
+    source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, commit_every: int = 1000,
+    progress: Progress | None = None,
+) -> CaptionsReport:
+    import ray.data
+
+    start = time.monotonic()
+    options = storage.lance_storage_options()
+    captions_uri = storage.lance_uri("captions")
+    eligible, versions = eligible_contents(source, storage)
+    done = existing_keys(captions_uri, "captioner_version", config.version(), options, "error = ''")
+    todo = eligible.filter(pc.invert(pc.is_in(eligible["content_id"], pa.array(sorted(done), pa.string()))))
+    report = CaptionsReport(source, eligible.num_rows, eligible.num_rows - todo.num_rows, 0, 0, 0.0, read_versions=versions)
+    if todo.num_rows:
+        base = {"uri": storage.lance_uri("samples"), "version": versions["samples"], "lance_options": options,
+                "with_image": config.backend != "source"}
+        tasks = [{**base, "addresses": part} for part in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
+        quiet_ray_data()
+        dataset = (
+            ray.data.from_items(tasks, override_num_blocks=len(tasks))
+            .map_batches(lambda b: read_caption_inputs(b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
+            .map_batches(CaptionBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
+                         batch_size=config.batch_size, batch_format="numpy")
+        )
+        pending: list[pa.Table] = []
+        failures: Counter[str] = Counter()
+        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+            table = to_caption_rows(batch)
+            errors = [e for e in table["error"].to_pylist() if e]
+            failures.update(e.split(":", 1)[0] for e in errors)
+            report.failed += len(errors)
+            report.captioned += table.num_rows - len(errors)
+            report.word_counts += [w for w, e in zip(table["word_count"].to_pylist(), table["error"].to_pylist()) if not e]
+            pending.append(table)
+            if progress is not None:
+                progress(report.captioned + report.failed, todo.num_rows)
+            if sum(t.num_rows for t in pending) >= commit_every:
+                report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
+                pending = []
+        if pending:
+            report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
+        report.failures = dict(failures)
+    report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
+    report.seconds = time.monotonic() - start
+    return report
+
+
+def to_caption_rows(batch: pa.Table) -> pa.Table:
+    return pa.table({name: batch[name].cast(schemas.CAPTIONS.field(name).type) for name in schemas.CAPTIONS.names})

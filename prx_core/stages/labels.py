@@ -1,0 +1,94 @@
+"""Stage `caption_labels`: visual / text / nsfw for every captioned eligible content.
+
+Labels are computed from caption text only, keyed by (content_id, captioner version, labeler
+version): a new captioner or a new labeler relabels, a rerun of either reuses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core import lance_io, schemas
+from prx_core.labels import LabelBatch, LabelerConfig
+from prx_core.parallel import Progress, quiet_ray_data
+from prx_core.stages.captions import eligible_contents
+from prx_core.storage import Storage
+
+LABEL_KEYS = ["content_id", "captioner_version", "labeler_version"]
+
+
+@dataclass
+class LabelsReport:
+    source: str
+    captioned: int  # eligible contents with a caption
+    reused: int
+    labelled: int
+    seconds: float
+    distribution: dict[str, int] = field(default_factory=dict)  # over all captioned eligible contents
+    labels_version: int | None = None
+    read_versions: dict[str, int] = field(default_factory=dict)
+
+
+def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Array) -> pa.Table:
+    dataset = lance_io.open_table(storage.lance_uri("captions"), storage.lance_storage_options())
+    if dataset is None:
+        raise RuntimeError("the captions table does not exist yet: materialize `captions` first")
+    table = dataset.to_table(
+        columns=["content_id", "caption"],
+        filter=f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''",
+    )
+    return table.filter(pc.is_in(table["content_id"], content_ids))
+
+
+def read_labels(storage: Storage, captioner_version: str, labeler_version: str) -> pa.Table:
+    dataset = lance_io.open_table(storage.lance_uri("caption_labels"), storage.lance_storage_options())
+    if dataset is None:
+        return schemas.CAPTION_LABELS.empty_table()
+    where = (f"captioner_version = {lance_io.sql_literal(captioner_version)} "
+             f"AND labeler_version = {lance_io.sql_literal(labeler_version)}")
+    return dataset.to_table(filter=where)
+
+
+def build_labels(
+    source: str, storage: Storage, captioner_version: str, config: LabelerConfig, *, actors: int = 1,
+    progress: Progress | None = None,
+) -> LabelsReport:
+    import ray.data
+
+    start = time.monotonic()
+    options = storage.lance_storage_options()
+    eligible, versions = eligible_contents(source, storage)
+    captions = read_captions(storage, captioner_version, eligible["content_id"])
+    existing = read_labels(storage, captioner_version, config.version())
+    todo = captions.filter(pc.invert(pc.is_in(captions["content_id"], existing["content_id"]))).sort_by("content_id")
+    report = LabelsReport(source, captions.num_rows, captions.num_rows - todo.num_rows, todo.num_rows, 0.0, read_versions=versions)
+    uri = storage.lance_uri("caption_labels")
+    if todo.num_rows:
+        quiet_ray_data()
+        dataset = ray.data.from_arrow(todo).map_batches(
+            LabelBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
+            batch_size=config.batch_size, batch_format="numpy",
+        )
+        labelled = pa.concat_tables(list(dataset.iter_batches(batch_size=None, batch_format="pyarrow")))
+        rows = pa.table({
+            "content_id": labelled["content_id"].cast(pa.string()),
+            "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),
+            "labeler_version": labelled["labeler_version"].cast(pa.string()),
+            "labeler_id": labelled["labeler_id"].cast(pa.string()),
+            "label": labelled["label"].cast(pa.string()),
+            "score": labelled["score"].cast(pa.float32()),
+        })
+        report.labels_version = lance_io.upsert(uri, rows, LABEL_KEYS, options)
+        if progress is not None:
+            progress(todo.num_rows, todo.num_rows)
+    report.labels_version = report.labels_version or lance_io.table_version(uri, options)
+    current = read_labels(storage, captioner_version, config.version())
+    current = current.filter(pc.is_in(current["content_id"], captions["content_id"]))
+    report.distribution = dict(Counter(current["label"].to_pylist()))
+    report.seconds = time.monotonic() - start
+    return report

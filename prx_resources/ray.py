@@ -1,0 +1,66 @@
+"""Compute: one `dagster_ray.RayResource` interface, embedded locally or on a cluster.
+
+`EmbeddedRay` is dagster-ray's `LocalRay` that reuses a Ray already started in this process
+(the CLI and the tests start one for many materializations; Ray takes seconds to start).
+`RayCluster` connects to a running cluster by address; on Kubernetes use dagster-ray's
+`KubeRayCluster` (see deploy/README.md), which shares the interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster_ray import Lifecycle, LocalRay, RayResource
+from pydantic import Field, PrivateAttr
+
+
+def default_init_options() -> dict[str, Any]:
+    return {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
+
+
+class EmbeddedRay(LocalRay):
+    """A Ray started inside the Dagster process (or the one already running there)."""
+
+    ray_init_options: dict[str, Any] = Field(
+        default_factory=default_init_options, description="Keyword arguments for ray.init (num_cpus, ...)."
+    )
+    lifecycle: Lifecycle = Field(default_factory=lambda: Lifecycle(cleanup="never"),
+                                 description="An embedded Ray has nothing to delete; it stops with the process.")
+    _reused: bool = PrivateAttr(default=False)
+
+    def connect(self, context: Any) -> Any:
+        import ray
+
+        if ray.is_initialized():
+            self._reused = True
+            return None
+        return super().connect(context)
+
+    def on_connect(self, context: Any) -> None:
+        context.log.info("Reusing the Ray already running in this process" if self._reused else "Started embedded Ray")
+
+
+class RayCluster(RayResource):
+    """An existing Ray cluster, e.g. `ray://head:10001` or `auto` on a cluster node."""
+
+    address: str = Field(description="Ray address passed to ray.init.")
+
+    @property
+    def host(self) -> str:
+        return self.address.split("://")[-1].split(":")[0]
+
+    @property
+    def ray_address(self) -> str:  # type: ignore[override]
+        return self.address
+
+    @property
+    def name(self) -> str:
+        return f"RayCluster({self.address})"
+
+    @property
+    def created(self) -> bool:
+        return True
+
+    @property
+    def ready(self) -> bool:
+        return True
