@@ -19,9 +19,14 @@ import dagster as dg
 from prx_assets.automation import PER_SOURCE
 from prx_assets.common import sync_partitions
 from prx_assets.settings import REPO
+from prx_core.catalog import CatalogError
 
 ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+class BuildError(CatalogError):
+    """A request naming sources or assets that do not exist; the message says what to fix."""
 
 
 @dataclass
@@ -47,14 +52,18 @@ def prepare_instance(home: str | None) -> dg.DagsterInstance:
     return dg.DagsterInstance.get()
 
 
-def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],
-              sources: list[str] | None, select: list[str] | None, echo: Any = print) -> BuildOutcome:
+def validate_request(catalog_names: list[str], sources: list[str] | None, select: list[str] | None) -> None:
     unknown = sorted(set(select or []) - set(ALL_ASSETS))
     if unknown:
-        raise ValueError(f"unknown assets {unknown}; choose from {ALL_ASSETS}")
+        raise BuildError(f"unknown assets {', '.join(unknown)}; choose from {', '.join(ALL_ASSETS)}")
     missing = sorted(set(sources or []) - set(catalog_names))
     if missing:
-        raise ValueError(f"sources {missing} are not in the catalog ({', '.join(catalog_names)})")
+        raise BuildError(f"sources {', '.join(missing)} are not in the catalog ({', '.join(catalog_names)})")
+
+
+def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],
+              sources: list[str] | None, select: list[str] | None, echo: Any = print) -> BuildOutcome:
+    validate_request(catalog_names, sources, select)
     chosen = [a for a in ALL_ASSETS if not select or a in select]
     names = sources or catalog_names
     assets = list(defs.assets or [])

@@ -47,7 +47,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     os.environ.setdefault("LANCE_LOG", "error")  # not "No existing dataset, it will be created" per table
     import ray
 
-    from prx_assets.build import prepare_instance, run_build, sync_sources
+    from prx_assets.build import prepare_instance, run_build, sync_sources, validate_request
     from prx_assets.definitions import build_definitions
     from prx_assets.settings import load_settings
     from prx_core.catalog import load_catalog
@@ -57,6 +57,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     started = time.time()
     settings = load_settings()
     catalog = load_catalog(settings.sources)
+    select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
+    validate_request(catalog.names, args.source, select)
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home)
     print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
@@ -64,7 +66,6 @@ def _cmd_build(args: argparse.Namespace) -> int:
     sync_sources(instance, catalog)
     ray.init(include_dashboard=False, logging_level="warning", configure_logging=False)
     try:
-        select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
         outcome = run_build(defs, instance, catalog.names, args.source, select)
     finally:
         ray.shutdown()
@@ -131,9 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from prx_core.catalog import CatalogError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except CatalogError as exc:  # also raised by `build` for --source / --select
+        print(f"prx-corpus: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

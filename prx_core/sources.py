@@ -10,6 +10,7 @@ empty image bytes, so decoding rejects it with a reason instead of losing it sil
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -48,8 +49,8 @@ def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = No
     if spec.format == "webdataset":
         return _glob(fs, spec.uri, ("tar",))
     if spec.format == "imagefolder":
-        images = _glob(fs, spec.uri, IMAGE_EXTENSIONS)
-        return [f"{i}:{min(i + FOLDER_FRAGMENT_FILES, len(images))}" for i in range(0, len(images), FOLDER_FRAGMENT_FILES)]
+        pairs = _folder_pairs(fs, spec.uri)
+        return [json.dumps(pairs[i : i + FOLDER_FRAGMENT_FILES]) for i in range(0, len(pairs), FOLDER_FRAGMENT_FILES)]
     raise ValueError(f"unknown source format {spec.format!r}")
 
 
@@ -152,21 +153,28 @@ def _read_webdataset(spec: SourceSpec, path: str, storage_options: dict[str, Any
         yield _batch(rows)
 
 
+def _folder_pairs(fs: Any, uri: str) -> list[tuple[str, str | None]]:
+    """(image, sidecar caption or None) for every image, from one listing of the folder: a
+    fragment carries its own paths, so readers never list the source again (a LIST per
+    fragment, or a HEAD per image, is what makes object stores slow)."""
+    listing = _glob(fs, uri, IMAGE_EXTENSIONS + CAPTION_EXTENSIONS)
+    sidecars = {p for p in listing if p.rsplit(".", 1)[-1].lower() in CAPTION_EXTENSIONS}
+    pairs = []
+    for path in listing:
+        if path.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS:
+            stem = posixpath.splitext(path)[0]
+            pairs.append((path, next((f"{stem}.{e}" for e in CAPTION_EXTENSIONS if f"{stem}.{e}" in sidecars), None)))
+    return pairs
+
+
 def _read_folder(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
     """Image files with sidecar `<stem>.txt` captions; key = path relative to the root, no extension."""
     fs = filesystem_for(spec.uri, storage_options)
-    start, stop = (int(v) for v in fragment.split(":"))
     root = spec.uri.split("://", 1)[-1].rstrip("/")
-    # one listing for images and captions, not an existence check per image (a HEAD each on S3)
-    listing = _glob(fs, spec.uri, IMAGE_EXTENSIONS + CAPTION_EXTENSIONS)
-    images = [p for p in listing if p.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS]
-    sidecars = {p.split("://", 1)[-1] for p in listing if p.rsplit(".", 1)[-1].lower() in CAPTION_EXTENSIONS}
     rows: list[dict[str, Any]] = []
-    for path in images[start:stop]:
-        stem = posixpath.splitext(path.split("://", 1)[-1])[0]
-        sidecar = next((f"{stem}.{ext}" for ext in CAPTION_EXTENSIONS if f"{stem}.{ext}" in sidecars), None)
+    for path, sidecar in json.loads(fragment):
         caption = fs.cat_file(sidecar).decode("utf-8", errors="replace").strip() if sidecar else None
-        key = posixpath.relpath(stem, root)
+        key = posixpath.relpath(posixpath.splitext(path.split("://", 1)[-1])[0], root)
         rows.append({"source_key": key, "image": fs.cat_file(path), "caption": caption, "embedding": None})
         if len(rows) >= BATCH_ROWS:
             yield _batch(rows)

@@ -120,6 +120,7 @@ def build_captions(
         if pending:
             report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
         report.failures = dict(failures)
+        lance_io.refresh_indexes(captions_uri, ["caption"], storage_options=options)
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report

@@ -25,6 +25,7 @@ from prx_core.parallel import Progress, map_tasks
 from prx_core.sources import list_fragments, read_fragment
 from prx_core.storage import Storage
 
+FTS_COLUMNS = ["original_caption"]  # full-text search for the explorer; vectors: caption_embeddings
 TASK_SCHEMA = pa.schema(
     [("fragment", pa.string()), ("lance_fragments", pa.string()), ("rejects", pa.binary()),
      ("rows", pa.int64()), ("bytes", pa.int64()), ("seconds", pa.float64())]
@@ -117,6 +118,7 @@ def build_samples(
     samples_version = lance_io.replace_rows(
         samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options
     )
+    lance_io.refresh_indexes(samples_uri, FTS_COLUMNS, storage_options=lance_options)
     rejects_version = lance_io.replace_partition(
         storage.lance_uri("rejects"), rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options
     )

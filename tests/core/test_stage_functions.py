@@ -1,0 +1,106 @@
+"""The pure functions inside the stages: ingest, bucketing, duplicate grouping, skip policy."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from PIL import Image
+
+from prx_core import schemas
+from prx_core.buckets import bucket_sizes
+from prx_core.ingest import content_id, ingest_batch, inspect_image
+from prx_core.sources import RECORD_SCHEMA
+from prx_core.stages.buckets import bucket_samples
+from prx_core.stages.duplicates import find_duplicates
+from prx_core.stages.phashes import phash_image
+from prx_core.stages.skip_lists import SkipPolicy
+
+
+def jpeg(width: int, height: int, seed: int = 0, **save: object) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).resize((width, height), Image.Resampling.BILINEAR).save(buffer, "JPEG", quality=90, **save)
+    return buffer.getvalue()
+
+
+def records(*items: tuple[str, bytes, str | None]) -> pa.Table:
+    return pa.Table.from_pylist([{"source_key": k, "image": d, "caption": c, "embedding": None} for k, d, c in items],
+                                schema=RECORD_SCHEMA)
+
+
+def test_ingest_splits_samples_and_rejects_without_losing_a_record() -> None:
+    good, rotated = jpeg(640, 480), jpeg(640, 480, seed=1, exif=_exif(6))
+    batch = records(("a", good, " caption "), ("b", good[: len(good) // 2], "cut"), ("c", b"", None),
+                    ("d", b"<html>", "page"), ("e", rotated, None))
+    samples, rejects = ingest_batch("src", batch)
+    assert samples.schema == schemas.SAMPLES and rejects.schema == schemas.REJECTS
+    assert samples["sample_id"].to_pylist() == ["src/a", "src/e"]
+    assert dict(zip(rejects["source_key"].to_pylist(), rejects["reason"].to_pylist())) == {
+        "b": "truncated", "c": "empty", "d": "not_an_image"}
+    assert set(rejects["stage"].to_pylist()) == {"samples"}
+    first, second = samples.to_pylist()
+    assert first["content_id"] == content_id(good) and first["image"] == good and first["jpeg_quality"] == 90
+    assert (first["width"], first["height"]) == (640, 480)
+    assert (second["width"], second["height"], second["orientation"]) == (480, 640, 6)  # upright size
+
+
+def _exif(orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+@pytest.mark.parametrize(("size", "reason"), [((2000, 1500), None), ((300, 300), "below_floor"), ((2000, 900), "aspect_ratio")])
+def test_bucket_samples_drops_with_a_reject_row(size: tuple[int, int], reason: str | None) -> None:
+    table = pa.Table.from_pylist([{"sample_id": "s/x", "source": "s", "source_key": "x", "content_id": "c",
+                                   "width": size[0], "height": size[1]}])
+    buckets, rejects = bucket_samples(table)
+    (row,) = buckets.to_pylist()
+    assert row["drop_reason"] == reason
+    if reason is None:
+        assert (row["bucket_width"], row["bucket_height"]) in bucket_sizes(row["tier"])
+        assert row["bucket"] == f"{row['bucket_width']}x{row['bucket_height']}" and rejects.num_rows == 0
+    else:
+        assert row["tier"] is None and rejects["reason"].to_pylist() == [reason]
+        assert rejects["stage"].to_pylist() == ["buckets"]
+
+
+def test_find_duplicates_keeps_the_largest_with_a_deterministic_tie_break() -> None:
+    rows = [("b/1", 7, 100), ("a/1", 7, 400), ("c/1", 7, 400), ("d/1", 9, 50), ("e/1", 11, 10), ("f/1", 11, 10)]
+    table = pa.Table.from_pylist([{"sample_id": s, "source": s[0], "phash": h, "width": 1, "height": 1, "pixels": p}
+                                  for s, h, p in rows], schema=schemas.PHASHES)
+    first = find_duplicates(table)
+    again = find_duplicates(table.take([5, 4, 3, 2, 1, 0]))  # read order must not matter
+    assert first.equals(again)
+    keepers = {r["group_id"]: r["keeper_sample_id"] for r in first.to_pylist()}
+    assert keepers == {f"{7:016x}": "a/1", f"{11:016x}": "e/1"}  # d/1 is alone: not a duplicate
+    assert sorted(first.filter(pc.invert(first["keeper"]))["sample_id"].to_pylist()) == ["b/1", "c/1", "f/1"]
+    assert set(first["group_size"].to_pylist()) == {3, 2}
+
+
+def test_phash_image_matches_across_sizes_and_refuses_garbage() -> None:
+    big = Image.open(io.BytesIO(jpeg(1600, 1200, seed=3)))
+    half = io.BytesIO()
+    big.resize((800, 600), Image.Resampling.LANCZOS).save(half, "JPEG", quality=90)
+    first, second = phash_image(jpeg(1600, 1200, seed=3)), phash_image(half.getvalue())
+    assert first[1:] == (1600, 1200) and second[1:] == (800, 600)
+    assert isinstance(first[0], int) and 0 <= first[0] < 2**64
+    assert phash_image(b"nope").reason == "not_an_image"
+
+
+def test_inspect_image_decodes_cheaply_but_still_sees_truncation() -> None:
+    data = jpeg(4000, 3000)
+    facts = inspect_image(data)
+    assert (facts.width, facts.height, facts.format) == (4000, 3000, "JPEG")
+    assert inspect_image(data[: len(data) * 2 // 3]).reason == "truncated"
+
+
+def test_skip_policy_version_follows_every_field() -> None:
+    base = SkipPolicy()
+    assert base.version() == SkipPolicy().version()
+    assert len({base.version(), SkipPolicy(duplicates=False).version(), SkipPolicy(labels=("nsfw",)).version(),
+                SkipPolicy(opt_out=("x",)).version()}) == 4
