@@ -144,14 +144,16 @@ def _remove_crashed_staging(parent: str, source: str) -> None:
 
 
 def write_source_streams(
-    rows: Iterable[dict], root: str, source: str, storage_options: dict | None = None
+    rows: Iterable[dict], root: str, source: str, storage_options: dict | None = None, grouped: bool = False
 ) -> list[StreamSummary]:
     """Replace all MDS streams of `source` with `rows` (stored in arrival order per stream).
 
     Every stream is fully written to staging first; only then is each one published (local:
     directory exchange; remote: old index.json removed, shards uploaded, index.json last), then
     the source's streams absent from the new set are removed. Other sources are never touched.
-    Memory: each open stream buffers up to one shard (SIZE_LIMIT) before flushing it.
+    Memory: each open stream buffers up to one shard (SIZE_LIMIT) before flushing it; with
+    `grouped` (rows arrive stream after stream) a stream is finished when the next begins, so
+    only one buffer is ever held.
     """
     if not source or "/" in source or source.startswith("."):
         raise ValueError(f"invalid source name {source!r}")
@@ -161,7 +163,7 @@ def write_source_streams(
     staging = os.path.join(parent, f"{source}-{uuid.uuid4().hex}")
     fs = filesystem_for(root, storage_options)
     try:
-        summaries = _write_staged(rows, root, source, staging)
+        summaries = _write_staged(rows, root, source, staging, grouped)
         for s in summaries:
             local = os.path.join(staging, stream_name(s.tier, s.width, s.height))
             if is_remote(root):
@@ -176,12 +178,25 @@ def write_source_streams(
             os.rmdir(parent)
 
 
-def _write_staged(rows: Iterable[dict], root: str, source: str, staging: str) -> list[StreamSummary]:
+def _finish(writer: BytesJpegMDSWriter, summary: StreamSummary) -> None:
+    writer.finish()
+    summary.shards = len(writer.shards)
+    summary.bytes = sum(s["raw_data"]["bytes"] for s in writer.shards)
+
+
+def _write_staged(rows: Iterable[dict], root: str, source: str, staging: str, grouped: bool) -> list[StreamSummary]:
     writers: dict[StreamKey, BytesJpegMDSWriter] = {}
     summaries: dict[StreamKey, StreamSummary] = {}
+    current: StreamKey | None = None
     try:
         for row in rows:
             key = (int(row["tier"]), int(row["bucket_width"]), int(row["bucket_height"]))
+            if grouped and key != current:
+                if key in summaries:
+                    raise ValueError(f"rows are not grouped by stream: {stream_name(*key)} came back")
+                if current is not None:
+                    _finish(writers.pop(current), summaries[current])
+                current = key
             if row["source"] != source or (row["width"], row["height"]) != key[1:]:
                 raise ValueError(f"row {row.get('sample_id')!r}: source {row['source']!r} size "
                                  f"{row['width']}x{row['height']} does not match {source}/{stream_name(*key)}")
@@ -201,9 +216,7 @@ def _write_staged(rows: Iterable[dict], root: str, source: str, staging: str) ->
             summary.sample_ids.append(row["sample_id"])
             summary.image_sha256.append(hashlib.sha256(row["jpeg"]).hexdigest())
         for key, writer in writers.items():
-            writer.finish()
-            summaries[key].shards = len(writer.shards)
-            summaries[key].bytes = sum(s["raw_data"]["bytes"] for s in writer.shards)
+            _finish(writer, summaries[key])
     except BaseException:
         for writer in writers.values():
             writer.cancel_future_jobs()

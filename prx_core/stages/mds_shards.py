@@ -129,7 +129,7 @@ def build_mds(
                 if len(content_of) == len(planned) // 2:
                     pause_point("mds_shards:writing")  # half the rows staged, nothing published
 
-    streams = write_source_streams(rows(), storage.root, source, storage.storage_options)
+    streams = write_source_streams(rows(), storage.root, source, storage.storage_options, grouped=True)
     index = [{"sample_id": sid, "source": source, "content_id": content_of[sid][0], "tier": s.tier,
               "bucket": f"{s.width}x{s.height}", "index": i, "image_sha256": sha, "captioner_version": captioner_version}
              for s in streams for i, (sid, sha) in enumerate(zip(s.sample_ids, s.image_sha256))]

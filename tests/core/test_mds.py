@@ -129,6 +129,17 @@ def test_interleaved_buckets_land_in_their_streams_in_order(photos, tmp_path) ->
     assert not (tmp_path / "mds" / ".staging").exists()
 
 
+def test_grouped_rows_give_the_same_streams_and_ungrouped_input_is_refused(photos, tmp_path) -> None:
+    order = [B512, B512, B576, B1024, B1024, B448]
+    rows = make_rows(photos, order)
+    write_source_streams(rows, str(tmp_path / "a"), "alpha")
+    write_source_streams(rows, str(tmp_path / "b"), "alpha", grouped=True)  # finishes each stream early
+    assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
+    with pytest.raises(ValueError, match="not grouped"):
+        write_source_streams(rows + rows[:1], str(tmp_path / "c"), "alpha", grouped=True)
+    assert list_streams(str(tmp_path / "c")) == []  # nothing published from a refused write
+
+
 def test_rerun_is_byte_identical(photos, tmp_path) -> None:
     rows = make_rows(photos, [B512, B576, B448, B512])
     write_source_streams(rows, str(tmp_path), "alpha")
