@@ -22,7 +22,7 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
     ) -> dg.MaterializeResult:
         config = labeler.config()
         report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
-                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}]"))
+                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}] captions"))
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,

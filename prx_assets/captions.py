@@ -26,7 +26,7 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult:
         store, config = storage.storage(), captioner.config()
         report = build_captions(context.partition_key, store, config, actors=captioner.actors,
-                                progress=progress(context, f"captions[{context.partition_key}]"))
+                                progress=progress(context, f"captions[{context.partition_key}] images"))
         eligible, _ = eligible_contents(context.partition_key, store)
         covered = existing_keys(store.lance_uri("captions"), "captioner_version", config.version(),
                                 store.lance_storage_options(), "error = ''")

@@ -30,7 +30,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
     ) -> dg.MaterializeResult:
         source, store = context.partition_key, storage.storage()
         report = build_mds(source, store, captioner.config().version(), storage.max_tier,
-                           progress(context, f"mds_shards[{source}]"))
+                           progress(context, f"mds_shards[{source}] chunks"))
         expected = expected_counts(store, source)
         rows, problems = [], []
         for stream in report.streams:

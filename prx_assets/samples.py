@@ -30,7 +30,7 @@ def samples(
     `rejects` with a reason; replaces this source's rows in one commit."""
     spec = catalog.source(context.partition_key)
     store = storage.storage()
-    report = build_samples(spec, store, storage.max_pixels, progress=progress(context, f"samples[{spec.name}]"))
+    report = build_samples(spec, store, storage.max_pixels, progress=progress(context, f"samples[{spec.name}] source fragments"))
     uri, options = store.lance_uri("samples"), store.lance_storage_options()
     ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
     unique = pc.count_distinct(ids).as_py() == len(ids)

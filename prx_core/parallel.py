@@ -93,7 +93,7 @@ class Throttle:
         if done == total or now - self.last >= self.seconds:
             self.last = now
             rate = done / max(now - self.start, 1e-9)
-            self.report(f"{self.label}: {done}/{total} tasks ({rate:.1f}/s)")
+            self.report(f"{self.label}: {done}/{total} ({rate:.1f}/s)")
 
 
 def scan_partition(
