@@ -4,7 +4,7 @@
 import dagster as dg
 
 from prx_assets.common import SOURCES
-from prx_core import lance_io
+from prx_core import lance_io, lance_maintenance
 from prx_core.schemas import TABLES
 from prx_resources import CatalogResource, StorageResource
 
@@ -44,8 +44,8 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
-        report = lance_io.compact_table(uri, storage_options=options)
-        indexes = lance_io.refresh_indexes(uri, FTS_COLUMNS.get(table, []), storage_options=options)
+        report = lance_maintenance.compact_table(uri, storage_options=options)
+        indexes = lance_maintenance.refresh_indexes(uri, FTS_COLUMNS.get(table, []), storage_options=options)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects and mds_index are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))

@@ -6,7 +6,7 @@ import pyarrow.compute as pc
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
-from prx_core import lance_io
+from prx_core import lance_io, lance_maintenance
 from prx_core.stages.samples import build_samples, source_predicate
 from prx_resources import CatalogResource, StorageResource
 
@@ -34,7 +34,7 @@ def samples(
     uri, options = store.lance_uri("samples"), store.lance_storage_options()
     ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
     unique = pc.count_distinct(ids).as_py() == len(ids)
-    health = lance_io.fragment_health(uri, storage_options=options)
+    health = lance_maintenance.fragment_health(uri, storage_options=options)
     total = report.rows + report.rejects.num_rows
     checks = [
         dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=unique,

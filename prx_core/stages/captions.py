@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, schemas
+from prx_core import lance_io, lance_maintenance, schemas
 from prx_core.captioning import CaptionBatch, CaptionerConfig
 from prx_core.parallel import Progress, chunk, quiet_ray_data, scan_partition, take_rows
 from prx_core.stages.samples import source_predicate
@@ -120,7 +120,7 @@ def build_captions(
         if pending:
             report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
         report.failures = dict(failures)
-        lance_io.refresh_indexes(captions_uri, ["caption"], storage_options=options)
+        lance_maintenance.refresh_indexes(captions_uri, ["caption"], storage_options=options)
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report

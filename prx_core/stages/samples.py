@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, schemas
+from prx_core import lance_io, lance_maintenance, schemas
 from prx_core.catalog import SourceSpec
 from prx_core.decode import DEFAULT_MAX_PIXELS
 from prx_core.faults import pause_point
@@ -118,7 +118,7 @@ def build_samples(
     samples_version = lance_io.replace_rows(
         samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options
     )
-    lance_io.refresh_indexes(samples_uri, FTS_COLUMNS, storage_options=lance_options)
+    lance_maintenance.refresh_indexes(samples_uri, FTS_COLUMNS, storage_options=lance_options)
     rejects_version = lance_io.replace_partition(
         storage.lance_uri("rejects"), rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options
     )

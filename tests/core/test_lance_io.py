@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from prx_core import lance_io as lio
+from prx_core import lance_maintenance as maint
 from prx_core.storage import lance_storage_options
 
 SCHEMA = pa.schema([("sample_id", pa.string()), ("source", pa.string()), ("value", pa.int64()),
@@ -89,7 +90,7 @@ def test_replace_after_compaction_mixed_sources(tmp_path: Path) -> None:
         frags = lio.write_fragments(uri, rows(source, 40), SCHEMA, max_rows_per_file=10)
         lio.replace_rows(uri, where(source), frags, SCHEMA)
     assert len(lance.dataset(uri).get_fragments()) == 8
-    report = lio.compact_table(uri, target_rows_per_fragment=1000)
+    report = maint.compact_table(uri, target_rows_per_fragment=1000)
     assert (report.fragments_before, report.fragments_after) == (8, 1)
     b_rows, before = content(uri, "b"), lio.table_version(uri)
     version = lio.replace_partition(uri, where("a"), rows("a", 5, "v2"), SCHEMA)
@@ -97,7 +98,7 @@ def test_replace_after_compaction_mixed_sources(tmp_path: Path) -> None:
     assert content(uri, "a") == content_of(rows("a", 5, "v2")) and content(uri, "b") == b_rows
     mixed = lance.dataset(uri).get_fragments()[0].metadata
     assert mixed.deletion_file is not None and mixed.num_rows == 40  # b's rows kept, a's deleted
-    health = lio.fragment_health(uri, target_rows=1000)
+    health = maint.fragment_health(uri, target_rows=1000)
     assert health.deleted_rows == 40 and health.rows == 45
 
 
@@ -159,7 +160,7 @@ def test_concurrent_partitions_all_land(tmp_path: Path, layout: str) -> None:
             for source in sources:
                 lio.replace_partition(uri, where(source), rows(source, 7, "old"), SCHEMA)
         if layout == "mixed":
-            assert lio.compact_table(uri, target_rows_per_fragment=1000).fragments_after == 1
+            assert maint.compact_table(uri, target_rows_per_fragment=1000).fragments_after == 1
         materialize_concurrently(uri, sources)
 
 
@@ -210,17 +211,17 @@ def test_overwrite(tmp_path: Path) -> None:
 def test_fragment_health(tmp_path: Path) -> None:
     demo = str(tmp_path / "demo.lance")
     lio.replace_partition(demo, where("a"), rows("a", 50), SCHEMA)
-    assert not lio.fragment_health(demo).needs_compaction
+    assert not maint.fragment_health(demo).needs_compaction
     many = str(tmp_path / "many.lance")
     for i in range(20):
         lio.replace_partition(many, where(f"s{i}"), rows(f"s{i}", 10), SCHEMA)
-    health = lio.fragment_health(many, target_rows=1000)
+    health = maint.fragment_health(many, target_rows=1000)
     assert (health.fragments, health.rows, health.small_fragments, health.small_ratio) == (20, 200, 20, 1.0)
     assert health.needs_compaction
-    report = lio.compact_table(many, target_rows_per_fragment=1000, cleanup_older_than=timedelta(0))
+    report = maint.compact_table(many, target_rows_per_fragment=1000, cleanup_older_than=timedelta(0))
     assert (report.fragments_before, report.fragments_after) == (20, 1)
     assert report.versions_removed >= 20 and report.bytes_removed > 0
-    assert not lio.fragment_health(many, target_rows=1000).needs_compaction
+    assert not maint.fragment_health(many, target_rows=1000).needs_compaction
     assert len(content(many)) == 200
 
 
@@ -239,10 +240,10 @@ def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
     schema = tables["a"].schema
     for source, table in tables.items():
         lio.replace_partition(uri, where(source), table, schema)
-    report = lio.refresh_indexes(uri, ["caption"], "emb")
+    report = maint.refresh_indexes(uri, ["caption"], "emb")
     assert report.created == ["caption_fts", "emb_vector"] and report.indexes == ["caption_fts", "emb_vector"]
     version = lio.table_version(uri)
-    assert lio.refresh_indexes(uri, ["caption"], "emb").created == [] and lio.table_version(uri) == version
+    assert maint.refresh_indexes(uri, ["caption"], "emb").created == [] and lio.table_version(uri) == version
     planted = tables["a"]["emb"][42].values.to_numpy()
 
     def check() -> None:
@@ -254,12 +255,12 @@ def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
 
     check()
     lio.replace_partition(uri, where("b"), embedded_rows("b", 300, dim, 7), schema)  # unindexed rows
-    assert lio.refresh_indexes(uri, ["caption"], "emb").optimized == ["caption_fts", "emb_vector"]
+    assert maint.refresh_indexes(uri, ["caption"], "emb").optimized == ["caption_fts", "emb_vector"]
     check()
     lio.replace_partition(uri, where("b"), embedded_rows("b", 250, dim, 8), schema)  # unindexed again
-    report = lio.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
+    report = maint.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
     assert report.fragments_after == 1  # indexes caught up first, or Lance keeps fragments apart
-    assert lio.refresh_indexes(uri, ["caption"], "emb") == lio.IndexReport(
+    assert maint.refresh_indexes(uri, ["caption"], "emb") == maint.IndexReport(
         indexes=["caption_fts", "emb_vector"], created=[], optimized=[], notes=[])
     check()
     assert lio.read_table(uri, ["sample_id"], where("b")).num_rows == 250
@@ -268,16 +269,16 @@ def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
 def test_vector_index_rules(tmp_path: Path) -> None:
     small = str(tmp_path / "small.lance")
     lio.replace_partition(small, where("a"), embedded_rows("a", 50, 8, 0), embedded_rows("a", 1, 8, 0).schema)
-    report = lio.refresh_indexes(small, [], "emb")
+    report = maint.refresh_indexes(small, [], "emb")
     assert report.indexes == [] and "skipped" in report.notes[0]
     ragged = str(tmp_path / "ragged.lance")
     lio.overwrite(ragged, pa.table({"emb": pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32()))}))
     with pytest.raises(ValueError, match="fixed_size_list"):
-        lio.refresh_indexes(ragged, [], "emb")
+        maint.refresh_indexes(ragged, [], "emb")
     pq = str(tmp_path / "pq.lance")
     table = embedded_rows("a", 300, 16, 1)
     lio.replace_partition(pq, where("a"), table, table.schema)
-    assert lio.refresh_indexes(pq, [], "emb", pq_min_rows=256).created == ["emb_vector"]
+    assert maint.refresh_indexes(pq, [], "emb", pq_min_rows=256).created == ["emb_vector"]
     assert lio.require_table(pq).describe_indices()[0].index_type == "IVF_PQ"
 
 
@@ -297,5 +298,5 @@ def test_s3_round_trip(s3_endpoint: dict) -> None:
     got = content(uri, storage_options=options)
     assert got == sorted(content_of(rows("a", 4, "v2")) + content_of(rows("b", 12)))
     assert lio.upsert(uri, rows("c", 2), ["sample_id"], options) == 4
-    assert lio.fragment_health(uri, storage_options=options).rows == 18
+    assert maint.fragment_health(uri, storage_options=options).rows == 18
     materialize_concurrently("s3://lance-io/corpus/lance/racing.lance", ["p0", "p1", "p2"], options)

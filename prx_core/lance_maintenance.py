@@ -1,0 +1,167 @@
+"""Lance table upkeep: fragment health, compaction with safe version cleanup, and indexes.
+
+Queries stay fast only with few, large fragments (~1M rows) and indexes that cover every
+fragment; each partition replace adds small fragments and unindexed rows, which this module
+measures and repairs. Pure library: never imports dagster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+from lance import LanceDataset
+
+from prx_core.lance_io import StorageOptions, require_table
+
+FTS_TYPES = {"inverted", "fts"}
+MERGE_ALL_SEGMENTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class FragmentHealth:
+    """Fragment layout of a table.
+
+    A fragment is small when it holds fewer than `small_fraction * target_rows` live rows, and
+    small fragments count only when there are at least two of them: a single small fragment (a
+    table's tail, a whole demo table) cannot be merged with anything, so it is not a problem.
+    """
+
+    fragments: int
+    rows: int
+    small_fragments: int
+    small_ratio: float
+    target_rows: int
+    deleted_rows: int = 0
+
+    @property
+    def needs_compaction(self) -> bool:
+        return self.small_fragments > 0
+
+
+def fragment_health(uri: str, target_rows: int = 1_000_000, small_fraction: float = 0.5,
+                    storage_options: StorageOptions = None) -> FragmentHealth:
+    metas = [f.metadata for f in require_table(uri, storage_options).get_fragments()]
+    live = [m.num_rows for m in metas]
+    small = sum(1 for n in live if n < small_fraction * target_rows)
+    small = small if small >= 2 else 0
+    return FragmentHealth(fragments=len(metas), rows=sum(live), small_fragments=small,
+                          small_ratio=small / len(metas) if metas else 0.0, target_rows=target_rows,
+                          deleted_rows=sum(m.num_deletions for m in metas))
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    fragments_before: int
+    fragments_after: int
+    versions_removed: int
+    bytes_removed: int
+    version: int
+
+
+def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
+                  cleanup_older_than: timedelta = timedelta(days=7),
+                  storage_options: StorageOptions = None) -> CompactionReport:
+    """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
+
+    Indexes first: Lance never merges an indexed fragment with an unindexed one (a replaced
+    partition's new fragments), so compaction alone left them apart. Cleanup never removes the
+    latest or tagged versions, nor (no `delete_unverified`) files of in-flight writers younger
+    than 7 days.
+    """
+    ds = require_table(uri, storage_options)
+    before = len(ds.get_fragments())
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+    stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
+                            versions_removed=stats.old_versions, bytes_removed=stats.bytes_removed,
+                            version=ds.version)
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What `refresh_indexes` did; `indexes` are the names present afterwards."""
+
+    indexes: list[str]
+    created: list[str]
+    optimized: list[str]
+    notes: list[str]
+
+
+def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
+    covered = {int(i) for segment in desc.segments for i in segment.fragment_ids}
+    return {f.fragment_id for f in ds.get_fragments()} - covered
+
+
+def _catch_up_indexes(ds: LanceDataset, names: list[str]) -> list[str]:
+    """Index unindexed fragments and merge each index into one segment; no commit when done.
+
+    One segment matters: compaction never merges fragments covered by different segments (the
+    default optimize left a vector index's new rows in a delta segment, blocking compaction)."""
+    stale = [d.name for d in ds.describe_indices()
+             if d.name in names and (len(d.segments) > 1 or _unindexed_fragments(ds, d))]
+    if stale:
+        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS)
+    return stale
+
+
+def _find_index(ds: LanceDataset, column: str, kinds: set[str] | None) -> Any | None:
+    for desc in ds.describe_indices():
+        if list(desc.field_names) == [column] and (kinds is None or desc.index_type.lower() in kinds):
+            return desc
+    return None
+
+
+def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, pq_min_rows: int) -> str:
+    """IVF with ~sqrt(rows) partitions: IVF_FLAT (exact within partitions) for small tables,
+    IVF_PQ (dim/8 sub-vectors of 8 bits) once the table is large and the dimension allows it."""
+    dim, name = ds.schema.field(column).type.list_size, f"{column}_vector"
+    params = {"num_partitions": max(1, min(4096, round(math.sqrt(rows))))}
+    kind = "IVF_PQ" if rows >= pq_min_rows and dim % 8 == 0 else "IVF_FLAT"
+    if kind == "IVF_PQ":
+        params["num_sub_vectors"] = dim // 8
+    ds.create_index(column, kind, name=name, metric=metric, **params)
+    return name
+
+
+def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
+                    storage_options: StorageOptions = None, *, metric: str = "cosine",
+                    min_vector_rows: int = 256, pq_min_rows: int = 100_000) -> IndexReport:
+    """Create missing INVERTED (full-text) indexes and the vector index, extend existing ones.
+
+    Idempotent: nothing is committed when every fragment is already indexed. The vector column
+    must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
+    fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
+    """
+    ds = require_table(uri, storage_options)
+    created: list[str] = []
+    existing: list[str] = []
+    notes: list[str] = []
+    rows = ds.count_rows()
+    for column in fts_columns:
+        if (desc := _find_index(ds, column, FTS_TYPES)) is not None:
+            existing.append(desc.name)
+        elif rows == 0:
+            notes.append(f"{column}: no full-text index on an empty table")
+        else:
+            ds.create_scalar_index(column, "INVERTED", name=f"{column}_fts")
+            created.append(f"{column}_fts")
+    if vector_column is not None:
+        kind = ds.schema.field(vector_column).type
+        if not (pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)):
+            raise ValueError(f"{uri}: a vector index needs fixed_size_list<float>, {vector_column} is {kind}")
+        if (desc := _find_index(ds, vector_column, None)) is not None:
+            existing.append(desc.name)
+        elif rows < min_vector_rows:
+            notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
+        else:
+            created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
+    optimized = _catch_up_indexes(ds, existing)
+    names = sorted(d.name for d in require_table(uri, storage_options).describe_indices())
+    return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes)
