@@ -1,0 +1,128 @@
+"""`captions`: eligible contents only, each once per captioner version; the source and the
+transformers backends; `caption_labels` on top."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import (
+    SOURCES, Corpus, Manifest, check, copy_corpus, fresh_instance, materialize, materialized, read, resources_for,
+    transformers_config,
+)
+
+from prx_core import lance_io
+from prx_core.captioning import CaptionerConfig
+from prx_core.storage import Storage
+
+SOURCE_VERSION = CaptionerConfig("source").version()
+
+
+def eligible(corpus: Corpus, source: str) -> set[str]:
+    placed = {r["sample_id"] for r in corpus.rows("buckets", ["sample_id"], f"source = '{source}' AND tier IS NOT NULL")}
+    return {r["content_id"] for r in corpus.rows("samples", ["sample_id", "content_id"], f"source = '{source}'")
+            if r["sample_id"] in placed}
+
+
+def test_only_eligible_contents_are_captioned_once(corpus: Corpus) -> None:
+    rows = corpus.rows("captions")
+    keys = [(r["content_id"], r["captioner_version"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    assert {r["captioner_version"] for r in rows} == {SOURCE_VERSION}
+    wanted = set().union(*(eligible(corpus, s) for s in SOURCES))
+    assert {r["content_id"] for r in rows} == wanted
+    # samples that never reached a bucket (dropped) were not captioned unless their bytes also bucketed
+    dropped = {r["sample_id"] for r in corpus.rows("buckets", ["sample_id"], "tier IS NULL")}
+    dropped_contents = {r["content_id"] for r in corpus.rows("samples", ["sample_id", "content_id"]) if r["sample_id"] in dropped}
+    assert dropped_contents and not dropped_contents & {r["content_id"] for r in rows}
+    assert all(r["error"] == "" and r["caption"] and r["captioner_id"] == "source" for r in rows)
+
+
+def test_source_backend_copies_the_source_caption(corpus: Corpus, source_bytes: dict) -> None:
+    captions = {r["content_id"]: r for r in corpus.rows("captions")}
+    sources_of: dict[str, set[str]] = {}
+    for row in corpus.rows("samples", ["sample_id", "content_id"]):
+        if row["content_id"] in captions:
+            sources_of.setdefault(row["content_id"], set()).add(source_bytes[row["sample_id"]][1].strip())
+    assert sources_of.keys() == captions.keys()
+    for content_id, caption in captions.items():
+        assert caption["caption"] in sources_of[content_id]
+        assert caption["word_count"] == len(caption["caption"].split())
+        assert caption["prompt_version"] == ""  # a copied caption used no prompt
+
+
+def test_byte_identical_image_in_two_sources_is_captioned_once(corpus: Corpus, manifest: Manifest) -> None:
+    """stock_photos runs first; web_images' byte copies reuse its captions."""
+    contents = {s: eligible(corpus, s) for s in SOURCES}
+    shared = contents["stock_photos"] & contents["web_images"]
+    copies = [roles["copy"] for roles in manifest.groups().values() if "copy" in roles]
+    assert copies and len(shared) >= len(copies)
+    meta = corpus.metadata("captions", "web_images")
+    assert meta["reused"] == len(shared)
+    assert meta["captioned"] == len(contents["web_images"]) - len(shared)
+    assert meta["eligible"] == len(contents["web_images"])
+    stock = corpus.metadata("captions", "stock_photos")
+    assert (stock["captioned"], stock["reused"]) == (len(contents["stock_photos"]), 0)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_captions_check_and_metadata(corpus: Corpus, source: str) -> None:
+    check_ = corpus.checks[("captions_coverage", source)]
+    assert check_.passed and check_.metadata["missing"].value == 0
+    meta = corpus.metadata("captions", source)
+    assert meta["captioner"] == "source"
+    assert meta["captioned"] + meta["reused"] == meta["eligible"] == len(eligible(corpus, source))
+    assert meta["failed"] == 0
+    assert meta["lance_version/captions"] >= 1 and "lance_version/buckets" in meta and "lance_version/samples" in meta
+
+
+def test_full_text_index_covers_every_caption(corpus: Corpus, manifest: Manifest) -> None:
+    """The INVERTED index on captions is refreshed after each write: no unindexed rows, and a
+    full-text query finds the planted spreadsheet screenshots."""
+    ds = lance_io.require_table(Storage(str(corpus.root)).lance_uri("captions"))
+    (index,) = [d for d in ds.describe_indices() if list(d.field_names) == ["caption"]]
+    assert index.index_type.lower() in ("inverted", "fts")
+    stats = ds.stats.index_stats(index.name)
+    assert stats["num_unindexed_rows"] == 0 and stats["num_indexed_rows"] == ds.count_rows()
+    found = set(ds.to_table(columns=["content_id"], full_text_query="spreadsheet")["content_id"].to_pylist())
+    contents = {r["sample_id"]: r["content_id"] for r in corpus.rows("samples", ["sample_id", "content_id"])}
+    spreadsheets = {contents[p.sample_id] for p in manifest.with_kind("spreadsheet")}
+    assert spreadsheets and spreadsheets <= found
+
+
+def test_second_materialization_reuses_every_caption(corpus: Corpus, tmp_path: Path) -> None:
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    before = read(root, "captions").sort_by([("content_id", "ascending")]).to_pylist()
+    result = materialize(resources_for(corpus, root), ["captions"], "crawl_wds", fresh_instance(corpus.catalog))
+    assert result.success
+    meta = materialized(result)["captions"]
+    assert meta["captioned"] == 0 and meta["failed"] == 0
+    assert meta["reused"] == meta["eligible"] == len(eligible(corpus, "crawl_wds"))
+    assert check(result, "captions_coverage").passed
+    assert read(root, "captions").sort_by([("content_id", "ascending")]).to_pylist() == before
+
+
+def test_transformers_backend_captions_every_eligible_content(corpus: Corpus, tiny_vlm: Path, tmp_path: Path) -> None:
+    """The tiny Qwen2-VL checkpoint on one small source: non-empty captions for every eligible
+    content under a new captioner_version; the source backend's rows stay."""
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    before = read(root, "captions").to_pylist()
+    config = {"captioner": transformers_config(tiny_vlm)}
+    resources = resources_for(corpus, root, config)
+    version = resources["captioner"].config().version()
+    assert version != SOURCE_VERSION
+    result = materialize(resources, ["captions"], "crawl_wds", fresh_instance(corpus.catalog))
+    assert result.success, [e.event_specific_data for e in result.all_events if e.is_failure]
+    meta = materialized(result)["captions"]
+    wanted = eligible(corpus, "crawl_wds")
+    assert meta["captioned"] == len(wanted) and meta["reused"] == 0 and meta["failed"] == 0
+    assert meta["captioner"].startswith("transformers:tiny-qwen2-vl:")
+    assert check(result, "captions_coverage").passed
+
+    rows = read(root, "captions").to_pylist()
+    new = [r for r in rows if r["captioner_version"] == version]
+    assert {r["content_id"] for r in new} == wanted and len(new) == len(wanted)
+    assert all(r["caption"].strip() and r["error"] == "" and r["word_count"] >= 1 for r in new)
+    assert all(r["captioner_id"] == meta["captioner"] and r["prompt_version"] for r in new)
+    old = sorted((r for r in rows if r["captioner_version"] == SOURCE_VERSION), key=lambda r: r["content_id"])
+    assert old == sorted(before, key=lambda r: r["content_id"])
