@@ -12,7 +12,7 @@ PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "captio
 FTS_COLUMNS = {"samples": ["original_caption"], "captions": ["caption"]}
 
 refresh_source_job = dg.define_asset_job(
-    "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE), partitions_def=SOURCES,
+    "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE),
     description="Re-ingest one source end to end; duplicates and skip_lists follow by automation.",
 )
 

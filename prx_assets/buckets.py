@@ -17,7 +17,7 @@ CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=
 
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"lance"},
-              code_version=f"1-{settings.corpus_version()}", automation_condition=CHEAP)
+              code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP)
     def buckets(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
         """Dropped samples (below the 384² floor, aspect ratio outside [0.5, 2]) go to `rejects`."""
         report = build_buckets(context.partition_key, storage.storage(), storage.max_tier)

@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, bench.
+"""The `prx-corpus` command line: doctor, demo-sources, build, bench, bench-loader.
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -99,6 +99,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_loader(args: argparse.Namespace) -> int:
+    import json
+    import logging
+    import os
+
+    # streaming logs a notice per epoch when per_stream drops a stream's last incomplete batch, and
+    # the resource tracker (a child process, hence the environment) warns at exit about every
+    # shared-memory block streaming already unlinked: both are noise here.
+    logging.getLogger("streaming.base.batching.per_stream").setLevel(logging.ERROR)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+    from benchmarks.loader import format_table, run
+
+    started = time.time()
+    print(f"loader benchmark (one core): {args.samples} samples, CorpusDataset with and without 10% skipped ...",
+          flush=True)
+    results = run(samples=args.samples, repeats=args.repeats)
+    results["wall_seconds"] = time.time() - started
+    print(format_table(results))
+    print(f"\n{results['wall_seconds']:.0f} s in all")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from prx_core.doctor import default_root
 
@@ -128,6 +154,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="200 images instead of 400 (under 3 minutes)")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench.set_defaults(func=_cmd_bench)
+
+    bench_loader = sub.add_parser("bench-loader", help="training loader throughput, no skip-lists vs 10%% skipped (one core)")
+    bench_loader.add_argument("--samples", type=int, default=4000, help="corpus size (default 4000)")
+    bench_loader.add_argument("--repeats", type=int, default=5, help="alternated runs per loader (default 5)")
+    bench_loader.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench_loader.set_defaults(func=_cmd_bench_loader)
     return parser
 
 

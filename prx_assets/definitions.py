@@ -17,17 +17,18 @@ from prx_assets.duplicates import duplicates
 from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
 from prx_assets.raw_source import raw_source
-from prx_assets.samples import samples
+from prx_assets.samples import samples_asset
 from prx_assets.skip_lists import skip_lists_asset
 from prx_assets.settings import Settings, load_settings
 from prx_resources import (
     CaptionerResource, CatalogResource, EmbeddedRay, LabelerResource, RayCluster, SkipPolicyResource, StorageResource,
 )
+from prx_resources.ray import never_cleanup
 
 
 def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
     ray_config = settings.section("ray")
-    ray = RayCluster(**ray_config) if ray_config.get("address") else EmbeddedRay(**ray_config)
+    ray = RayCluster(**ray_config) if ray_config.get("address") else EmbeddedRay(**{"lifecycle": never_cleanup(), **ray_config})
     return {
         "storage": StorageResource(**{"root": settings.root, **settings.section("storage")}),
         "catalog": CatalogResource(path=settings.sources),
@@ -41,7 +42,7 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
 def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.AssetsDefinition]:
     storage, captioner, labeler, policy = (resources[k] for k in ("storage", "captioner", "labeler", "policy"))
     return [
-        raw_source, samples, buckets_asset(storage), phashes, duplicates, captions_asset(captioner),
+        raw_source, samples_asset(storage), buckets_asset(storage), phashes, duplicates, captions_asset(captioner),
         caption_labels_asset(captioner, labeler), mds_shards_asset(storage, captioner),
         skip_lists_asset(captioner, labeler, policy),
     ]

@@ -24,12 +24,12 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
     """Never automatic: rewriting shards is expensive; skip-lists absorb policy changes."""
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions"], check_specs=CHECKS,
-              kinds={"ray", "s3"}, code_version=f"1-{settings.corpus_version()}-{captioner.config().version()}")
+              kinds={"ray", "s3"}, code_version=f"1-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}")
     def mds_shards(
         context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource
     ) -> dg.MaterializeResult:
         source, store = context.partition_key, storage.storage()
-        report = build_mds(source, store, captioner.config().version(), storage.max_tier,
+        report = build_mds(source, store, captioner.config().version(), storage.max_tier, storage.max_pixels,
                            progress(context, f"mds_shards[{source}] chunks"))
         expected = expected_counts(store, source)
         rows, problems = [], []

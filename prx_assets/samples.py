@@ -21,40 +21,43 @@ CHECKS = [
 ]
 
 
-@dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
-          code_version="1")
-def samples(
-    context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource
-) -> dg.MaterializeResult:
-    """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
-    `rejects` with a reason; replaces this source's rows in one commit."""
-    spec = catalog.source(context.partition_key)
-    store = storage.storage()
-    report = build_samples(spec, store, storage.max_pixels, progress=progress(context, f"samples[{spec.name}] source fragments"))
-    uri, options = store.lance_uri("samples"), store.lance_storage_options()
-    ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
-    unique = pc.count_distinct(ids).as_py() == len(ids)
-    health = lance_maintenance.fragment_health(uri, storage_options=options)
-    total = report.rows + report.rejects.num_rows
-    checks = [
-        dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=unique,
-                            metadata={"rows": len(ids), "distinct": pc.count_distinct(ids).as_py()}),
-        dg.AssetCheckResult(check_name="samples_fragment_health", passed=health.small_fragments <= SMALL_FRAGMENT_BUDGET,
-                            severity=dg.AssetCheckSeverity.WARN,
-                            metadata={"fragments": health.fragments, "rows": health.rows,
-                                      "small_fragments": health.small_fragments, "small_ratio": health.small_ratio}),
-        dg.AssetCheckResult(check_name="samples_reject_reasons", passed=report.rejects.num_rows <= total / 2,
-                            severity=dg.AssetCheckSeverity.WARN,
-                            metadata={"rejects": report.rejects.num_rows, "reasons": counts_table(report.reasons, "reason", total)}),
-    ]
-    return dg.MaterializeResult(
-        metadata={
-            "rows": report.rows, "rejects": report.rejects.num_rows, "bytes": report.bytes,
-            "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
-            "reject_reasons": counts_table(report.reasons, "reason", total),
-            "rejected_files": dg.MetadataValue.json(report.rejects.select(["source_key", "reason", "message"]).to_pylist()[:50]),
-            **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
-        },
-        check_results=checks,
-        data_version=dg.DataVersion(f"samples@{report.samples_version}"),
-    )
+def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
+              code_version=f"1-{settings.pixel_cap_version()}")
+    def samples(
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource
+    ) -> dg.MaterializeResult:
+        """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
+        `rejects` with a reason; replaces this source's rows in one commit."""
+        spec = catalog.source(context.partition_key)
+        store = storage.storage()
+        report = build_samples(spec, store, storage.max_pixels, progress=progress(context, f"samples[{spec.name}] source fragments"))
+        uri, options = store.lance_uri("samples"), store.lance_storage_options()
+        ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
+        unique = pc.count_distinct(ids).as_py() == len(ids)
+        health = lance_maintenance.fragment_health(uri, storage_options=options)
+        total = report.rows + report.rejects.num_rows
+        checks = [
+            dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=unique,
+                                metadata={"rows": len(ids), "distinct": pc.count_distinct(ids).as_py()}),
+            dg.AssetCheckResult(check_name="samples_fragment_health", passed=health.small_fragments <= SMALL_FRAGMENT_BUDGET,
+                                severity=dg.AssetCheckSeverity.WARN,
+                                metadata={"fragments": health.fragments, "rows": health.rows,
+                                          "small_fragments": health.small_fragments, "small_ratio": health.small_ratio}),
+            dg.AssetCheckResult(check_name="samples_reject_reasons", passed=report.rejects.num_rows <= total / 2,
+                                severity=dg.AssetCheckSeverity.WARN,
+                                metadata={"rejects": report.rejects.num_rows, "reasons": counts_table(report.reasons, "reason", total)}),
+        ]
+        return dg.MaterializeResult(
+            metadata={
+                "rows": report.rows, "rejects": report.rejects.num_rows, "bytes": report.bytes,
+                "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
+                "reject_reasons": counts_table(report.reasons, "reason", total),
+                "rejected_files": dg.MetadataValue.json(report.rejects.select(["source_key", "reason", "message"]).to_pylist()[:50]),
+                **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
+            },
+            check_results=checks,
+            data_version=dg.DataVersion(f"samples@{report.samples_version}"),
+        )
+
+    return samples

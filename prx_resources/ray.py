@@ -14,6 +14,12 @@ from dagster_ray import Lifecycle, LocalRay, RayResource
 from pydantic import Field, PrivateAttr
 
 
+def never_cleanup() -> Lifecycle:
+    """An embedded Ray has nothing to delete (it stops with the process). Pass it explicitly:
+    Dagster does not apply a field's default factory inside runs."""
+    return Lifecycle(cleanup="never")
+
+
 def default_init_options() -> dict[str, Any]:
     return {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
 
@@ -24,8 +30,7 @@ class EmbeddedRay(LocalRay):
     ray_init_options: dict[str, Any] = Field(
         default_factory=default_init_options, description="Keyword arguments for ray.init (num_cpus, ...)."
     )
-    lifecycle: Lifecycle = Field(default_factory=lambda: Lifecycle(cleanup="never"),
-                                 description="An embedded Ray has nothing to delete; it stops with the process.")
+    lifecycle: Lifecycle = Field(default_factory=never_cleanup, description="Keep `never`: see never_cleanup().")
     _reused: bool = PrivateAttr(default=False)
 
     def connect(self, context: Any) -> Any:

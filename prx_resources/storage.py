@@ -27,6 +27,10 @@ class StorageResource(dg.ConfigurableResource):
     def storage(self) -> Storage:
         return Storage(self.root, dict(self.storage_options))
 
-    def corpus_version(self) -> str:
-        """What changes bucket geometry and therefore `buckets` and `mds_shards`."""
-        return f"tier{self.max_tier}-px{self.max_pixels}"
+    def tier_version(self) -> str:
+        """Changes bucket geometry: part of the code version of `buckets` and `mds_shards`."""
+        return f"tier{self.max_tier}"
+
+    def pixel_cap_version(self) -> str:
+        """Changes which images are refused: part of the code version of `samples`."""
+        return f"px{self.max_pixels}"

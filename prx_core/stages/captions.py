@@ -121,6 +121,7 @@ def build_captions(
             report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
         report.failures = dict(failures)
         lance_maintenance.refresh_indexes(captions_uri, ["caption"], storage_options=options)
+        report.captions_version = lance_io.table_version(captions_uri, options)  # includes the index commit
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report

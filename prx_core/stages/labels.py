@@ -34,7 +34,7 @@ class LabelsReport:
     read_versions: dict[str, int] = field(default_factory=dict)
 
 
-def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Array) -> pa.Table:
+def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Array) -> tuple[pa.Table, int]:
     dataset = lance_io.open_table(storage.lance_uri("captions"), storage.lance_storage_options())
     if dataset is None:
         raise RuntimeError("the captions table does not exist yet: materialize `captions` first")
@@ -42,7 +42,7 @@ def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Arra
         columns=["content_id", "caption"],
         filter=f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''",
     )
-    return table.filter(pc.is_in(table["content_id"], content_ids))
+    return table.filter(pc.is_in(table["content_id"], content_ids)), dataset.version
 
 
 def read_labels(storage: Storage, captioner_version: str, labeler_version: str) -> pa.Table:
@@ -63,7 +63,7 @@ def build_labels(
     start = time.monotonic()
     options = storage.lance_storage_options()
     eligible, versions = eligible_contents(source, storage)
-    captions = read_captions(storage, captioner_version, eligible["content_id"])
+    captions, versions["captions"] = read_captions(storage, captioner_version, eligible["content_id"])
     existing = read_labels(storage, captioner_version, config.version())
     todo = captions.filter(pc.invert(pc.is_in(captions["content_id"], existing["content_id"]))).sort_by("content_id")
     report = LabelsReport(source, captions.num_rows, captions.num_rows - todo.num_rows, todo.num_rows, 0.0, read_versions=versions)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from prx_core import lance_io, schemas
 from prx_core.buckets import TIERS
-from prx_core.decode import Rejection
+from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.faults import pause_point
 from prx_core.imaging import process_image
 from prx_core.ingest import reject_row
@@ -60,7 +60,7 @@ def render_rows(task: dict[str, Any]) -> pa.Table:
     rows = take_rows(task["uri"], task["version"], task["addresses"], columns, task["lance_options"])
     out = []
     for row, plan in zip(rows.to_pylist(), task["plans"]):
-        result = process_image(row["image"], max_tier=task["max_tier"])
+        result = process_image(row["image"], max_pixels=task["max_pixels"], max_tier=task["max_tier"])
         base = {k: row[k] for k in ("sample_id", "content_id", "source", "source_key")}
         base["original_caption"] = row["original_caption"] or ""
         if isinstance(result, Rejection):
@@ -107,12 +107,14 @@ def plan_rows(source: str, storage: Storage, captioner_version: str) -> tuple[li
 
 
 def build_mds(
-    source: str, storage: Storage, captioner_version: str, max_tier: int = TIERS[-1], progress: Progress | None = None
+    source: str, storage: Storage, captioner_version: str, max_tier: int = TIERS[-1],
+    max_pixels: int = DEFAULT_MAX_PIXELS, progress: Progress | None = None,
 ) -> MdsReport:
     start = time.monotonic()
     options = storage.lance_storage_options()
     planned, rejects, versions = plan_rows(source, storage, captioner_version)
-    base = {"uri": storage.lance_uri("samples"), "version": versions["samples"], "lance_options": options, "max_tier": max_tier}
+    base = {"uri": storage.lance_uri("samples"), "version": versions["samples"], "lance_options": options, "max_tier": max_tier,
+            "max_pixels": max_pixels}
     tasks = [{**base, "addresses": [p["address"] for p in part], "plans": [{"caption": p["caption"], "bucket": list(p["bucket"])} for p in part]}
              for part in chunk(planned, ROWS_PER_TASK)]
     content_of: dict[str, tuple[str, int]] = {}

@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core import lance_io, schemas
-from prx_core.decode import Rejection, decode_image
+from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.ingest import reject_row
 from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
 from prx_core.phash import phash
@@ -39,9 +39,9 @@ class PhashesReport:
         return (self.rows + self.failed) / max(self.seconds, 1e-9)
 
 
-def phash_image(data: bytes) -> tuple[int, int, int] | Rejection:
+def phash_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int] | Rejection:
     """(pHash, width, height) of upright image bytes, or why they cannot be hashed."""
-    decoded = decode_image(data, min_size=PHASH_DECODE_SIZE)
+    decoded = decode_image(data, max_pixels, min_size=PHASH_DECODE_SIZE)
     if isinstance(decoded, Rejection):
         return decoded
     return phash(decoded.image), *decoded.original_size
@@ -52,7 +52,7 @@ def phash_rows(task: dict[str, Any]) -> pa.Table:
     rows = take_rows(task["uri"], task["version"], task["addresses"], ["sample_id", "source", "source_key", "content_id", "image"], task["lance_options"])
     out: list[dict[str, Any]] = []
     for row in rows.to_pylist():
-        result = phash_image(row["image"])
+        result = phash_image(row["image"], task["max_pixels"])
         if isinstance(result, Rejection):
             out.append({"reject": reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
                                              "phashes", result.reason, result.message)})
@@ -64,13 +64,16 @@ def phash_rows(task: dict[str, Any]) -> pa.Table:
     return pa.Table.from_pylist(out, schema=schema)
 
 
-def build_phashes(source: str, storage: Storage, progress: Progress | None = None) -> PhashesReport:
+def build_phashes(
+    source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Progress | None = None
+) -> PhashesReport:
     start = time.monotonic()
     options = storage.lance_storage_options()
     samples_uri = storage.lance_uri("samples")
     version, index = scan_partition(samples_uri, source_predicate(source), ["sample_id"], options)
     addresses = index.sort_by("sample_id").column("_rowaddr").to_pylist()
-    tasks = [{"uri": samples_uri, "version": version, "addresses": part, "lance_options": options}
+    tasks = [{"uri": samples_uri, "version": version, "addresses": part, "lance_options": options,
+              "max_pixels": max_pixels}
              for part in chunk(addresses, ROWS_PER_TASK)]
     hashes: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []

@@ -119,6 +119,7 @@ def build_samples(
         samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options
     )
     lance_maintenance.refresh_indexes(samples_uri, FTS_COLUMNS, storage_options=lance_options)
+    samples_version = lance_io.table_version(samples_uri, lance_options)  # the index commit is what readers see
     rejects_version = lance_io.replace_partition(
         storage.lance_uri("rejects"), rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options
     )

@@ -80,6 +80,7 @@ def build_skip_lists(
             versions["duplicates"] = duplicates.version
     if policy.labels:
         labels = read_labels(storage, captioner_version, labeler_version)
+        versions["caption_labels"] = lance_io.table_version(storage.lance_uri("caption_labels"), options) or 0
         labels = labels.filter(pc.is_in(labels["label"], pa.array(list(policy.labels))))
         by_content = dict(zip(labels["content_id"].to_pylist(), labels["label"].to_pylist()))
         for sid, cid in zip(index["sample_id"].to_pylist(), index["content_id"].to_pylist()):

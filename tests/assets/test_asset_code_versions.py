@@ -82,9 +82,6 @@ def test_max_tier_change_marks_buckets_and_what_follows_from_them(demo_dir, tmp_
     assert not changed(base, after) & {"raw_source", "samples", "phashes", "duplicates", "captions"}
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: `samples` refuses images above storage.max_pixels but its "
-                   "code_version is the constant '1' (prx_assets/samples.py), while `buckets`, a pure function of "
-                   "the size, carries the pixel cap")
 def test_pixel_cap_change_marks_samples(demo_dir, tmp_path, base) -> None:
     after = code_versions(demo_dir, tmp_path, {"storage": {"max_pixels": 50_000_000}})
     assert "samples" in changed(base, after)

@@ -31,18 +31,11 @@ def test_versions_written_are_recorded(corpus: Corpus, asset: str) -> None:
         assert isinstance(value, int) and value >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: caption_labels reads `captions` and skip_lists reads "
-                   "`caption_labels`, but neither records that version (prx_core/stages/labels.py build_labels, "
-                   "prx_core/stages/skip_lists.py build_skip_lists `versions`)")
 @pytest.mark.parametrize(("asset", "table"), [("caption_labels", "captions"), ("skip_lists", "caption_labels")])
 def test_label_versions_read_are_recorded(corpus: Corpus, asset: str, table: str) -> None:
     assert f"lance_version/{table}" in corpus.metadata(asset, "web_images")
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: samples/captions record the version of their data commit, "
-                   "then refresh_indexes commits again (prx_core/stages/samples.py build_samples, "
-                   "prx_core/stages/captions.py build_captions); the next asset of the same chain reads a newer "
-                   "version than the one recorded (and used as data version)")
 @pytest.mark.parametrize(("writer", "reader", "table"), [("samples", "buckets", "samples"),
                                                          ("captions", "mds_shards", "captions")])
 def test_the_version_written_is_the_version_the_next_asset_reads(corpus: Corpus, writer: str, reader: str,
