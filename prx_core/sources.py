@@ -44,6 +44,8 @@ def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = No
         dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
         return [str(i) for i in sorted(f.fragment_id for f in dataset.get_fragments())]
     fs = filesystem_for(spec.uri, storage_options)
+    if not fs.exists(spec.uri):  # an empty listing would otherwise ingest nothing, silently
+        raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
     if spec.format == "parquet":
         return _glob(fs, spec.uri, ("parquet",))
     if spec.format == "webdataset":

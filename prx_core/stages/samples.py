@@ -20,12 +20,13 @@ from prx_core import lance_io, lance_maintenance, schemas
 from prx_core.catalog import SourceSpec
 from prx_core.decode import DEFAULT_MAX_PIXELS
 from prx_core.faults import pause_point
-from prx_core.ingest import ingest_batch
+from prx_core.ingest import ingest_batch, reject_row
 from prx_core.parallel import Progress, map_tasks
 from prx_core.sources import list_fragments, read_fragment
 from prx_core.storage import Storage
 
 FTS_COLUMNS = ["original_caption"]  # full-text search for the explorer; vectors: caption_embeddings
+UNREADABLE_FRAGMENT = "unreadable_fragment"
 TASK_SCHEMA = pa.schema(
     [("fragment", pa.string()), ("lance_fragments", pa.string()), ("rejects", pa.binary()),
      ("rows", pa.int64()), ("bytes", pa.int64()), ("seconds", pa.float64())]
@@ -66,12 +67,15 @@ def ingest_fragment(task: dict[str, Any]) -> pa.Table:
     counts = {"rows": 0, "bytes": 0}
 
     def accepted() -> Any:
-        for batch in read_fragment(spec, task["fragment"], options):
-            samples, refused = ingest_batch(spec.name, batch, task["max_pixels"])
-            rejects.append(refused)
-            counts["rows"] += samples.num_rows
-            counts["bytes"] += int(pc.sum(samples["num_bytes"]).as_py() or 0)
-            yield from samples.to_batches()
+        try:
+            for batch in read_fragment(spec, task["fragment"], options):
+                samples, refused = ingest_batch(spec.name, batch, task["max_pixels"])
+                rejects.append(refused)
+                counts["rows"] += samples.num_rows
+                counts["bytes"] += int(pc.sum(samples["num_bytes"]).as_py() or 0)
+                yield from samples.to_batches()
+        except Exception as exc:  # a corrupt file: keep what was read, record the rest as lost
+            rejects.append(unreadable_fragment(spec.name, task["fragment"], counts["rows"], exc))
 
     reader = pa.RecordBatchReader.from_batches(schemas.SAMPLES, accepted())
     fragments = lance_io.write_fragments(task["samples_uri"], reader, schemas.SAMPLES, task["lance_options"])
@@ -88,6 +92,15 @@ def ingest_fragment(task: dict[str, Any]) -> pa.Table:
         "seconds": time.monotonic() - start,
     }
     return pa.Table.from_pylist([row], schema=TASK_SCHEMA)
+
+
+def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception) -> pa.Table:
+    """One reject row standing for the unreadable rest of a source fragment (a corrupt parquet
+    file or tar shard): the run goes on, and the loss is visible with its cause."""
+    name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."  # image-folder ids are path lists
+    message = f"{type(exc).__name__}: {exc}"[:300] + f" (after {rows_read} rows)"
+    row = reject_row(f"{source}/{name}", source, name, None, "samples", UNREADABLE_FRAGMENT, message)
+    return pa.Table.from_pylist([row], schema=schemas.REJECTS)
 
 
 def build_samples(

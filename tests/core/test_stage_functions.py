@@ -104,3 +104,46 @@ def test_skip_policy_version_follows_every_field() -> None:
     assert base.version() == SkipPolicy().version()
     assert len({base.version(), SkipPolicy(duplicates=False).version(), SkipPolicy(labels=("nsfw",)).version(),
                 SkipPolicy(opt_out=("x",)).version()}) == 4
+
+
+def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
+    import json
+    import tarfile
+
+    import lance
+
+    from prx_core.catalog import SourceSpec
+    from prx_core.stages.samples import UNREADABLE_FRAGMENT, ingest_fragment
+
+    shards = tmp_path / "wds"
+    shards.mkdir()
+    good = shards / "000.tar"
+    with tarfile.open(good, "w") as tar:
+        for key in ("a", "b"):
+            data = jpeg(640, 480, seed=ord(key))
+            info = tarfile.TarInfo(f"{key}.jpg")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (shards / "001.tar").write_bytes(good.read_bytes()[:700])  # cut inside the first member
+    spec = SourceSpec("wds", "webdataset", str(shards))
+    uri = str(tmp_path / "samples.lance")
+    rows, rejects = 0, []
+    for shard in ("000.tar", "001.tar"):
+        task = {"spec": json.dumps(spec.to_dict()), "storage_options": "{}", "samples_uri": uri, "lance_options": {},
+                "max_pixels": 10**8, "fragment": str(shards / shard)}
+        (row,) = ingest_fragment(task).to_pylist()
+        rows += row["rows"]
+        rejects += pa.ipc.open_stream(row["rejects"]).read_all().to_pylist()
+        assert all(isinstance(lance.FragmentMetadata.from_json(json.dumps(f)), lance.FragmentMetadata)
+                   for f in json.loads(row["lance_fragments"]))
+    assert rows == 2
+    assert [r["reason"] for r in rejects] == [UNREADABLE_FRAGMENT]
+    assert rejects[0]["source_key"].endswith("001.tar") and "after 0 rows" in rejects[0]["message"]
+
+
+def test_a_missing_source_is_an_error_not_an_empty_source(tmp_path) -> None:
+    from prx_core.catalog import SourceSpec
+    from prx_core.sources import list_fragments
+
+    with pytest.raises(FileNotFoundError, match="source 'gone'"):
+        list_fragments(SourceSpec("gone", "imagefolder", str(tmp_path / "nowhere")))
