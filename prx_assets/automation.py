@@ -4,11 +4,11 @@
 import dagster as dg
 
 from prx_assets.common import SOURCES
+from prx_assets.settings import PER_SOURCE
 from prx_core import lance_io, lance_maintenance
 from prx_core.schemas import TABLES
 from prx_resources import CatalogResource, StorageResource
 
-PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards"]
 FTS_COLUMNS = {"samples": ["original_caption"], "captions": ["caption"]}
 
 refresh_source_job = dg.define_asset_job(

@@ -16,17 +16,10 @@ from typing import Any
 
 import dagster as dg
 
-from prx_assets.automation import PER_SOURCE
 from prx_assets.common import sync_partitions
-from prx_assets.settings import REPO
-from prx_core.catalog import CatalogError
+from prx_assets.settings import ALL_ASSETS, PER_SOURCE, REPO, validate_request
 
-ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
-
-
-class BuildError(CatalogError):
-    """A request naming sources or assets that do not exist; the message says what to fix."""
 
 
 @dataclass
@@ -50,15 +43,6 @@ def prepare_instance(home: str | None) -> dg.DagsterInstance:
         shutil.copy(REPO / "dagster.yaml", path / "dagster.yaml")
     os.environ["DAGSTER_HOME"] = str(path)
     return dg.DagsterInstance.get()
-
-
-def validate_request(catalog_names: list[str], sources: list[str] | None, select: list[str] | None) -> None:
-    unknown = sorted(set(select or []) - set(ALL_ASSETS))
-    if unknown:
-        raise BuildError(f"unknown assets {', '.join(unknown)}; choose from {', '.join(ALL_ASSETS)}")
-    missing = sorted(set(sources or []) - set(catalog_names))
-    if missing:
-        raise BuildError(f"sources {', '.join(missing)} are not in the catalog ({', '.join(catalog_names)})")
 
 
 def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],
@@ -85,6 +69,16 @@ def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names:
         if not result.success:
             outcome.failed_runs.append(f"{'+'.join(keys)}[{partition or 'global'}] run {result.run_id}")
     return outcome
+
+
+def caption_lines(outcome: BuildOutcome) -> list[str]:
+    """`captions [source]: N captioned, M reused, K failed (captioner)` for every captions run."""
+    lines = []
+    for (asset, partition), meta in sorted(outcome.metadata.items(), key=lambda kv: str(kv[0])):
+        if asset == "captions":
+            lines.append(f"captions [{partition}]: {meta.get('captioned', 0)} captioned, {meta.get('reused', 0)} reused, "
+                         f"{meta.get('failed', 0)} failed ({meta.get('captioner', '?')})")
+    return lines
 
 
 def record(outcome: BuildOutcome, result: dg.ExecuteInProcessResult, partition: str | None) -> None:

@@ -40,25 +40,27 @@ def _cmd_demo_sources(args: argparse.Namespace) -> int:
 def _cmd_build(args: argparse.Namespace) -> int:
     import os
 
+    from prx_assets.settings import load_settings, validate_request
+    from prx_core.catalog import load_catalog
+
     os.environ["PRX_ROOT"] = os.path.abspath(args.root) if "://" not in args.root else args.root
     os.environ["PRX_SOURCES"] = os.path.abspath(args.sources)
     if args.config:
         os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
     os.environ.setdefault("LANCE_LOG", "error")  # not "No existing dataset, it will be created" per table
-    import ray
-
-    from prx_assets.build import prepare_instance, run_build, sync_sources, validate_request
-    from prx_assets.definitions import build_definitions
-    from prx_assets.settings import load_settings
-    from prx_core.catalog import load_catalog
-    from prx_core.storage import Storage
-    from prx_core.summary import corpus_summary, format_summary
-
     started = time.time()
     settings = load_settings()
     catalog = load_catalog(settings.sources)
     select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
-    validate_request(catalog.names, args.source, select)
+    validate_request(catalog.names, args.source, select)  # before the slow imports below
+
+    import ray
+
+    from prx_assets.build import caption_lines, prepare_instance, run_build, sync_sources
+    from prx_assets.definitions import build_definitions
+    from prx_core.storage import Storage
+    from prx_core.summary import corpus_summary, format_summary
+
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home)
     print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
@@ -71,6 +73,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         ray.shutdown()
     storage = defs.resources["storage"]
     print("\n" + format_summary(corpus_summary(Storage(settings.root, dict(storage.storage_options)))))
+    for line in caption_lines(outcome):
+        print(line)
     for label in outcome.warnings:
         print(f"WARN check {label}")
     for label in outcome.failed_blocking:
@@ -169,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CatalogError as exc:  # also raised by `build` for --source / --select
+    except CatalogError as exc:  # and its SettingsError: --source, --select, --config
         print(f"prx-corpus: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

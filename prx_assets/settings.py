@@ -15,10 +15,28 @@ from typing import Any
 
 import yaml
 
+from prx_core.catalog import CatalogError
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".prx" / "demo" / "corpus"
 DEFAULT_SOURCES = REPO / ".prx" / "demo" / "sources" / "sources.yaml"
 SECTIONS = ("storage", "captioner", "labeler", "skip_policy", "ray")
+PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards"]
+ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
+
+
+class SettingsError(CatalogError):
+    """A request or settings file that cannot run; the message names what to fix."""
+
+
+def validate_request(catalog_names: list[str], sources: list[str] | None, select: list[str] | None) -> None:
+    """Checked before dagster and Ray load, so a typo costs a second, not twenty."""
+    unknown = sorted(set(select or []) - set(ALL_ASSETS))
+    if unknown:
+        raise SettingsError(f"unknown assets {', '.join(unknown)}; choose from {', '.join(ALL_ASSETS)}")
+    missing = sorted(set(sources or []) - set(catalog_names))
+    if missing:
+        raise SettingsError(f"sources {', '.join(missing)} are not in the catalog ({', '.join(catalog_names)})")
 
 
 @dataclass(frozen=True)
@@ -35,9 +53,16 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     env = os.environ if environ is None else environ
     config: dict[str, dict[str, Any]] = {}
     if path := env.get("PRX_CONFIG"):
-        config = yaml.safe_load(Path(path).read_text()) or {}
+        try:
+            config = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise SettingsError(f"{path}: cannot read settings: {exc.strerror or exc}") from exc
+        except yaml.YAMLError as exc:
+            raise SettingsError(f"{path}: not valid YAML: {exc}") from exc
+        if not isinstance(config, dict):
+            raise SettingsError(f"{path}: expected a mapping of sections {list(SECTIONS)}")
         unknown = sorted(set(config) - set(SECTIONS))
         if unknown:
-            raise ValueError(f"{path}: unknown sections {unknown}; expected some of {list(SECTIONS)}")
+            raise SettingsError(f"{path}: unknown sections {unknown}; expected some of {list(SECTIONS)}")
     return Settings(root=env.get("PRX_ROOT", str(DEFAULT_ROOT)), sources=env.get("PRX_SOURCES", str(DEFAULT_SOURCES)),
                     config=config)

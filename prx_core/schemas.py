@@ -50,6 +50,8 @@ PHASHES = pa.schema(
         ("width", pa.int32()),
         ("height", pa.int32()),
         ("pixels", pa.int64()),
+        ("jpeg_quality", pa.int16()),  # keeper tie-breaks: quality, then size in bytes
+        ("num_bytes", pa.int64()),
     ]
 )
 

@@ -49,7 +49,7 @@ def phash_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int,
 
 def phash_rows(task: dict[str, Any]) -> pa.Table:
     """Ray task: hash one chunk of samples; a sample that fails goes out as a reject row."""
-    rows = take_rows(task["uri"], task["version"], task["addresses"], ["sample_id", "source", "source_key", "content_id", "image"], task["lance_options"])
+    rows = take_rows(task["uri"], task["version"], task["addresses"], ["sample_id", "source", "source_key", "content_id", "image", "jpeg_quality", "num_bytes"], task["lance_options"])
     out: list[dict[str, Any]] = []
     for row in rows.to_pylist():
         result = phash_image(row["image"], task["max_pixels"])
@@ -59,7 +59,8 @@ def phash_rows(task: dict[str, Any]) -> pa.Table:
             continue
         value, width, height = result
         out.append({"hash": {"sample_id": row["sample_id"], "source": row["source"], "phash": value,
-                             "width": width, "height": height, "pixels": width * height}})
+                             "width": width, "height": height, "pixels": width * height,
+                             "jpeg_quality": row["jpeg_quality"], "num_bytes": row["num_bytes"]}})
     schema = pa.schema([("hash", pa.struct(schemas.PHASHES)), ("reject", pa.struct(schemas.REJECTS))])
     return pa.Table.from_pylist(out, schema=schema)
 

@@ -69,16 +69,22 @@ def test_bucket_samples_drops_with_a_reject_row(size: tuple[int, int], reason: s
         assert rejects["stage"].to_pylist() == ["buckets"]
 
 
-def test_find_duplicates_keeps_the_largest_with_a_deterministic_tie_break() -> None:
-    rows = [("b/1", 7, 100), ("a/1", 7, 400), ("c/1", 7, 400), ("d/1", 9, 50), ("e/1", 11, 10), ("f/1", 11, 10)]
-    table = pa.Table.from_pylist([{"sample_id": s, "source": s[0], "phash": h, "width": 1, "height": 1, "pixels": p}
-                                  for s, h, p in rows], schema=schemas.PHASHES)
+def test_find_duplicates_keeps_the_largest_then_best_quality_with_a_deterministic_tie_break() -> None:
+    rows = [  # sample_id, phash, pixels, jpeg_quality, num_bytes
+        ("b/1", 7, 100, 95, 10), ("a/1", 7, 400, 75, 50), ("c/1", 7, 400, 92, 40),  # same size: quality wins
+        ("d/1", 9, 50, 90, 10),  # alone: not a duplicate
+        ("e/1", 11, 10, 90, 10), ("f/1", 11, 10, 90, 10),  # all equal: smallest sample_id
+        ("g/1", 13, 10, 80, 10), ("h/1", 13, 10, 80, 30), ("i/1", 13, 10, None, 5),  # PNG counts as 100
+    ]
+    table = pa.Table.from_pylist([{"sample_id": s, "source": s[0], "phash": h, "width": 1, "height": 1, "pixels": p,
+                                   "jpeg_quality": q, "num_bytes": n} for s, h, p, q, n in rows], schema=schemas.PHASHES)
     first = find_duplicates(table)
-    again = find_duplicates(table.take([5, 4, 3, 2, 1, 0]))  # read order must not matter
+    again = find_duplicates(table.take(list(reversed(range(len(rows))))))  # read order must not matter
     assert first.equals(again)
     keepers = {r["group_id"]: r["keeper_sample_id"] for r in first.to_pylist()}
-    assert keepers == {f"{7:016x}": "a/1", f"{11:016x}": "e/1"}  # d/1 is alone: not a duplicate
-    assert sorted(first.filter(pc.invert(first["keeper"]))["sample_id"].to_pylist()) == ["b/1", "c/1", "f/1"]
+    assert keepers == {f"{7:016x}": "c/1", f"{11:016x}": "e/1", f"{13:016x}": "i/1"}
+    losers = first.filter(pc.invert(first["keeper"]))["sample_id"].to_pylist()
+    assert sorted(losers) == ["a/1", "b/1", "f/1", "g/1", "h/1"]
     assert set(first["group_size"].to_pylist()) == {3, 2}
 
 
