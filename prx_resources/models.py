@@ -7,6 +7,8 @@ exactly those assets stale in the UI.
 
 from __future__ import annotations
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
@@ -18,10 +20,18 @@ from prx_core.stages.skip_lists import SKIP_LABELS, SkipPolicy
 
 class CaptionerResource(dg.ConfigurableResource):
     """Re-captioning backend: `source` copies the source caption (demo default); `transformers`
-    runs a local Hugging Face VLM checkpoint in Ray actors."""
+    runs a local Hugging Face VLM checkpoint in Ray actors; `openai` calls an OpenAI-compatible
+    chat-completions endpoint from Ray actors (prx_core.captioning_openai); `vllm` runs the model on Ray GPU
+    workers through `ray.data.llm` (prx_core.captioning_vllm; vLLM must be installed in those
+    workers' environment, not here). The vllm fields are optional: left unset they keep
+    CaptionerConfig's defaults; none of them enters the code_version except the output-changing
+    engine_kwargs (dtype, quantization, revision, tokenizer_revision, seed, hf_overrides)."""
 
-    backend: str = Field(default="source", description="source | transformers")
-    model: str = Field(default="", description="Local checkpoint directory (transformers backend).")
+    backend: str = Field(default="source", description="source | transformers | openai | vllm")
+    model: str = Field(
+        default="",
+        description="Local checkpoint directory (transformers); Hub id or directory (vllm); served model name (openai).",
+    )
     prompt_version: str = Field(default=PROMPT_VERSION, description="Version of prx_core.prompts.CAPTION_PROMPT.")
     max_new_tokens: int = Field(default=256, description="Generation budget per caption.")
     temperature: float = Field(default=0.0, description="0 means greedy decoding.")
@@ -29,25 +39,56 @@ class CaptionerResource(dg.ConfigurableResource):
     max_pixels: int = Field(default=448 * 448, description="Pixel cap of the image sent to the model.")
     batch_size: int = Field(default=8, description="Images per model call.")
     actors: int = Field(default=1, description="Ray actors (model replicas) captioning in parallel.")
+    tensor_parallel_size: int | None = Field(default=None, description="vllm: GPUs per engine replica (default 1).")
+    replicas: int | None = Field(default=None, description="vllm: engine replicas, the Ray Data concurrency (default 1).")
+    max_model_len: int | None = Field(default=None, description="vllm: context length reserved per sequence (default 4096).")
+    accelerator_type: str | None = Field(default=None, description='vllm: Ray accelerator type of the engine workers, e.g. "H200".')
+    engine_kwargs: dict[str, Any] | None = Field(default=None, description="vllm: extra vLLM engine arguments, passed as is.")
+    runtime_env: dict[str, Any] | None = Field(default=None, description="vllm: Ray runtime_env of the vLLM workers.")
+    # openai: an OpenAI-compatible endpoint (`vllm serve`, a hosted VLM) called from the Ray actors.
+    # Left unset they keep CaptionerConfig's defaults; none enters the code_version (only the
+    # served model name, prompt, sampling, max_new_tokens and max_pixels do).
+    endpoint: str | None = Field(default=None, description="openai: base URL, e.g. http://vllm:8000/v1 (required for openai).")
+    api_key_env: str | None = Field(default=None, description="openai: NAME of the env var holding the API key (never the key itself).")
+    concurrency: int | None = Field(default=None, description="openai: requests in flight per actor, capped by batch_size (default 8).")
+    timeout_s: float | None = Field(default=None, description="openai: deadline of one request attempt in seconds (default 120).")
+    max_retries: int | None = Field(default=None, description="openai: retries on 429/5xx/timeouts/connection errors, backoff with jitter (default 4).")
 
     def config(self) -> CaptionerConfig:
+        names = ("tensor_parallel_size", "replicas", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env",
+                 "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries")
+        optional = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return CaptionerConfig(
             backend=self.backend, model=self.model, prompt_version=self.prompt_version,
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            max_pixels=self.max_pixels, batch_size=self.batch_size,
+            max_pixels=self.max_pixels, batch_size=self.batch_size, **optional,
         )
 
 
 class LabelerResource(dg.ConfigurableResource):
-    """Caption labeller (visual / text / nsfw): zero-shot MiniLM on the CPU."""
+    """Caption labeller (visual / text / nsfw): zero-shot MiniLM on the CPU (`minilm`), or a text
+    LLM behind an OpenAI-compatible endpoint (`llm`, prx_core.labels_llm). The llm fields are
+    optional; left unset they keep LabelerConfig's defaults. Model, temperature, max_tokens and
+    constrained (and the instruction version) enter the code_version; transport fields do not."""
 
-    backend: str = Field(default="minilm", description="minilm")
-    text_threshold: float | None = Field(default=None, description="Override of the text threshold.")
-    nsfw_threshold: float | None = Field(default=None, description="Override of the nsfw threshold.")
+    backend: str = Field(default="minilm", description="minilm | llm")
+    text_threshold: float | None = Field(default=None, description="Override of the text threshold (minilm).")
+    nsfw_threshold: float | None = Field(default=None, description="Override of the nsfw threshold (minilm).")
     actors: int = Field(default=1, description="Ray actors labelling in parallel.")
+    model: str | None = Field(default=None, description="llm: served model name, e.g. Qwen/Qwen3-8B (required for llm).")
+    endpoint: str | None = Field(default=None, description="llm: OpenAI-compatible base URL, e.g. http://vllm:8000/v1.")
+    api_key_env: str | None = Field(default=None, description="llm: NAME of the env var holding the API key (never the key itself).")
+    concurrency: int | None = Field(default=None, description="llm: requests in flight per actor (default 16).")
+    timeout_s: float | None = Field(default=None, description="llm: per-request timeout in seconds (default 30).")
+    max_retries: int | None = Field(default=None, description="llm: retries on 408/409/429/5xx, timeouts, connection errors (default 4).")
+    temperature: float | None = Field(default=None, description="llm: sampling temperature (default 0).")
+    max_tokens: int | None = Field(default=None, description="llm: answer token budget (default 16).")
+    constrained: str | None = Field(default=None, description="llm: none | json_schema | guided_choice (vLLM) output constraint (default none).")
 
     def config(self) -> LabelerConfig:
-        overrides = {k: v for k, v in (("text_threshold", self.text_threshold), ("nsfw_threshold", self.nsfw_threshold)) if v is not None}
+        names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
+                 "max_retries", "temperature", "max_tokens", "constrained")
+        overrides = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return LabelerConfig(backend=self.backend, **overrides)
 
 

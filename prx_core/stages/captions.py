@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core import lance_io, lance_maintenance, schemas
-from prx_core.captioning import CaptionBatch, CaptionerConfig
+from prx_core.captioning import VLLM, CaptionBatch, CaptionerConfig
 from prx_core.parallel import Progress, chunk, quiet_ray_data, scan_partition, take_rows
 from prx_core.stages.samples import source_predicate
 from prx_core.storage import Storage
@@ -96,12 +96,16 @@ def build_captions(
                 "with_image": config.backend != "source"}
         tasks = [{**base, "addresses": part} for part in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
         quiet_ray_data()
-        dataset = (
-            ray.data.from_items(tasks, override_num_blocks=len(tasks))
-            .map_batches(lambda b: read_caption_inputs(b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
-            .map_batches(CaptionBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
-                         batch_size=config.batch_size, batch_format="numpy")
-        )
+        dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map_batches(
+            lambda b: read_caption_inputs(b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
+        if config.backend == VLLM:  # a whole ray.data.llm stage; `config.replicas` sizes it, not `actors`
+            from prx_core import captioning_vllm
+
+            dataset = captioning_vllm.caption_dataset(dataset, config)
+        else:
+            dataset = dataset.map_batches(
+                CaptionBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
+                batch_size=config.batch_size, batch_format="numpy")
         pending: list[pa.Table] = []
         failures: Counter[str] = Counter()
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):

@@ -1,7 +1,9 @@
 """Stage `caption_labels`: visual / text / nsfw for every captioned eligible content.
 
 Labels are computed from caption text only, keyed by (content_id, captioner version, labeler
-version): a new captioner or a new labeler relabels, a rerun of either reuses.
+version): a new captioner or a new labeler relabels, a rerun of either reuses. A labeler that can
+fail (llm: `error` column) stores no row for a failed caption: it is counted in `failed` /
+`failures` (by error code) and labelled again on the next materialization.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class LabelsReport:
     seconds: float
     distribution: dict[str, int] = field(default_factory=dict)  # over all captioned eligible contents
     labels_version: int | None = None
+    failed: int = 0  # of `labelled` (attempted): no label stored, retried next time
+    failures: dict[str, int] = field(default_factory=dict)  # error code -> count
     read_versions: dict[str, int] = field(default_factory=dict)
 
 
@@ -75,6 +79,12 @@ def build_labels(
             batch_size=config.batch_size, batch_format="numpy",
         )
         labelled = pa.concat_tables(list(dataset.iter_batches(batch_size=None, batch_format="pyarrow")))
+        if "error" in labelled.column_names:
+            errors = labelled["error"].cast(pa.string()).fill_null("")
+            failed = [e for e in errors.to_pylist() if e]
+            report.failed = len(failed)
+            report.failures = dict(Counter(e.split(":", 1)[0] for e in failed))
+            labelled = labelled.filter(pc.equal(errors, ""))
         rows = pa.table({
             "content_id": labelled["content_id"].cast(pa.string()),
             "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),

@@ -1,0 +1,256 @@
+"""The `vllm` captioner backend without vLLM, GPUs or weights: the exact processor config, the
+exact request built from a row, the parsing of engine output rows, and the captions stage taking
+the ray.data.llm path (with a stand-in for generation) into the same upsert."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+import os
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from prx_core import captioning_vllm as cv
+from prx_core import lance_io
+from prx_core.captioning import CaptionerConfig, build_captioner
+from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
+from prx_core.stages import captions as captions_stage
+from prx_core.storage import Storage
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
+
+MODEL = "Qwen/Qwen3-VL-8B-Instruct"
+
+
+def jpeg(width: int, height: int, seed: int = 0) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (height // 8, width // 8, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).resize((width, height), Image.Resampling.BILINEAR).save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def decode_data_url(url: str) -> Image.Image:
+    prefix = "data:image/jpeg;base64,"
+    assert url.startswith(prefix)
+    return Image.open(io.BytesIO(base64.b64decode(url[len(prefix):])))
+
+
+@pytest.fixture(scope="module")
+def config() -> CaptionerConfig:
+    return CaptionerConfig(
+        "vllm", model=MODEL, max_new_tokens=300, temperature=0.7, top_p=0.9, max_pixels=448 * 448, batch_size=32,
+        tensor_parallel_size=2, replicas=3, max_model_len=8192, accelerator_type="H200",
+        engine_kwargs={"gpu_memory_utilization": 0.85, "max_num_seqs": 512}, runtime_env={"env_vars": {"X": "1"}},
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    import ray
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def test_vllm_is_not_installed_here() -> None:
+    assert importlib.util.find_spec("vllm") is None
+
+
+def test_processor_config_has_the_exact_fields(config: CaptionerConfig) -> None:
+    processor_config = cv.build_vllm_processor_config(config)
+    assert processor_config.model_source == MODEL
+    assert processor_config.batch_size == 32
+    assert processor_config.concurrency == 3
+    assert processor_config.accelerator_type == "H200"
+    assert processor_config.runtime_env == {"env_vars": {"X": "1"}}
+    assert processor_config.prepare_multimodal_stage == {"enabled": True}
+    assert processor_config.should_continue_on_error is True
+    assert processor_config.engine_kwargs == {
+        "tensor_parallel_size": 2, "max_model_len": 8192, "limit_mm_per_prompt": {"image": 1},
+        "mm_processor_kwargs": {"max_pixels": 448 * 448}, "gpu_memory_utilization": 0.85, "max_num_seqs": 512,
+        "task_type": "generate",  # added by Ray's validator
+    }
+    assert "task_type" not in config.engine_kwargs  # the config's own dict is never mutated
+    # engine_kwargs override ours
+    overridden = replace(config, engine_kwargs={"mm_processor_kwargs": {"max_pixels": 1024 * 1024}})
+    assert cv.build_vllm_processor_config(overridden).engine_kwargs["mm_processor_kwargs"] == {"max_pixels": 1024 * 1024}
+    with pytest.raises(ValueError, match="vllm backend"):
+        cv.build_vllm_processor_config(CaptionerConfig("source"))
+
+
+def test_build_processor_succeeds_without_vllm(config: CaptionerConfig, ray_cluster) -> None:
+    processor = cv.build_vllm_processor(config)
+    assert processor.list_stage_names() == [
+        "PrepareMultimodalStage", "ChatTemplateStage", "TokenizeStage", "vLLMEngineStage", "DetokenizeStage"]
+    engine = processor.get_stage_by_name("vLLMEngineStage")
+    assert engine.fn_constructor_kwargs["model"] == MODEL
+    assert engine.fn_constructor_kwargs["batch_size"] == 32
+    assert engine.fn_constructor_kwargs["should_continue_on_error"] is True
+    assert engine.fn_constructor_kwargs["engine_kwargs"]["distributed_executor_backend"] == "ray"  # tp 2
+    assert engine.map_batches_kwargs["accelerator_type"] == "H200"
+    assert engine.map_batches_kwargs["compute"].max_size == 3
+
+
+def test_config_validation_version_and_no_per_batch_captioner(config: CaptionerConfig) -> None:
+    with pytest.raises(ValueError, match="needs `model`"):
+        CaptionerConfig("vllm")
+    with pytest.raises(ValueError, match="at least 1"):
+        replace(config, replicas=0)
+    with pytest.raises(ValueError, match="runs as a whole Ray Data stage"):
+        build_captioner(config)
+    assert config.captioner_id() == f"vllm:Qwen3-VL-8B-Instruct:{config.version()[:12]}"
+    assert config.version_inputs()["model"] == f"hub:{MODEL}"
+    same = [replace(config, replicas=8), replace(config, batch_size=4), replace(config, tensor_parallel_size=1),
+            replace(config, accelerator_type=None, runtime_env={}, max_model_len=4096),
+            replace(config, engine_kwargs={"gpu_memory_utilization": 0.5})]
+    assert {c.version() for c in same} == {config.version()}
+    changed = [replace(config, model="Qwen/Qwen3-VL-4B-Instruct"), replace(config, prompt_version="caption-v2"),
+               replace(config, temperature=0.2), replace(config, top_p=0.8), replace(config, max_new_tokens=200),
+               replace(config, max_pixels=512 * 512), replace(config, engine_kwargs={"dtype": "float16"}),
+               replace(config, engine_kwargs={"revision": "abc123"})]
+    versions = {c.version() for c in changed}
+    assert len(versions) == len(changed) and config.version() not in versions
+    hash(config)  # engine_kwargs/runtime_env dicts do not make the frozen config unhashable
+
+
+def test_preprocess_builds_the_exact_request(config: CaptionerConfig) -> None:
+    request = cv.Preprocess(config)({"content_id": "c1", "image": jpeg(1600, 1000), "original_caption": "x"})
+    assert set(request) == {"content_id", "image", "decode_error", "messages", "sampling_params"}
+    assert request["content_id"] == "c1" and request["image"] == b"" and request["decode_error"] == ""
+    assert request["sampling_params"] == {"max_tokens": 300, "temperature": 0.7, "top_p": 0.9, "detokenize": False}
+    [message] = request["messages"]
+    assert message["role"] == "user"
+    image_part, text_part = message["content"]
+    assert text_part == {"type": "text", "text": CAPTION_PROMPT}
+    assert set(image_part) == {"type", "image_url"} and image_part["type"] == "image_url"
+    image = decode_data_url(image_part["image_url"]["url"])
+    assert image.format == "JPEG" and image.mode == "RGB"
+    assert image.width * image.height <= 448 * 448 and image.width / image.height == pytest.approx(1.6, rel=0.01)
+    # greedy: top_p is not sent as set
+    greedy = cv.Preprocess(replace(config, temperature=0.0))({"content_id": "c1", "image": jpeg(64, 64)})
+    assert greedy["sampling_params"] == {"max_tokens": 300, "temperature": 0.0, "top_p": 1.0, "detokenize": False}
+    # a numpy uint8 cell (Ray numpy batches) and a small image kept at its size
+    small = cv.Preprocess(config)({"content_id": "c2", "image": np.frombuffer(jpeg(64, 48), np.uint8)})
+    assert decode_data_url(small["messages"][0]["content"][0]["image_url"]["url"]).size == (64, 48)
+
+
+@pytest.mark.parametrize("data", [b"", b"not an image", jpeg(200, 200)[:300], None])
+def test_a_corrupt_image_becomes_an_error_row_not_an_exception(config: CaptionerConfig, data) -> None:
+    request = cv.Preprocess(config)({"content_id": "bad", "image": data})
+    assert request["decode_error"].startswith("decode_error")
+    assert request["sampling_params"]["max_tokens"] == 1
+    assert request["messages"] == [{"role": "user", "content": [{"type": "text", "text": "."}]}]
+    row = cv.Postprocess(config)({**request, "generated_text": "x", "num_generated_tokens": 1})
+    assert row["error"] == request["decode_error"] and row["caption"] == "" and row["word_count"] == 0
+    assert row["num_generated_tokens"] == 0
+
+
+def test_postprocess_maps_engine_rows_to_caption_rows(config: CaptionerConfig) -> None:
+    post = cv.Postprocess(config)
+    base = {"content_id": "c1", "decode_error": "", "prompt": "...", "num_input_tokens": 500}
+    ok = post({**base, "generated_text": "  A photograph of a red\n\nbrick wall.  ", "num_generated_tokens": 9})
+    assert ok == {
+        "content_id": "c1", "caption": "A photograph of a red brick wall.", "captioner_id": config.captioner_id(),
+        "captioner_version": config.version(), "prompt_version": PROMPT_VERSION, "word_count": 7, "error": "",
+        "num_generated_tokens": 9,
+    }
+    assert tuple(ok) == cv.OUTPUT_COLUMNS
+    empty = post({**base, "generated_text": " \n", "num_generated_tokens": 1})
+    assert empty["error"] == "empty_caption: the model generated no text" and empty["caption"] == ""
+    missing = post(base)
+    assert missing["error"].startswith("generation_error: ") and missing["word_count"] == 0
+    assert missing["num_generated_tokens"] == 0
+    # an engine failure bypasses postprocess inside Ray; Finalize turns the raw row into an error row
+    failed = cv.Finalize(config)({**base, "generated_text": "", "__inference_error__": "ValueError: too long"})
+    assert failed["error"] == "generation_error: ValueError: too long" and failed["content_id"] == "c1"
+    assert tuple(failed) == cv.OUTPUT_COLUMNS
+    assert cv.Finalize(config)({**ok, "__inference_error__": "", "extra": 1}) == ok
+    # a raw row Ray let through with a null __inference_error__ is postprocessed here
+    raw = {**base, "generated_text": "A photograph of a red brick wall.", "num_generated_tokens": 9, "__inference_error__": None}
+    assert cv.Finalize(config)(raw) == ok
+
+
+class FakeProcessor:
+    """build_processor's shape with Ray's own pre/postprocess wrappers; generation is a stand-in
+    that reads the image the request carries (its size) instead of running a model."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        from ray.llm._internal.batch.processor.base import Processor
+
+        def generate(row: dict) -> dict:
+            request = cv.Preprocess(config)(row)
+            part = request["messages"][0]["content"][0]
+            if part["type"] != "image_url":
+                return {**request, "generated_text": "", "num_generated_tokens": 0, "__inference_error__": ""}
+            if row["content_id"] == "engine-fails":
+                return {**request, "__inference_error__": "RuntimeError: CUDA error"}
+            width, height = decode_data_url(part["image_url"]["url"]).size
+            text = f"A photograph {width} pixels wide and {height} pixels high showing noise."
+            return {**request, "generated_text": text, "num_generated_tokens": len(text.split()) + 3,
+                    "__inference_error__": ""}  # as vLLMEngineStage sets it on every row
+
+        self.processor = Processor(cv.build_vllm_processor_config(config), [], preprocess=generate,
+                                   postprocess=cv.Postprocess(config))
+
+    def __call__(self, dataset):
+        return self.processor(dataset)
+
+
+def test_captions_stage_takes_the_vllm_path_into_the_same_upsert(
+    config: CaptionerConfig, ray_cluster, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lance
+
+    storage = Storage(str(tmp_path / "corpus"))
+    images = {"c0": jpeg(1600, 1000, 0), "c1": jpeg(300, 200, 1), "corrupt": b"\xff\xd8junk", "engine-fails": jpeg(64, 64, 2)}
+    samples = pa.table({"content_id": list(images), "original_caption": ["a", None, "b", "c"],
+                        "image": pa.array(list(images.values()), pa.large_binary())})
+    samples_uri = storage.lance_uri("samples")
+    lance.write_dataset(samples, samples_uri)
+    addressed = lance.dataset(samples_uri).to_table(columns=["content_id"], with_row_address=True)
+    version = lance.dataset(samples_uri).version
+
+    def eligible(source: str, storage: Storage):  # the buckets/samples join is tested with the real corpus
+        return addressed.select(["content_id", "_rowaddr"]), {"samples": version, "buckets": 1}
+
+    built: list[CaptionerConfig] = []
+
+    def factory(cfg: CaptionerConfig):
+        built.append(cfg)
+        return FakeProcessor(cfg)
+
+    def no_caption_batch(*args, **kwargs):
+        raise AssertionError("the vllm backend must not use CaptionBatch")
+
+    monkeypatch.setattr(captions_stage, "eligible_contents", eligible)
+    monkeypatch.setattr(cv, "build_vllm_processor", factory)
+    monkeypatch.setattr(captions_stage, "CaptionBatch", no_caption_batch)
+    report = captions_stage.build_captions("demo", storage, config)
+    assert built == [config]
+    assert (report.captioned, report.failed, report.reused) == (2, 2, 0)
+    assert report.failures == {"decode_error": 1, "generation_error": 1}
+    rows = {r["content_id"]: r for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()}
+    assert set(rows) == set(images)
+    assert all(r["captioner_version"] == config.version() and r["captioner_id"] == config.captioner_id()
+               and r["prompt_version"] == PROMPT_VERSION for r in rows.values())
+    assert rows["c0"]["caption"] == "A photograph 566 pixels wide and 354 pixels high showing noise."
+    assert 566 * 354 <= 448 * 448 and rows["c0"]["error"] == "" and rows["c0"]["word_count"] == 11
+    assert rows["c1"]["caption"].startswith("A photograph 300 pixels wide and 200")
+    assert rows["corrupt"]["error"].startswith("decode_error") and rows["corrupt"]["caption"] == ""
+    assert rows["engine-fails"]["error"] == "generation_error: RuntimeError: CUDA error"
+    # a rerun keeps the captions and retries only the failures
+    again = captions_stage.build_captions("demo", storage, config)
+    assert (again.reused, again.captioned, again.failed) == (2, 0, 2)
