@@ -222,7 +222,7 @@ def _cpu_name() -> str:
 
 
 def format_table(r: dict) -> str:
-    rows = [f"| path | images/s | MP/s |", "|---|---|---|"]
+    rows = ["| path | images/s | MP/s |", "|---|---|---|"]
     for name in ("naive", "fused", "floor"):
         rows.append(f"| {name} | {r[f'{name}_ips']:.1f} | {r[f'{name}_mps']:.1f} |")
     lines = [

@@ -172,7 +172,7 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
                 for p in sorted(folder.rglob("*")) if p.is_file()}
 
     first = build_demo_sources(tmp_path / "a", use_wallpapers=False)
-    second = build_demo_sources(tmp_path / "b", use_wallpapers=False)
+    build_demo_sources(tmp_path / "b", use_wallpapers=False)
     assert len(first.samples) >= 300
     assert digest(tmp_path / "a") == digest(tmp_path / "b")
     build_demo_sources(tmp_path / "a", use_wallpapers=False)  # rebuilding in place replaces it whole
