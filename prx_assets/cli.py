@@ -85,26 +85,30 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def _report(results: dict, table: str, started: float, json_path: str | None) -> int:
+    """Print a benchmark's table and wall time; also write its results as JSON when asked."""
     import json
 
+    results["wall_seconds"] = time.time() - started
+    print(table)
+    print(f"\n{results['wall_seconds']:.0f} s in all")
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(results, handle, indent=2)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.image_path import format_table, run
 
     started = time.time()
     print("image-path benchmark (one core): building the corpus, then naive / fused / floor ...", flush=True)
     results = run(quick=args.quick)
-    results["wall_seconds"] = time.time() - started
-    print(format_table(results))
-    print(f"\n{results['wall_seconds']:.0f} s in all")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
-        print(f"wrote {args.json}")
-    return 0
+    return _report(results, format_table(results), started, args.json)
 
 
 def _cmd_bench_loader(args: argparse.Namespace) -> int:
-    import json
     import logging
     import os
 
@@ -119,14 +123,7 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
     print(f"loader benchmark (one core): {args.samples} samples, CorpusDataset with and without 10% skipped ...",
           flush=True)
     results = run(samples=args.samples, repeats=args.repeats)
-    results["wall_seconds"] = time.time() - started
-    print(format_table(results))
-    print(f"\n{results['wall_seconds']:.0f} s in all")
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=2)
-        print(f"wrote {args.json}")
-    return 0
+    return _report(results, format_table(results), started, args.json)
 
 
 def build_parser() -> argparse.ArgumentParser:

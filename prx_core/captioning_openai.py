@@ -62,6 +62,17 @@ def data_url(jpeg: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
 
 
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """JSON headers, with `Bearer <key>` read from the environment variable NAMED in the config."""
+    headers = {"Content-Type": "application/json"}
+    if api_key_env:
+        key = os.environ.get(api_key_env)
+        if not key:
+            raise ValueError(f"environment variable {api_key_env!r} (the API key) is not set")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
 def chat_url(endpoint: str) -> str:
     base = endpoint.rstrip("/")
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
@@ -121,12 +132,7 @@ class OpenAICaptioner(Captioner):
     def __init__(self, config: CaptionerConfig) -> None:
         super().__init__(config)
         self.url = chat_url(config.endpoint)
-        self.headers = {"Content-Type": "application/json"}
-        if config.api_key_env:
-            key = os.environ.get(config.api_key_env)
-            if not key:
-                raise ValueError(f"environment variable {config.api_key_env!r} (the API key) is not set")
-            self.headers["Authorization"] = f"Bearer {key}"
+        self.headers = auth_headers(config.api_key_env)
         self.usage: Counter[str] = Counter()
         self.last_usage: list[dict[str, int] | None] = []
         self._random = random.Random()

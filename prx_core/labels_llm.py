@@ -29,11 +29,11 @@ import asyncio
 import concurrent.futures
 import hashlib
 import json
-import os
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from prx_core.captioning_openai import auth_headers, chat_url
 from prx_core.labels import LABELS, Labeler, LabelerConfig, LabelResult
 
 LABEL_INSTRUCTION_VERSION = "label-v1"
@@ -215,13 +215,8 @@ class OpenAILLMLabeler(Labeler):
         super().__init__(config)
         if not config.endpoint.strip():
             raise ValueError("the llm labeler over HTTP needs `endpoint` (an OpenAI-compatible base URL)")
-        self.url = config.endpoint.rstrip("/") + "/chat/completions"
-        self.headers = {"Content-Type": "application/json"}
-        if config.api_key_env:
-            key = os.environ.get(config.api_key_env)
-            if not key:
-                raise ValueError(f"environment variable {config.api_key_env} (api_key_env) is not set")
-            self.headers["Authorization"] = f"Bearer {key}"
+        self.url = chat_url(config.endpoint)
+        self.headers = auth_headers(config.api_key_env)
 
     def label_batch(self, captions: Sequence[str]) -> list[LabelResult]:
         texts = ["" if c is None else str(c) for c in captions]
