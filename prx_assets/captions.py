@@ -40,6 +40,9 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                 "mean_words": round(statistics.fmean(words), 1) if words else 0.0,
                 "in_100_200_words": round(sum(100 <= w <= 200 for w in words) / len(words), 3) if words else 0.0,
                 "failures": counts_table(report.failures, "reason"),
+                "output_tokens": report.output_tokens,
+                "output_tokens_per_second": round(report.output_tokens_per_second, 1),
+                **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
                 **lance_versions(**report.read_versions, captions=report.captions_version),
             },
             check_results=[dg.AssetCheckResult(

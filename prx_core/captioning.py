@@ -171,6 +171,7 @@ class CaptionResult:
 
     caption: str | None
     error: str | None = None
+    tokens: int | None = field(default=None, compare=False)  # generated tokens where known (accounting only)
 
     def __post_init__(self) -> None:
         if (self.caption is None) == (self.error is None):
@@ -254,24 +255,27 @@ class TransformersCaptioner(Captioner):
         if not images:
             return []
         try:
-            texts = self.generate(images)
+            texts, counts = self.generate(images)
         except Exception as exc:
             if len(images) == 1:
                 return [CaptionResult.failed(GENERATION_ERROR, f"{type(exc).__name__}: {exc}")]
             return [result for image in images for result in self.caption_images([image])]
         return [
-            CaptionResult(text) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
-            for text in texts
+            CaptionResult(text, tokens=count) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
+            for text, count in zip(texts, counts)
         ]
 
-    def generate(self, images: list[Image.Image]) -> list[str]:
+    def generate(self, images: list[Image.Image]) -> tuple[list[str], list[int]]:
+        """Captions and the number of tokens generated for each (padding excluded)."""
         import torch
 
         inputs = self.processor(images=images, text=[self.prompt] * len(images), padding=True, return_tensors="pt")
         with torch.inference_mode():
             output = self.model.generate(**inputs, generation_config=self.generation_config)
         new_tokens = output[:, inputs["input_ids"].shape[1]:]
-        return [text.strip() for text in self.processor.batch_decode(new_tokens, skip_special_tokens=True)]
+        pad = self.generation_config.pad_token_id
+        counts = [int(n) for n in (new_tokens != pad).sum(dim=1)] if pad is not None else [new_tokens.shape[1]] * len(images)
+        return [text.strip() for text in self.processor.batch_decode(new_tokens, skip_special_tokens=True)], counts
 
 
 def cap_image_processor(image_processor: Any, max_pixels: int) -> None:
@@ -344,7 +348,7 @@ class CaptionBatch:
 
     Input columns: content_id, image (bytes), original_caption (optional). Output: content_id,
     caption ("" on failure), captioner_id, captioner_version, prompt_version, word_count, error
-    ("" when ok). The image bytes are not passed on.
+    ("" when ok), num_generated_tokens (0 where unknown). The image bytes are not passed on.
     """
 
     def __init__(self, config: CaptionerConfig) -> None:
@@ -368,5 +372,6 @@ class CaptionBatch:
             "prompt_version": np.array([self.config.recorded_prompt_version()] * count, dtype=object),
             "word_count": np.array([word_count(text) for text in captions], dtype=np.int64),
             "error": np.array([result.error or "" for result in results], dtype=object),
+            "num_generated_tokens": np.array([result.tokens or 0 for result in results], dtype=np.int64),
         }
 

@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from prx_core.captioning import (
@@ -151,7 +151,8 @@ class OpenAICaptioner(Captioner):
             self.usage["retries"] += max(0, o.attempts - 1)
             for key, value in (o.usage or {}).items():
                 self.usage[key] += value
-        return [o.result for o in outcomes]
+        return [replace(o.result, tokens=(o.usage or {}).get("completion_tokens")) if o.result.error is None else o.result
+                for o in outcomes]
 
     async def _caption_all(self, images: list[bytes]) -> list[Attempt]:
         import aiohttp

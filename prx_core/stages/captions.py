@@ -39,10 +39,17 @@ class CaptionsReport:
     word_counts: list[int] = field(default_factory=list)
     captions_version: int | None = None
     read_versions: dict[str, int] = field(default_factory=dict)
+    output_tokens: int = 0  # generated tokens, where the backend reports them
+    generation_seconds: float = 0.0  # wall time of the captioning pipeline itself
+    gpu_hours: float | None = None  # vllm: engine replicas x GPUs each x generation time
 
     @property
     def images_per_second(self) -> float:
         return (self.captioned + self.failed) / max(self.seconds, 1e-9)
+
+    @property
+    def output_tokens_per_second(self) -> float:
+        return self.output_tokens / max(self.generation_seconds, 1e-9)
 
 
 def eligible_contents(source: str, storage: Storage) -> tuple[pa.Table, dict[str, int]]:
@@ -108,8 +115,11 @@ def build_captions(
                 batch_size=config.batch_size, batch_format="numpy")
         pending: list[pa.Table] = []
         failures: Counter[str] = Counter()
+        generation_start = time.monotonic()
         for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
             table = to_caption_rows(batch)
+            if "num_generated_tokens" in batch.column_names:
+                report.output_tokens += int(pc.sum(batch["num_generated_tokens"]).as_py() or 0)
             errors = [e for e in table["error"].to_pylist() if e]
             failures.update(e.split(":", 1)[0] for e in errors)
             report.failed += len(errors)
@@ -124,6 +134,9 @@ def build_captions(
         if pending:
             report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
         report.failures = dict(failures)
+        report.generation_seconds = time.monotonic() - generation_start
+        if config.backend == VLLM:
+            report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
         lance_maintenance.refresh_indexes(captions_uri, ["caption"], storage_options=options)
         report.captions_version = lance_io.table_version(captions_uri, options)  # includes the index commit
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)

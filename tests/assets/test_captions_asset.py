@@ -117,6 +117,7 @@ def test_transformers_backend_captions_every_eligible_content(corpus: Corpus, ti
     wanted = eligible(corpus, "crawl_wds")
     assert meta["captioned"] == len(wanted) and meta["reused"] == 0 and meta["failed"] == 0
     assert meta["captioner"].startswith("transformers:tiny-qwen2-vl:")
+    assert 0 < meta["output_tokens"] <= len(wanted) * 8 and meta["output_tokens_per_second"] > 0  # max_new_tokens 8
     assert check(result, "captions_coverage").passed
 
     rows = read(root, "captions").to_pylist()

@@ -204,13 +204,16 @@ def test_caption_batch_on_numpy_object_arrays(config: CaptionerConfig, photos: l
 
     out = CaptionBatch(config)({k: v for k, v in batch.items() if k != "original_caption"})
     assert set(out) == {
-        "content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error"
+        "content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
+        "num_generated_tokens",
     }
     assert list(out["content_id"]) == ["c0", "c1", "c2"] and all(len(col) == 3 for col in out.values())
     assert out["caption"][0] and out["caption"][2] and out["caption"][1] == ""
     assert out["error"][1].startswith("decode_error:") and out["error"][0] == out["error"][2] == ""
     assert set(out["captioner_version"]) == {config.version()} and set(out["prompt_version"]) == {PROMPT_VERSION}
     assert list(out["word_count"]) == [word_count(c) for c in out["caption"]]
+    tokens = list(out["num_generated_tokens"])
+    assert tokens[1] == 0 and all(0 < t <= config.max_new_tokens for t in (tokens[0], tokens[2]))
 
 
 def test_caption_batch_in_a_ray_data_pipeline(

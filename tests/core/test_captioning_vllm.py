@@ -242,6 +242,11 @@ def test_captions_stage_takes_the_vllm_path_into_the_same_upsert(
     assert built == [config]
     assert (report.captioned, report.failed, report.reused) == (2, 2, 0)
     assert report.failures == {"decode_error": 1, "generation_error": 1}
+    ok_words = [r["word_count"] for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()
+                if not r["error"]]
+    assert report.output_tokens == sum(w + 3 for w in ok_words)  # the stand-in engine's token counts
+    assert report.gpu_hours == pytest.approx(
+        report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600)
     rows = {r["content_id"]: r for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()}
     assert set(rows) == set(images)
     assert all(r["captioner_version"] == config.version() and r["captioner_id"] == config.captioner_id()
