@@ -32,7 +32,8 @@ import skimage.data
 from PIL import Image
 
 from benchmarks.image_path import _cpu_name, one_core
-from prx_core.captioning import Captioner, CaptionerConfig, CaptionResult, TransformersCaptioner, build_captioner
+from prx_core.captioning import Captioner, CaptionerConfig, CaptionResult, build_captioner
+from prx_core.captioning_transformers import TransformersCaptioner
 from prx_core.captioning_openai import encode_for_request
 from prx_core.serving import CaptionServer
 from prx_core.tiny_vlm import build_tiny_qwen2_vl

@@ -8,7 +8,7 @@ from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, md_table, progress
 from prx_core import lance_io
-from prx_core.mds import verify_stream
+from prx_core.mds_read import verify_stream
 from prx_core.stages.mds_shards import build_mds
 from prx_core.stages.samples import source_predicate
 from prx_core.storage import Storage

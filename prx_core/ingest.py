@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core import schemas
-from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection, decode_opened, exif_orientation, open_image
+from prx_core.decode import DECODE_ERROR, DEFAULT_MAX_PIXELS, Rejection, decode_opened, exif_orientation, open_image
 from prx_core.jpeg_quality import estimate_jpeg_quality
 
 INSPECT_SIZE = (1, 1)  # ask `draft` for the smallest DCT scale
@@ -44,7 +44,7 @@ def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFac
         width, height = decoded.original_size
         return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality)
     except Exception as exc:  # the contract: a Rejection, never an exception
-        return Rejection("decode_error", f"{type(exc).__name__}: {exc}"[:300])
+        return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
 
 def content_id(data: bytes) -> str:

@@ -15,7 +15,6 @@ from typing import Any
 
 import pyarrow as pa
 
-log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 

@@ -31,16 +31,15 @@ def corpus_summary(store: Storage) -> list[dict[str, Any]]:
         rows[r["source"]]["bucketed"] += 1
     for r in _by_source(store, "duplicates", ["source"], "NOT keeper"):
         rows[r["source"]]["duplicates"] += 1
+    labels = {r["content_id"]: r["label"] for r in _by_source(store, "caption_labels", ["content_id", "label"])}
     streams: dict[str, set[str]] = defaultdict(set)
-    for r in _by_source(store, "mds_index", ["source", "tier", "bucket"]):
+    for r in _by_source(store, "mds_index", ["source", "tier", "bucket", "content_id"]):
         rows[r["source"]]["in_mds"] += 1
         streams[r["source"]].add(f"{r['tier']}/{r['bucket']}")
-    for source, names in streams.items():
-        rows[source]["streams"] = len(names)
-    labels = {r["content_id"]: r["label"] for r in _by_source(store, "caption_labels", ["content_id", "label"])}
-    for r in _by_source(store, "mds_index", ["source", "content_id"]):
         if labels.get(r["content_id"]) in ("text", "nsfw"):
             rows[r["source"]][labels[r["content_id"]]] += 1
+    for source, names in streams.items():
+        rows[source]["streams"] = len(names)
     skipped: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for skip in read_skip_lists(store.root, None, store.storage_options):
         skipped[skip.source].update((skip.stream, i) for i in skip.indices)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from prx_core import lance_io, schemas
 from prx_core.buckets import TIERS
@@ -142,7 +141,3 @@ def build_mds(
     return MdsReport(source, len(index), streams, dict(Counter(refused["reason"].to_pylist())),
                      time.monotonic() - start, versions, version)
 
-
-def index_counts(table: pa.Table) -> dict[str, int]:
-    keys = pc.binary_join_element_wise(table["tier"].cast(pa.string()), table["bucket"], "/")
-    return dict(Counter(keys.to_pylist()))

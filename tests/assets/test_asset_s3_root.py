@@ -16,7 +16,8 @@ from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
 from prx_core import lance_io
 from prx_core.catalog import load_catalog
-from prx_core.mds import list_streams, verify_stream
+from prx_core.mds import list_streams
+from prx_core.mds_read import verify_stream
 from prx_core.skiplists import read_skip_lists
 from prx_core.storage import Storage
 

@@ -15,7 +15,7 @@ from PIL import Image
 
 from prx_core.captioning import CaptionerConfig
 from prx_core.imaging import process_image
-from prx_core.mds import read_stream_rows
+from prx_core.mds_read import read_stream_rows
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 

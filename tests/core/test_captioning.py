@@ -19,11 +19,11 @@ from prx_core.captioning import (
     CaptionerConfig,
     CaptionResult,
     SourceCaptioner,
-    TransformersCaptioner,
     build_captioner,
     prepare_image,
     word_count,
 )
+from prx_core.captioning_transformers import TransformersCaptioner
 from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.tiny_vlm import build_tiny_qwen2_vl
 

@@ -15,7 +15,8 @@ import pytest
 import skimage.data
 from PIL import Image
 
-from prx_core.captioning import CaptionBatch, CaptionerConfig, CaptionResult, TransformersCaptioner, build_captioner
+from prx_core.captioning import CaptionBatch, CaptionerConfig, CaptionResult, build_captioner
+from prx_core.captioning_transformers import TransformersCaptioner
 from prx_core.captioning_openai import OpenAICaptioner, encode_for_request, parse_response, retry_after_seconds
 from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.serving import CaptionServer, Faults

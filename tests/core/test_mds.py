@@ -23,8 +23,8 @@ from streaming.base.util import clean_stale_shared_memory
 
 from prx_core.imaging import encode_jpeg
 from prx_core.jpeg_quality import estimate_jpeg_quality
-from prx_core.mds import (HASHES, MDS_COLUMNS, SIZE_LIMIT, list_streams, read_stream_rows, stream_name,
-                          stream_uri, verify_stream, write_source_streams)
+from prx_core.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, list_streams, stream_name, stream_uri, write_source_streams
+from prx_core.mds_read import read_stream_rows, verify_stream
 
 B512, B576, B448, B1024 = (512, 512, 512), (512, 576, 448), (512, 448, 576), (1024, 1024, 1024)
 
