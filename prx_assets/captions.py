@@ -10,7 +10,7 @@ from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
 from prx_core.stages.captions import build_captions, eligible_contents, existing_keys
-from prx_resources import CaptionerResource, StorageResource
+from prx_resources import CaptionerResource, ExplorerResource, StorageResource
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
                             description="Every eligible (bucketed) content of the source has a caption.")]
@@ -22,7 +22,8 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=captioner.config().version(), pool="gpu")
     def captions(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource
+        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource,
+        explorer: ExplorerResource,
     ) -> dg.MaterializeResult:
         store, config = storage.storage(), captioner.config()
         report = build_captions(context.partition_key, store, config, actors=captioner.actors,
@@ -44,6 +45,7 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                 "output_tokens_per_second": round(report.output_tokens_per_second, 1),
                 **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
                 **lance_versions(**report.read_versions, captions=report.captions_version),
+                **explorer.metadata(context.partition_key),
             },
             check_results=[dg.AssetCheckResult(
                 check_name="captions_coverage", passed=missing.num_rows == 0,

@@ -3,6 +3,7 @@
 raw_source -> samples -> buckets -> captions -> caption_labels -> skip_lists
                       -> phashes -> duplicates (global) ------------^
                          buckets + captions -> mds_shards ----------^
+              samples + captions -> caption_embeddings (for the explorer; nothing depends on it)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dagster as dg
 
 from prx_assets import automation
 from prx_assets.buckets import buckets_asset
+from prx_assets.caption_embeddings import caption_embeddings_asset
 from prx_assets.caption_labels import caption_labels_asset
 from prx_assets.captions import captions_asset
 from prx_assets.duplicates import duplicates
@@ -21,7 +23,8 @@ from prx_assets.samples import samples_asset
 from prx_assets.skip_lists import skip_lists_asset
 from prx_assets.settings import Settings, load_settings
 from prx_resources import (
-    CaptionerResource, CatalogResource, EmbeddedRay, LabelerResource, RayCluster, SkipPolicyResource, StorageResource,
+    CaptionerResource, CatalogResource, EmbeddedRay, EmbedderResource, ExplorerResource, LabelerResource, RayCluster,
+    SkipPolicyResource, StorageResource,
 )
 from prx_resources.ray import never_cleanup
 
@@ -34,17 +37,20 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "catalog": CatalogResource(path=settings.sources),
         "captioner": CaptionerResource(**settings.section("captioner")),
         "labeler": LabelerResource(**settings.section("labeler")),
+        "embedder": EmbedderResource(**settings.section("embedder")),
         "policy": SkipPolicyResource(**settings.section("skip_policy")),
+        "explorer": ExplorerResource(**settings.section("explorer")),
         "ray": ray,
     }
 
 
 def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.AssetsDefinition]:
-    storage, captioner, labeler, policy = (resources[k] for k in ("storage", "captioner", "labeler", "policy"))
+    storage, captioner, labeler, embedder, policy = (
+        resources[k] for k in ("storage", "captioner", "labeler", "embedder", "policy"))
     return [
         raw_source, samples_asset(storage), buckets_asset(storage), phashes, duplicates, captions_asset(captioner),
-        caption_labels_asset(captioner, labeler), mds_shards_asset(storage, captioner),
-        skip_lists_asset(captioner, labeler, policy),
+        caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
+        mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy),
     ]
 
 

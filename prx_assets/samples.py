@@ -8,7 +8,7 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
 from prx_core import lance_io, lance_maintenance
 from prx_core.stages.samples import build_samples, source_predicate
-from prx_resources import CatalogResource, StorageResource
+from prx_resources import CatalogResource, ExplorerResource, StorageResource
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
@@ -25,7 +25,8 @@ def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"1-{settings.pixel_cap_version()}")
     def samples(
-        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
+        explorer: ExplorerResource,
     ) -> dg.MaterializeResult:
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
         `rejects` with a reason; replaces this source's rows in one commit."""
@@ -55,6 +56,7 @@ def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
                 "reject_reasons": counts_table(report.reasons, "reason", total),
                 "rejected_files": dg.MetadataValue.json(report.rejects.select(["source_key", "reason", "message"]).to_pylist()[:50]),
                 **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
+                **explorer.metadata(spec.name),
             },
             check_results=checks,
             data_version=dg.DataVersion(f"samples@{report.samples_version}"),

@@ -2,11 +2,11 @@
 
 One request per image (`vllm serve` batches concurrent requests itself): the image, decoded
 safely and capped at `max_pixels` like the transformers backend, is re-encoded as a JPEG data URL
-and sent with the caption prompt and the config's sampling. Up to `concurrency` requests are in
-flight; each attempt has a `timeout_s` deadline; 429, 5xx, timeouts and connection errors are
-retried up to `max_retries` times with exponential backoff and full jitter (a `Retry-After`
-header is honoured). An image that still fails becomes a `CaptionResult` error, never an
-exception, so the captions stage stores it and retries it on the next materialization.
+and sent with the caption prompt and the config's sampling. Transport (bounded concurrency,
+per-attempt timeout, retries with backoff on 429/5xx/timeouts/connection errors, Retry-After,
+auth) is the shared `prx_core.openai_http.ChatClient`. An image that still fails becomes a
+`CaptionResult` error, never an exception, so the captions stage stores it and retries it on the
+next materialization.
 
 Error reason codes (the part before ": "): `http_error` ("http_error: 500 <body>"), `timeout`,
 `connection_error`, `bad_response` (no `choices[0].message.content`), `empty_caption` and
@@ -15,19 +15,13 @@ Error reason codes (the part before ": "): `http_error` ("http_error: 500 <body>
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import email.utils
 import io
-import json
-import os
-import random
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from prx_core import openai_http as http
 from prx_core.captioning import (
     EMPTY_CAPTION,
     Captioner,
@@ -42,9 +36,6 @@ HTTP_ERROR = "http_error"
 TIMEOUT = "timeout"
 CONNECTION_ERROR = "connection_error"
 BAD_RESPONSE = "bad_response"
-RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
-MAX_BACKOFF_S = 30.0
-MAX_RETRY_AFTER_S = 120.0
 JPEG_QUALITY = 90
 
 
@@ -60,22 +51,6 @@ def encode_for_request(data: bytes, max_pixels: int) -> bytes | CaptionResult:
 
 def data_url(jpeg: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-
-
-def auth_headers(api_key_env: str | None) -> dict[str, str]:
-    """JSON headers, with `Bearer <key>` read from the environment variable NAMED in the config."""
-    headers = {"Content-Type": "application/json"}
-    if api_key_env:
-        key = os.environ.get(api_key_env)
-        if not key:
-            raise ValueError(f"environment variable {api_key_env!r} (the API key) is not set")
-        headers["Authorization"] = f"Bearer {key}"
-    return headers
-
-
-def chat_url(endpoint: str) -> str:
-    base = endpoint.rstrip("/")
-    return base if base.endswith("/chat/completions") else base + "/chat/completions"
 
 
 def request_body(config: CaptionerConfig, jpeg: bytes) -> dict[str, Any]:
@@ -94,21 +69,6 @@ def request_body(config: CaptionerConfig, jpeg: bytes) -> dict[str, Any]:
         "n": 1,
         "stream": False,
     }
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """`Retry-After` as delta-seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 @dataclass
@@ -131,18 +91,13 @@ class OpenAICaptioner(Captioner):
 
     def __init__(self, config: CaptionerConfig) -> None:
         super().__init__(config)
-        self.url = chat_url(config.endpoint)
-        self.headers = auth_headers(config.api_key_env)
+        self.client = http.ChatClient(config)
         self.usage: Counter[str] = Counter()
         self.last_usage: list[dict[str, int] | None] = []
-        self._random = random.Random()
 
     def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
         check_lengths(images, original_captions)
-        if not images:
-            self.last_usage = []
-            return []
-        outcomes = run_coroutine(self._caption_all(list(images)))
+        outcomes = self.client.gather(list(images), self._caption_one)
         self.last_usage = [o.usage for o in outcomes]
         for o in outcomes:
             self.usage["images"] += 1
@@ -154,61 +109,34 @@ class OpenAICaptioner(Captioner):
         return [replace(o.result, tokens=(o.usage or {}).get("completion_tokens")) if o.result.error is None else o.result
                 for o in outcomes]
 
-    async def _caption_all(self, images: list[bytes]) -> list[Attempt]:
-        import aiohttp
-
-        semaphore = asyncio.Semaphore(self.config.concurrency)
-        connector = aiohttp.TCPConnector(limit=self.config.concurrency)
-        async with aiohttp.ClientSession(connector=connector, headers=self.headers) as session:
-            return list(await asyncio.gather(*(self._caption_one(session, semaphore, data) for data in images)))
-
-    async def _caption_one(self, session: Any, semaphore: asyncio.Semaphore, data: bytes) -> Attempt:
+    async def _caption_one(self, data: bytes, post: http.Post) -> Attempt:
         jpeg = encode_for_request(data, self.config.max_pixels)  # CPU work, before the first await
         if isinstance(jpeg, CaptionResult):
             return Attempt(jpeg, None, 0)
-        payload = json.dumps(request_body(self.config, jpeg)).encode()
-        attempts = 0
-        while True:
-            async with semaphore:  # the wait for a slot is not part of the request's timeout
-                attempts += 1
-                failure, retryable, wait_hint, outcome = await self._post(session, payload)
-            if outcome is not None:
-                return Attempt(outcome[0], outcome[1], attempts)
-            if not retryable or attempts > self.config.max_retries:
-                suffix = f" (after {attempts} attempts)" if attempts > 1 else ""
-                return Attempt(CaptionResult.failed(failure[0], failure[1] + suffix), None, attempts)
-            await asyncio.sleep(self.backoff(attempts, wait_hint))
+        reply = await post(request_body(self.config, jpeg))
+        if reply.text is None:
+            return Attempt(caption_failure(reply, self.config.timeout_s), None, reply.attempts)
+        result, usage = parse_response(reply.text)
+        return Attempt(result, usage, reply.attempts)
 
-    def backoff(self, attempts: int, retry_after: float | None) -> float:
-        """Full jitter on an exponential cap; a server's Retry-After is a floor."""
-        jitter = self._random.uniform(0, min(MAX_BACKOFF_S, self.config.backoff_s * 2 ** (attempts - 1)))
-        return max(jitter, min(retry_after, MAX_RETRY_AFTER_S)) if retry_after is not None else jitter
 
-    async def _post(self, session: Any, payload: bytes):
-        """One attempt: (failure, retryable, retry_after, None) or (None, False, None, (result, usage))."""
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=self.config.timeout_s)
-        try:
-            async with session.post(self.url, data=payload, timeout=timeout) as response:
-                text = await response.text(errors="replace")
-                if response.status != 200:
-                    hint = retry_after_seconds(response.headers.get("Retry-After"))
-                    message = f"{response.status} {' '.join(text.split())[:300]}"
-                    return (HTTP_ERROR, message), response.status in RETRYABLE_STATUS, hint, None
-        except asyncio.TimeoutError:
-            return (TIMEOUT, f"no answer within {self.config.timeout_s:g} s"), True, None, None
-        except aiohttp.ClientError as exc:  # refused, reset, disconnected, payload errors
-            return (CONNECTION_ERROR, f"{type(exc).__name__}: {exc}"), True, None, None
-        return None, False, None, parse_response(text)
+def caption_failure(reply: http.Reply, timeout_s: float) -> CaptionResult:
+    """A failed `Reply` as this backend's stored error, e.g. "http_error: 500 <body> (after 3 attempts)"."""
+    if reply.failure == http.HTTP:
+        reason, message = HTTP_ERROR, f"{reply.status} {' '.join(reply.detail.split())[:300]}"
+    elif reply.failure == http.TIMEOUT:
+        reason, message = TIMEOUT, f"no answer within {timeout_s:g} s"
+    else:
+        reason, message = CONNECTION_ERROR, reply.detail
+    suffix = f" (after {reply.attempts} attempts)" if reply.attempts > 1 else ""
+    return CaptionResult.failed(reason, message + suffix)
 
 
 def parse_response(text: str) -> tuple[CaptionResult, dict[str, int] | None]:
     """`choices[0].message.content` as the caption, and the integer `usage` counts if present."""
     try:
-        body = json.loads(text)
-        content = body["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        content, body = http.parse_chat(text)
+    except http.BAD_SHAPE as exc:
         return CaptionResult.failed(BAD_RESPONSE, f"{type(exc).__name__}: {' '.join(text.split())[:200]}"), None
     if isinstance(content, list):  # some servers answer with content parts
         content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
@@ -220,26 +148,3 @@ def parse_response(text: str) -> tuple[CaptionResult, dict[str, int] | None]:
     caption = content.strip()
     result = CaptionResult(caption) if caption else CaptionResult.failed(EMPTY_CAPTION, "the endpoint returned no text")
     return result, usage or None
-
-
-def run_coroutine(coroutine: Any) -> Any:
-    """asyncio.run, also from a thread whose event loop is already running (an async Ray actor)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coroutine)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = asyncio.run(coroutine)
-        except BaseException as exc:  # re-raised in the caller's thread
-            box["error"] = exc
-
-    thread = threading.Thread(target=target, name="openai-captioner")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-

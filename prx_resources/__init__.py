@@ -4,7 +4,8 @@ Assets read through these and call `prx_core`; nothing here does image work itse
 """
 
 from prx_resources.catalog import CatalogResource
-from prx_resources.models import CaptionerResource, LabelerResource, SkipPolicyResource
+from prx_resources.explorer import ExplorerResource
+from prx_resources.models import CaptionerResource, EmbedderResource, LabelerResource, SkipPolicyResource
 from prx_resources.ray import EmbeddedRay, RayCluster
 from prx_resources.storage import StorageResource
 
@@ -12,6 +13,8 @@ __all__ = [
     "CaptionerResource",
     "CatalogResource",
     "EmbeddedRay",
+    "EmbedderResource",
+    "ExplorerResource",
     "LabelerResource",
     "RayCluster",
     "SkipPolicyResource",

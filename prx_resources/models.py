@@ -1,4 +1,4 @@
-"""Models and policy: the captioner, the caption labeler and the skip policy.
+"""Models and policy: the captioner, the caption labeler, the caption embedder and the skip policy.
 
 Each resource turns its fields into a `prx_core` config whose `version()` becomes the
 `code_version` of the assets it drives, so changing a model, the prompt or the policy marks
@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_core.captioning import CaptionerConfig
+from prx_core.embeddings import MODEL_PACKAGE, EmbedderConfig
 from prx_core.labels import LabelerConfig
 from prx_core.prompts import PROMPT_VERSION
 from prx_core.stages.skip_lists import SKIP_LABELS, SkipPolicy
@@ -67,9 +68,11 @@ class CaptionerResource(dg.ConfigurableResource):
 
 class LabelerResource(dg.ConfigurableResource):
     """Caption labeller (visual / text / nsfw): zero-shot MiniLM on the CPU (`minilm`), or a text
-    LLM behind an OpenAI-compatible endpoint (`llm`, prx_core.labels_llm). The llm fields are
-    optional; left unset they keep LabelerConfig's defaults. Model, temperature, max_tokens and
-    constrained (and the instruction version) enter the code_version; transport fields do not."""
+    LLM (`llm`) behind an OpenAI-compatible endpoint (`transport: openai`, prx_core.labels_llm) or
+    on Ray GPU workers through `ray.data.llm` (`transport: vllm`, prx_core.labels_vllm). The llm
+    fields are optional; left unset they keep LabelerConfig's defaults. Model, temperature,
+    max_tokens, constrained, thinking (and the instruction version, and for vllm the
+    output-changing engine settings) enter the code_version; placement and transport do not."""
 
     backend: str = Field(default="minilm", description="minilm | llm")
     text_threshold: float | None = Field(default=None, description="Override of the text threshold (minilm).")
@@ -84,12 +87,35 @@ class LabelerResource(dg.ConfigurableResource):
     temperature: float | None = Field(default=None, description="llm: sampling temperature (default 0).")
     max_tokens: int | None = Field(default=None, description="llm: answer token budget (default 16).")
     constrained: str | None = Field(default=None, description="llm: none | json_schema | guided_choice (vLLM) output constraint (default none).")
+    thinking: bool | None = Field(default=False, description="llm: chat_template_kwargs.enable_thinking (Qwen3); "
+                                  "null sends nothing, for endpoints that reject unknown fields.")
+    transport: str | None = Field(default=None, description="llm: openai (endpoint, default) | vllm (ray.data.llm on GPU workers).")
+    replicas: int | None = Field(default=None, description="llm/vllm: engine replicas (default 1).")
+    tensor_parallel_size: int | None = Field(default=None, description="llm/vllm: GPUs per engine replica (default 1).")
+    max_model_len: int | None = Field(default=None, description="llm/vllm: context length per sequence (default 2048).")
+    accelerator_type: str | None = Field(default=None, description='llm/vllm: Ray accelerator type, e.g. "H200".')
+    engine_kwargs: dict[str, Any] | None = Field(default=None, description="llm/vllm: extra vLLM engine arguments, as is.")
+    runtime_env: dict[str, Any] | None = Field(default=None, description="llm/vllm: Ray runtime_env of the vLLM workers.")
 
     def config(self) -> LabelerConfig:
         names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
-                 "max_retries", "temperature", "max_tokens", "constrained")
+                 "max_retries", "temperature", "max_tokens", "constrained", "transport", "replicas",
+                 "tensor_parallel_size", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env")
         overrides = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
-        return LabelerConfig(backend=self.backend, **overrides)
+        return LabelerConfig(backend=self.backend, thinking=self.thinking, **overrides)
+
+
+class EmbedderResource(dg.ConfigurableResource):
+    """Caption embedder of `caption_embeddings`: the packaged all-MiniLM-L6-v2 sentence model on
+    the CPU (384-d unit vectors, offline). The model enters the code_version; batch_size and
+    actors do not (they change speed, never a vector)."""
+
+    model: str = Field(default=MODEL_PACKAGE, description=f"Sentence model; only {MODEL_PACKAGE} (packaged, offline) for now.")
+    batch_size: int = Field(default=256, description="Captions per model call.")
+    actors: int = Field(default=1, description="Ray actors (model replicas, one CPU each) embedding in parallel.")
+
+    def config(self) -> EmbedderConfig:
+        return EmbedderConfig(model=self.model, batch_size=self.batch_size)
 
 
 class SkipPolicyResource(dg.ConfigurableResource):

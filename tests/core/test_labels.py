@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
+from prx_core.embeddings import EMBEDDING_DIM, embed_captions, model_identity
 from prx_core.labels import (
-    EMBEDDING_DIM, LABELS, LabelBatch, LabelerConfig, LabelResult, MiniLMLabeler, build_labeler,
-    choose_label, embed_captions, model_identity,
+    LABELS, LabelBatch, LabelerConfig, LabelResult, MiniLMLabeler, build_labeler, choose_label,
 )
 
 DEMO_TEXT = [

@@ -37,13 +37,16 @@ SUMMARY_COLUMNS = ["source", "samples", "rejects", "bucketed", "text", "nsfw", "
                    "skipped"]
 MDS_COLUMNS = {"image", "caption", "original_caption", "width", "height", "original_width", "original_height",
                "sample_id", "source"}
-TABLES = ("samples", "rejects", "captions", "caption_labels", "phashes", "duplicates", "buckets", "mds_index")
+TABLES = ("samples", "rejects", "captions", "caption_labels", "caption_embeddings", "source_embeddings", "phashes",
+          "duplicates", "buckets", "mds_index")
 # unique keys per table (DESIGN.md): sample_id tables, rejects per stage, content tables per model version
 TABLE_KEYS = {
     "samples": ("sample_id",), "phashes": ("sample_id",), "buckets": ("sample_id",), "duplicates": ("sample_id",),
     "mds_index": ("sample_id",), "rejects": ("sample_id", "stage"),
     "captions": ("content_id", "captioner_version"),
     "caption_labels": ("content_id", "captioner_version", "labeler_version"),
+    "caption_embeddings": ("content_id", "captioner_version", "embedder_version"),
+    "source_embeddings": ("sample_id",),
 }
 MARKER = "PRX-PAUSED-AT"
 RUN_LINE = re.compile(r"^==> (?P<assets>[a-z_, ]+?)(?: \[(?P<partition>[a-z0-9_]+)\])?$")
