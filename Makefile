@@ -6,7 +6,7 @@ DEMO  ?= .prx/demo
 
 DEMO_ENV = DAGSTER_HOME=$(CURDIR)/.prx/dagster PRX_ROOT=$(CURDIR)/$(DEMO)/corpus PRX_SOURCES=$(CURDIR)/$(DEMO)/sources/sources.yaml
 
-.PHONY: setup demo ui test doctor clean lock
+.PHONY: setup demo ui browse test doctor clean lock
 
 setup:
 	@bash scripts/setup.sh
@@ -16,9 +16,13 @@ demo: setup
 	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus --no-ray
 	$(DEMO_ENV) $(BIN)/prx-corpus build --sources $(DEMO)/sources/sources.yaml --root $(DEMO)/corpus
 	@echo; echo "Open the Dagster UI on this corpus (runs, checks, metadata): make ui  (then http://127.0.0.1:3000)"
+	@echo "Browse the corpus itself (search, neighbours, duplicates, plots): make browse  (then http://127.0.0.1:8080)"
 
 ui: setup
 	$(DEMO_ENV) $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
+browse: setup
+	$(BIN)/prx-corpus browse --root $(DEMO)/corpus
 
 test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

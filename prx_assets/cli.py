@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, bench, bench-loader.
+"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader.
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -85,6 +85,36 @@ def _cmd_build(args: argparse.Namespace) -> int:
     return 0 if outcome.ok else 1
 
 
+def _cmd_browse(args: argparse.Namespace) -> int:
+    import ipaddress
+    import os
+
+    from prx_assets.settings import SettingsError, load_settings
+    from prx_core import lance_io
+    from prx_core.storage import Storage
+
+    if args.config:
+        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
+    storage = Storage(args.root, load_settings().section("storage").get("storage_options") or {})
+    if not lance_io.table_exists(storage.lance_uri("samples"), storage.lance_storage_options()):
+        raise SettingsError(f"no corpus at {storage.root}: its samples table does not exist (run prx-corpus build first)")
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    if not loopback:
+        print(f"warning: serving on {args.host}, reachable from the network (read-only, no authentication)",
+              file=sys.stderr)
+
+    import uvicorn
+
+    from prx_explorer.app import create_app
+
+    print(f"explorer for {storage.root} on http://{args.host}:{args.port}/", flush=True)
+    uvicorn.run(create_app(storage), host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def _report(results: dict, table: str, started: float, json_path: str | None) -> int:
     """Print a benchmark's table and wall time; also write its results as JSON when asked."""
     import json
@@ -151,6 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME or .prx/dagster)")
     build.set_defaults(func=_cmd_build)
 
+    browse = sub.add_parser("browse", help="read-only web explorer: caption search, neighbours, filters, plots")
+    browse.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    browse.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
+    browse.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    browse.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
+    browse.set_defaults(func=_cmd_browse)
+
     bench = sub.add_parser("bench", help="image-path benchmark: naive vs process_image vs floor (one core)")
     bench.add_argument("--quick", action="store_true", help="200 images instead of 400 (under 3 minutes)")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -161,12 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench_loader.add_argument("--repeats", type=int, default=5, help="alternated runs per loader (default 5)")
     bench_loader.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench_loader.set_defaults(func=_cmd_bench_loader)
+    # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
+    sub.add_parser("bench-explorer", add_help=False,
+                   help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from prx_core.catalog import CatalogError
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench-explorer"]:
+        from benchmarks.explorer_latency import main as bench_explorer
+
+        return bench_explorer(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

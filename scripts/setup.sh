@@ -22,6 +22,8 @@ APT_PACKAGES=(
     libjpeg62-turbo-dev zlib1g-dev libpng-dev libwebp-dev libtiff-dev liblcms2-dev libfreetype6-dev
     gnome-backgrounds plasma-workspace-wallpapers libgs-common
 )
+# The explorer's browser test drives Debian's Chromium (Playwright never downloads a browser).
+[ "$WITH_TEST" = 1 ] && APT_PACKAGES+=(chromium)
 install_apt() {
     if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
         warn "not root or no apt-get: skipping Debian packages (${APT_PACKAGES[*]})"

@@ -59,6 +59,10 @@ class DemoManifest:
     def by_source(self) -> Counter:
         return Counter(s.source for s in self.samples)
 
+# Script, event-handler and javascript: payloads, each of which would mark the page if it ran.
+HOSTILE_CAPTION = ('<script>document.title="XSS-script"</script> <img src=x onerror="document.title=\'XSS-onerror\'"> '
+                   '<a href="javascript:document.title=\'XSS-link\'">xsslink</a>')
+
 
 class DemoBuilder:
     def __init__(self, out: Path, photos: list[BasePhoto]) -> None:
@@ -172,8 +176,11 @@ class DemoBuilder:
             photo = self.pick()
             image = self.crop(photo, size[0] / size[1], max(size))
             kind = "Panorama" if size[0] > size[1] else "Tall banner"
+            caption = f"{kind} of {photo.caption[0].lower()}{photo.caption[1:]}"
+            hostile = i == 0  # web text is untrusted: the explorer must render this one inert
             self.add([s.name for s in SOURCES][i % 3], self._encode(image, "jpg"), "jpg",
-                     f"{kind} of {photo.caption[0].lower()}{photo.caption[1:]}", ["aspect_ratio"], image.size,
+                     f"{caption} {HOSTILE_CAPTION}" if hostile else caption,
+                     ["aspect_ratio", "hostile_caption"] if hostile else ["aspect_ratio"], image.size,
                      reject="aspect_ratio")
 
     def modes_and_formats(self) -> None:

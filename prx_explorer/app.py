@@ -1,0 +1,202 @@
+"""`prx-corpus browse`: a read-only, server-rendered explorer over the corpus's Lance tables.
+
+Starlette + Jinja2 with autoescaping and no JavaScript at all; a Content-Security-Policy that
+forbids scripts backs that up, so an untrusted caption can neither run nor load anything. Every
+route is GET; request values are only lookup keys and quoted SQL literals.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+from starlette.templating import Jinja2Templates
+
+from prx_core.storage import Storage
+from prx_explorer import plots
+from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
+from prx_explorer.search import FILTERS, Query, neighbours, run_query, with_captions
+from prx_explorer.snapshot import Snapshot, SnapshotCache, rows_by_key
+
+HERE = Path(__file__).parent
+STYLESHEET = (HERE / "templates" / "style.css").read_text()  # served from memory: no request maps to a file
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; img-src 'self'; style-src 'self'; form-action 'self'; "
+                               "base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+class SecurityHeaders(BaseHTTPMiddleware):
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        response = await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+
+def _intish(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _present(value: Any) -> bool:
+    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "")
+
+
+def _templates() -> Jinja2Templates:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(default=True))
+    env.filters["intish"] = _intish
+    env.tests["present"] = _present
+    return Jinja2Templates(env=env)
+
+
+class Explorer:
+    """The routes over one corpus root; holds the snapshot, thumbnail and plot caches."""
+
+    def __init__(self, storage: Storage, ttl: float = 5.0) -> None:
+        self.storage = storage
+        self.snapshots = SnapshotCache(storage, ttl)
+        self.thumbs = ThumbnailCache()
+        self.templates = _templates()
+        self._plots: dict[tuple[int, str], bytes] = {}
+        self._plot_lock = threading.Lock()
+
+    def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+        snapshot = context.get("snapshot") or self.snapshots.get()
+        base = {"root": self.storage.root, "snapshot": snapshot, "filters": FILTERS}
+        return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+
+    def index(self, request: Request) -> HTMLResponse:
+        snapshot = self.snapshots.get()
+        query = Query.from_params(request.query_params)
+        results = run_query(snapshot, query)
+        terms = query_terms(query.q)
+        cards = [{**row, "snippet": snippet(row["caption"] or row["original_caption"], terms)}
+                 for row in results.rows.to_dict("records")]
+        return self._page(request, "index.html", {"snapshot": snapshot, "query": query, "results": results, "cards": cards})
+
+    def api_search(self, request: Request) -> JSONResponse:
+        """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
+        results = run_query(self.snapshots.get(), Query.from_params(request.query_params))
+        columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
+                   "caption", "original_caption"] + (["score"] if "score" in results.rows else [])
+        rows = results.rows[columns].astype(object).where(results.rows[columns].notna(), None).to_dict("records")
+        return JSONResponse({"total": results.total, "page": results.query.page, "pages": results.pages,
+                             "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets})
+
+    def sample(self, request: Request) -> HTMLResponse:
+        snapshot = self.snapshots.get()
+        sample_id = request.query_params.get("id", "")
+        if sample_id not in snapshot.frame.index:
+            return self._page(request, "error.html", {"message": f"No sample {sample_id!r} in this corpus."}, 404)
+        row = {k: (v if _present(v) or v == "" else None)
+               for k, v in with_captions(snapshot, snapshot.frame.loc[[sample_id]]).iloc[0].to_dict().items()}
+        group = pd.DataFrame()
+        if _present(row.get("group_id")):
+            group = snapshot.frame[snapshot.frame["group_id"] == row["group_id"]].sort_values(
+                ["keeper", "sample_id"], ascending=[False, True])
+        clip = rows_by_key(snapshot.table("source_embeddings"), "sample_id", [sample_id], ["sample_id"]).num_rows > 0
+        return self._page(request, "sample.html", {
+            "snapshot": snapshot, "row": row, "group": group.to_dict("records"), "has_clip": clip,
+            "crop": crop_rect(row.get("width"), row.get("height"), row.get("bucket"), _tier(row.get("tier"))),
+            "caption_html": highlight(row["caption"], set()), "original_html": highlight(row["original_caption"], set()),
+        })
+
+    def thumbnail(self, request: Request) -> Response:
+        snapshot = self.snapshots.get()
+        sample_id = request.query_params.get("id", "")
+        size = int(request.query_params.get("size", "256")) if request.query_params.get("size", "").isdigit() else 256
+        if size not in THUMB_SIZES or sample_id not in snapshot.frame.index:
+            return Response("not found", 404, media_type="text/plain")
+        row = snapshot.frame.loc[sample_id]
+        key = (f"{row['content_id']}", size)
+        if (data := self.thumbs.get(key)) is None:
+            data = _thumbnail_bytes(snapshot, row, size)
+            if data is None:
+                return Response("no image", 404, media_type="text/plain")
+            self.thumbs.put(key, data)
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
+
+    def overview(self, request: Request) -> HTMLResponse:
+        snapshot = self.snapshots.get()
+        frame = snapshot.frame
+        per_source = []
+        for source, part in frame.groupby("source", sort=True):
+            per_source.append({"source": source, "rows": len(part), "rejected": int(part["reject_reason"].notna().sum()),
+                               "bucketed": int(part["bucket"].notna().sum()),
+                               "in_mds": int(part["mds_index"].notna().sum()),
+                               "skipped": int(part["skip_reason"].notna().sum()),
+                               "duplicates": int((part.get("keeper") == False).sum())})  # noqa: E712 (NaN-safe)
+        return self._page(request, "overview.html", {"snapshot": snapshot, "plots": plots.PLOTS, "per_source": per_source})
+
+    def plot(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in plots.PLOTS:
+            return Response("not found", 404, media_type="text/plain")
+        snapshot = self.snapshots.get()
+        key = (id(snapshot), name)
+        with self._plot_lock:  # matplotlib's pyplot state is global: one figure at a time
+            if key not in self._plots:
+                self._plots = {k: v for k, v in self._plots.items() if k[0] == id(snapshot)}
+                self._plots[key] = plots.PLOTS[name][1](snapshot.frame)
+            data = self._plots[key]
+        return Response(data, media_type="image/png", headers={"Cache-Control": "no-cache"})
+
+    def stylesheet(self, request: Request) -> Response:
+        return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    def health(self, request: Request) -> JSONResponse:
+        snapshot = self.snapshots.get()
+        return JSONResponse({"root": self.storage.root, "rows": len(snapshot.frame), "versions": snapshot.versions,
+                             "captioner_version": snapshot.captioner_version,
+                             "thumbnails": {"hits": self.thumbs.hits, "misses": self.thumbs.misses}})
+
+    def more_like(self, request: Request) -> JSONResponse:
+        """Nearest neighbours of one sample as JSON (ids and cosine distances)."""
+        query = Query.from_params(request.query_params)
+        distances, note = neighbours(self.snapshots.get(), query.like, query.by)
+        return JSONResponse({"like": query.like, "by": query.by, "note": note,
+                             "neighbours": [{"sample_id": k, "distance": float(v)} for k, v in distances.items()]})
+
+
+def _tier(value: Any) -> int | None:
+    return int(value) if _present(value) else None
+
+
+def _thumbnail_bytes(snapshot: Snapshot, row: pd.Series, size: int) -> bytes | None:
+    samples = snapshot.table("samples")
+    if samples is None or not _present(row.get("rowaddr")):
+        return None  # an ingest reject: its bytes were never stored
+    image = samples._take_rows([int(row["rowaddr"])], columns=["image"])["image"][0].as_py()
+    return make_thumbnail(image, size)
+
+
+def create_app(storage: Storage, ttl: float = 5.0) -> Starlette:
+    explorer = Explorer(storage, ttl)
+    routes = [
+        Route("/", explorer.index, methods=["GET"]),
+        Route("/sample", explorer.sample, methods=["GET"]),
+        Route("/thumb", explorer.thumbnail, methods=["GET"]),
+        Route("/overview", explorer.overview, methods=["GET"]),
+        Route("/plot/{name}.png", explorer.plot, methods=["GET"]),
+        Route("/api/search", explorer.api_search, methods=["GET"]),
+        Route("/api/neighbours", explorer.more_like, methods=["GET"]),
+        Route("/healthz", explorer.health, methods=["GET"]),
+        Route("/style.css", explorer.stylesheet, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    app.state.explorer = explorer
+    return app

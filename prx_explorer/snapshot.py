@@ -1,0 +1,173 @@
+"""One in-memory view of the corpus tables at pinned Lance versions, rebuilt when they move.
+
+Filters (source, label, tier, bucket, duplicate group, skip and reject reasons) span seven
+tables; joining their small scalar columns once into a pandas frame makes every filter,
+facet count and page a vectorized mask instead of a multi-table query. Large columns (image
+bytes, caption text, vectors) stay in Lance and are read for one page at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pyarrow as pa
+from lance import LanceDataset
+
+from prx_core import lance_io
+from prx_core.skiplists import read_skip_lists
+from prx_core.storage import Storage
+
+TABLES = ("samples", "rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index",
+          "caption_embeddings", "source_embeddings")
+SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "height", "format", "jpeg_quality",
+                  "num_bytes"]
+REJECT_COLUMNS = ["sample_id", "source", "source_key", "content_id", "stage", "reason", "message", "width", "height"]
+
+
+@dataclass
+class Snapshot:
+    """The joined frame (one row per sample or ingest reject, indexed by sample_id) and the
+    datasets it was read from, pinned so page reads agree with the frame."""
+
+    frame: pd.DataFrame
+    datasets: dict[str, LanceDataset]
+    captioner_version: str | None
+    labeler_version: str | None
+    embedder_version: str | None
+    loaded_at: float = field(default_factory=time.time)
+
+    @property
+    def versions(self) -> dict[str, int]:
+        return {name: ds.version for name, ds in self.datasets.items()}
+
+    def table(self, name: str) -> LanceDataset | None:
+        return self.datasets.get(name)
+
+
+def _read(ds: LanceDataset | None, columns: list[str], where: str | None = None, **kwargs: object) -> pd.DataFrame:
+    if ds is None:
+        return pd.DataFrame(columns=columns)
+    present = [c for c in columns if c in ds.schema.names]
+    table = ds.to_table(columns=present, filter=where, **kwargs)
+    return table.to_pandas()
+
+
+def _most_common(values: pd.Series) -> str | None:
+    counts = Counter(v for v in values if isinstance(v, str) and v)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def _skip_reasons(storage: Storage) -> pd.Series:
+    """sample_id -> comma-joined skip reasons, from the skip-list files the trainer reads."""
+    reasons: dict[str, list[str]] = {}
+    for skip in read_skip_lists(storage.root, None, storage.storage_options):
+        for sample_id in skip.sample_ids:
+            reasons.setdefault(sample_id, []).append(skip.reason)
+    return pd.Series({k: ",".join(sorted(v)) for k, v in reasons.items()}, dtype="object", name="skip_reason")
+
+
+def _choose_versions(datasets: dict[str, LanceDataset]) -> tuple[str | None, str | None, str | None]:
+    """The captioner version the MDS was written with (else the most common captioned one), and
+    the labeler / embedder versions most used with it: what the corpus actually ships."""
+    captioner = _most_common(_read(datasets.get("mds_index"), ["captioner_version"]).get("captioner_version", pd.Series()))
+    if captioner is None:
+        captions = _read(datasets.get("captions"), ["captioner_version"], "error = ''")
+        captioner = _most_common(captions.get("captioner_version", pd.Series()))
+    if captioner is None:
+        return None, None, None
+    where = f"captioner_version = {lance_io.sql_literal(captioner)}"
+    labeler = _most_common(_read(datasets.get("caption_labels"), ["labeler_version"], where).get("labeler_version", pd.Series()))
+    embedder = _most_common(_read(datasets.get("caption_embeddings"), ["embedder_version"], where)
+                            .get("embedder_version", pd.Series()))
+    return captioner, labeler, embedder
+
+
+def _left(frame: pd.DataFrame, other: pd.DataFrame, on: str) -> pd.DataFrame:
+    other = other.drop_duplicates(on)
+    return frame.merge(other, how="left", on=on) if len(other.columns) > 1 else frame
+
+
+def build_snapshot(storage: Storage) -> Snapshot:
+    options = storage.lance_storage_options()
+    datasets = {name: ds for name in TABLES if (ds := lance_io.open_table(storage.lance_uri(name), options)) is not None}
+    captioner, labeler, embedder = _choose_versions(datasets)
+    samples = _read(datasets.get("samples"), SAMPLE_COLUMNS, with_row_address=True).rename(columns={"_rowaddr": "rowaddr"})
+    rejects = _read(datasets.get("rejects"), REJECT_COLUMNS)
+    # An ingest reject has no samples row; a later-stage reject (buckets) does: keep one row each.
+    ingest_only = rejects[~rejects["sample_id"].isin(samples["sample_id"])]
+    frame = pd.concat([samples, ingest_only[[c for c in SAMPLE_COLUMNS if c in ingest_only.columns]]], ignore_index=True)
+    reasons = rejects.groupby("sample_id").agg(reject_reason=("reason", "first"), reject_stage=("stage", "first"),
+                                               reject_message=("message", "first")).reset_index()
+    frame = _left(frame, reasons, "sample_id")
+    frame = _left(frame, _read(datasets.get("buckets"), ["sample_id", "tier", "bucket"]), "sample_id")
+    phashes = _read(datasets.get("phashes"), ["sample_id", "phash"])
+    phashes["phash"] = [f"{int(h):016x}" for h in phashes["phash"]]  # before the join can turn uint64 into float
+    frame = _left(frame, phashes, "sample_id")
+    frame = _left(frame, _read(datasets.get("duplicates"), ["sample_id", "group_id", "group_size", "keeper",
+                                                            "keeper_sample_id"]), "sample_id")
+    if captioner is not None:
+        where = f"captioner_version = {lance_io.sql_literal(captioner)}"
+        captions = _read(datasets.get("captions"), ["content_id", "word_count", "error"], where)
+        frame = _left(frame, captions.rename(columns={"error": "caption_error"}), "content_id")
+        if labeler is not None:
+            where_label = f"{where} AND labeler_version = {lance_io.sql_literal(labeler)}"
+            frame = _left(frame, _read(datasets.get("caption_labels"), ["content_id", "label", "score"], where_label),
+                          "content_id")
+    frame = _left(frame, _read(datasets.get("mds_index"), ["sample_id", "index"]).rename(columns={"index": "mds_index"}),
+                  "sample_id")
+    skip = _skip_reasons(storage)
+    frame["skip_reason"] = frame["sample_id"].map(skip) if len(skip) else None
+    for column in ("label", "tier", "bucket", "group_id", "reject_reason", "word_count", "score", "mds_index"):
+        if column not in frame.columns:
+            frame[column] = None
+    frame = frame.sort_values(["source", "sample_id"], kind="stable").set_index("sample_id", drop=False)
+    frame.index = frame.index.astype(object)  # hashed lookups: Arrow-string isin was 0.5 s at 100k rows
+    frame.index.name = None  # the column stays the one name for sorts and merges
+    return Snapshot(frame, datasets, captioner, labeler, embedder)
+
+
+def current_versions(storage: Storage) -> tuple:
+    """What a snapshot depends on: every table version and the skip-list files' names and sizes."""
+    options = storage.lance_storage_options()
+    versions = tuple((name, lance_io.table_version(storage.lance_uri(name), options)) for name in TABLES)
+    fs = storage.filesystem()
+    try:
+        files = fs.find(storage.uri("skiplists"), detail=True) if fs.exists(storage.uri("skiplists")) else {}
+    except FileNotFoundError:
+        files = {}
+    return versions + tuple(sorted((path, info.get("size")) for path, info in files.items()))
+
+
+class SnapshotCache:
+    """The current snapshot; versions are checked at most every `ttl` seconds, and a rebuild
+    happens only when one moved, so a page view costs no table scans."""
+
+    def __init__(self, storage: Storage, ttl: float = 5.0) -> None:
+        self.storage, self.ttl = storage, ttl
+        self._lock = threading.Lock()
+        self._snapshot: Snapshot | None = None
+        self._key: tuple | None = None
+        self._checked = 0.0
+
+    def get(self) -> Snapshot:
+        with self._lock:
+            now = time.monotonic()
+            if self._snapshot is None or now - self._checked >= self.ttl:
+                key = current_versions(self.storage)
+                if key != self._key or self._snapshot is None:
+                    self._snapshot, self._key = build_snapshot(self.storage), key
+                self._checked = now
+            return self._snapshot
+
+
+def rows_by_key(ds: LanceDataset | None, column: str, keys: list[str], columns: list[str],
+                where: str | None = None) -> pa.Table:
+    """Rows whose `column` is one of `keys` (a page's worth), in any order."""
+    if ds is None or not keys:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    predicate = f"{column} IN ({', '.join(lance_io.sql_literal(k) for k in keys)})"
+    return ds.to_table(columns=columns, filter=f"({predicate}) AND ({where})" if where else predicate)

@@ -1,0 +1,133 @@
+"""The explorer in a real headless Chromium (Debian's, driven by Playwright; nothing downloaded),
+served by the real `prx-corpus browse` command. Screenshots go to test-artifacts/explorer/."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+
+if TYPE_CHECKING:
+    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Without the background-networking flags Chromium keeps dialling Google on a closed network.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+CLI = str(Path(sys.executable).with_name("prx-corpus"))
+SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "explorer"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(explorer_corpus: ExplorerCorpus, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`prx-corpus browse` on a free loopback port, until it answers /healthz."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("browse") / "browse.log"
+    env = {k: v for k, v in os.environ.items() if k != "PRX_CONFIG"}
+    with log.open("w") as out:
+        process = subprocess.Popen([CLI, "browse", "--root", str(explorer_corpus.root), "--port", str(port)],
+                                   stdout=out, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=5).read()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                pytest.fail(f"prx-corpus browse did not start:\n{log.read_text()}")
+            time.sleep(0.3)
+    yield url
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.on("dialog", lambda dialog: pytest.fail(f"a dialog opened: {dialog.message}"))
+    yield page
+    context.close()
+
+
+def loaded_images(page: Page, selector: str) -> list[int]:
+    """naturalWidth of every image under `selector` once loaded (0 means broken)."""
+    page.wait_for_function(f"[...document.querySelectorAll('{selector}')].every(i => i.complete)")
+    return page.eval_on_selector_all(selector, "imgs => imgs.map(i => i.naturalWidth)")
+
+
+def test_search_open_result_follow_duplicate_group(page: Page, server: str, explorer_corpus: ExplorerCorpus) -> None:
+    page.goto(server)
+    page.get_by_label("search captions").fill("astronaut")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#result-count")).to_contain_text("results for")
+    marks = page.locator("mark")
+    assert marks.count() >= 1 and marks.first.inner_text().lower() == "astronaut"
+    assert all(w > 0 for w in loaded_images(page, "ul.grid img"))
+    page.screenshot(path=str(SHOTS / "01-search.png"), full_page=True)
+
+    page.locator("ul.grid a.sid").first.click()
+    expect(page.locator("#vlm-caption")).to_contain_text("stronaut")
+    page.screenshot(path=str(SHOTS / "02-detail.png"), full_page=True)
+
+    copy = next(e for e in explorer_corpus.manifest if e.get("role") == "copy")
+    page.goto(f"{server}/sample?id={copy['sample_id']}")
+    expect(page.locator("section.group .card.keeper")).to_have_count(1)
+    members = page.locator("section.group .card").count()
+    page.screenshot(path=str(SHOTS / "03-duplicate.png"), full_page=True)
+    page.locator("#group-link").click()
+    expect(page.locator("#result-count")).to_contain_text(f"{members} images")
+    expect(page.locator("ul.grid li.card")).to_have_count(members)
+    page.screenshot(path=str(SHOTS / "04-group.png"), full_page=True)
+
+
+def test_overview_plots_render(page: Page, server: str) -> None:
+    page.goto(f"{server}/overview")
+    widths = loaded_images(page, ".plots img")
+    assert len(widths) == 5 and all(w > 400 for w in widths)
+    page.screenshot(path=str(SHOTS / "05-overview.png"), full_page=True)
+
+
+def test_xss_caption_is_inert(page: Page, server: str, explorer_corpus: ExplorerCorpus) -> None:
+    [entry] = explorer_corpus.planted("hostile_caption")
+    page.goto(f"{server}/?q=xsslink")
+    expect(page.locator("ul.grid li.card")).to_have_count(1)
+    page.locator("ul.grid a.sid").first.click()
+    original = page.locator("#original-caption")
+    expect(original).to_contain_text('<script>document.title="XSS-script"</script>')
+    expect(original).to_contain_text("onerror=")
+    assert original.locator("script, img, a").count() == 0, "the caption made no elements"
+    page.get_by_text("xsslink").first.click()  # plain text: clicking it goes nowhere
+    assert not page.title().startswith("XSS"), page.title()
+    assert page.url.endswith(entry["sample_id"].replace("/", "%2F")) or "sample?id=" in page.url
+    page.screenshot(path=str(SHOTS / "06-xss-inert.png"), full_page=True)
