@@ -25,7 +25,7 @@ from starlette.templating import Jinja2Templates
 from prx_core.storage import Storage
 from prx_explorer import plots
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
-from prx_explorer.search import FILTERS, Query, neighbours, run_query, with_captions
+from prx_explorer.search import FILTERS, Query, QueryCache, neighbours, run_query, with_captions
 from prx_explorer.snapshot import Snapshot, SnapshotCache, rows_by_key
 
 HERE = Path(__file__).parent
@@ -47,7 +47,7 @@ class SecurityHeaders(BaseHTTPMiddleware):
 
 
 def _intish(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if not _present(value):
         return ""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
@@ -70,6 +70,7 @@ class Explorer:
         self.storage = storage
         self.snapshots = SnapshotCache(storage, ttl)
         self.thumbs = ThumbnailCache()
+        self.queries = QueryCache()
         self.templates = _templates()
         self._plots: dict[tuple[int, str], bytes] = {}
         self._plot_lock = threading.Lock()
@@ -82,7 +83,7 @@ class Explorer:
     def index(self, request: Request) -> HTMLResponse:
         snapshot = self.snapshots.get()
         query = Query.from_params(request.query_params)
-        results = run_query(snapshot, query)
+        results = run_query(snapshot, query, self.queries)
         terms = query_terms(query.q)
         cards = [{**row, "snippet": snippet(row["caption"] or row["original_caption"], terms)}
                  for row in results.rows.to_dict("records")]
@@ -90,7 +91,7 @@ class Explorer:
 
     def api_search(self, request: Request) -> JSONResponse:
         """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
-        results = run_query(self.snapshots.get(), Query.from_params(request.query_params))
+        results = run_query(self.snapshots.get(), Query.from_params(request.query_params), self.queries)
         columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
                    "caption", "original_caption"] + (["score"] if "score" in results.rows else [])
         rows = results.rows[columns].astype(object).where(results.rows[columns].notna(), None).to_dict("records")
@@ -102,7 +103,7 @@ class Explorer:
         sample_id = request.query_params.get("id", "")
         if sample_id not in snapshot.frame.index:
             return self._page(request, "error.html", {"message": f"No sample {sample_id!r} in this corpus."}, 404)
-        row = {k: (v if _present(v) or v == "" else None)
+        row = {k: (v if _present(v) or (isinstance(v, str) and v == "") else None)
                for k, v in with_captions(snapshot, snapshot.frame.loc[[sample_id]]).iloc[0].to_dict().items()}
         group = pd.DataFrame()
         if _present(row.get("group_id")):
@@ -147,10 +148,10 @@ class Explorer:
         if name not in plots.PLOTS:
             return Response("not found", 404, media_type="text/plain")
         snapshot = self.snapshots.get()
-        key = (id(snapshot), name)
+        key = (snapshot.serial, name)
         with self._plot_lock:  # matplotlib's pyplot state is global: one figure at a time
             if key not in self._plots:
-                self._plots = {k: v for k, v in self._plots.items() if k[0] == id(snapshot)}
+                self._plots = {k: v for k, v in self._plots.items() if k[0] == snapshot.serial}
                 self._plots[key] = plots.PLOTS[name][1](snapshot.frame)
             data = self._plots[key]
         return Response(data, media_type="image/png", headers={"Cache-Control": "no-cache"})

@@ -8,6 +8,7 @@ bytes, caption text, vectors) stay in Lance and are read for one page at a time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,10 @@ TABLES = ("samples", "rejects", "buckets", "phashes", "duplicates", "captions", 
           "caption_embeddings", "source_embeddings")
 SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "height", "format", "jpeg_quality",
                   "num_bytes"]
+# content_id too: few repeats, but isin/map then hash the values once, not a million strings per query
+CATEGORICAL = ["source", "format", "label", "bucket", "reject_reason", "reject_stage", "skip_reason", "caption_error",
+               "content_id"]
+_SERIALS = itertools.count(1)
 REJECT_COLUMNS = ["sample_id", "source", "source_key", "content_id", "stage", "reason", "message", "width", "height"]
 
 
@@ -39,6 +44,7 @@ class Snapshot:
     labeler_version: str | None
     embedder_version: str | None
     loaded_at: float = field(default_factory=time.time)
+    serial: int = field(default_factory=lambda: next(_SERIALS))  # cache key: id() can be reused after GC
 
     @property
     def versions(self) -> dict[str, int]:
@@ -111,8 +117,9 @@ def build_snapshot(storage: Storage) -> Snapshot:
                                                             "keeper_sample_id"]), "sample_id")
     if captioner is not None:
         where = f"captioner_version = {lance_io.sql_literal(captioner)}"
-        captions = _read(datasets.get("captions"), ["content_id", "word_count", "error"], where)
-        frame = _left(frame, captions.rename(columns={"error": "caption_error"}), "content_id")
+        captions = _read(datasets.get("captions"), ["content_id", "word_count", "error"], where, with_row_address=True)
+        frame = _left(frame, captions.rename(columns={"error": "caption_error", "_rowaddr": "caption_rowaddr"}),
+                      "content_id")
         if labeler is not None:
             where_label = f"{where} AND labeler_version = {lance_io.sql_literal(labeler)}"
             frame = _left(frame, _read(datasets.get("caption_labels"), ["content_id", "label", "score"], where_label),
@@ -121,9 +128,13 @@ def build_snapshot(storage: Storage) -> Snapshot:
                   "sample_id")
     skip = _skip_reasons(storage)
     frame["skip_reason"] = frame["sample_id"].map(skip) if len(skip) else None
-    for column in ("label", "tier", "bucket", "group_id", "reject_reason", "word_count", "score", "mds_index"):
+    for column in ("label", "tier", "bucket", "group_id", "reject_reason", "reject_stage", "reject_message", "word_count",
+                   "score", "mds_index", "caption_error", "format", "caption_rowaddr"):
         if column not in frame.columns:
             frame[column] = None
+    frame["tier"] = pd.to_numeric(frame["tier"], errors="coerce").astype("Int32")
+    for column in CATEGORICAL:  # few distinct values: masks and counts work on codes, not strings
+        frame[column] = frame[column].astype("category")
     frame = frame.sort_values(["source", "sample_id"], kind="stable").set_index("sample_id", drop=False)
     frame.index = frame.index.astype(object)  # hashed lookups: Arrow-string isin was 0.5 s at 100k rows
     frame.index.name = None  # the column stays the one name for sorts and merges
