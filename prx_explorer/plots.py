@@ -52,51 +52,52 @@ def _aspect(frame: pd.DataFrame) -> pd.Series:
     return frame["width"].astype(float) / frame["height"].astype(float)
 
 
-def _stacked_log_histogram(ax: plt.Axes, frame: pd.DataFrame, measure: Callable[[pd.DataFrame], pd.Series],
-                           low: float, high: float, bins: int) -> None:
-    parts = _by_source(frame)
-    ax.hist([measure(p) for _, p in parts], bins=np.geomspace(low, high, bins), stacked=True,
-            label=[s for s, _ in parts])
-    ax.set_xscale("log")
-
-
-def resolution(frame: pd.DataFrame) -> bytes:
-    """Histogram of sqrt(W*H) per source, log scale, with the 384 floor and tier thresholds."""
+def _log_histogram(frame: pd.DataFrame, measure: Callable[[pd.DataFrame], pd.Series],
+                   span: Callable[[pd.Series], tuple[float, float]], bins: int, title: str, xlabel: str,
+                   decorate: Callable[[plt.Axes], None]) -> bytes:
+    """A histogram of `measure` stacked by source on a log axis, with the cut-offs `decorate` draws."""
     frame = _sized(frame)
     fig, ax = plt.subplots(figsize=(9, 4.2))
     if frame.empty:
         return _empty(fig, ax)
-    side = _side(frame)
-    _stacked_log_histogram(ax, frame, _side, max(16.0, side.min() * 0.9), side.max() * 1.1, 40)
-    ax.axvline(FLOOR_SIDE, color="crimson", lw=2, label=f"floor {FLOOR_SIDE}²")
-    for tier in TIERS:
-        ax.axvline(tier / MAX_UPSCALE, color="grey", ls="--", lw=1)
-        ax.text(tier / MAX_UPSCALE, ax.get_ylim()[1] * 0.95, f" tier {tier}", color="grey", va="top", fontsize=8)
-    ax.set_xlabel("sqrt(width × height), pixels (log)")
+    parts = _by_source(frame)
+    ax.hist([measure(p) for _, p in parts], bins=np.geomspace(*span(measure(frame)), bins), stacked=True,
+            label=[s for s, _ in parts])
+    ax.set_xscale("log")
+    decorate(ax)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("images")
-    ax.set_title("Resolution distribution (a tier T takes sqrt(W·H) ≥ 0.75·T)")
+    ax.set_title(title)
     ax.legend(fontsize=8)
     return _png(fig)
 
 
-def aspect_ratio(frame: pd.DataFrame) -> bytes:
-    """Histogram of width/height per source on a log axis, with the accepted [0.5, 2] range."""
-    frame = _sized(frame)
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    if frame.empty:
-        return _empty(fig, ax)
-    ratio = _aspect(frame)
-    _stacked_log_histogram(ax, frame, _aspect, min(0.25, ratio.min() * 0.9), max(4.0, ratio.max() * 1.1), 41)
+def _tier_lines(ax: plt.Axes) -> None:
+    ax.axvline(FLOOR_SIDE, color="crimson", lw=2, label=f"floor {FLOOR_SIDE}²")
+    for tier in TIERS:
+        ax.axvline(tier / MAX_UPSCALE, color="grey", ls="--", lw=1)
+        ax.text(tier / MAX_UPSCALE, ax.get_ylim()[1] * 0.95, f" tier {tier}", color="grey", va="top", fontsize=8)
+
+
+def _aspect_band(ax: plt.Axes) -> None:
     ax.axvspan(MIN_ASPECT, MAX_ASPECT, color="green", alpha=0.08, label="accepted [0.5, 2]")
     for bound in (MIN_ASPECT, MAX_ASPECT):
         ax.axvline(bound, color="green", lw=1.5)
     ax.set_xticks([0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4], labels=["1:4", "1:2", "3:4", "1:1", "3:2", "2:1", "3:1", "4:1"])
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_xlabel("aspect ratio width/height (log)")
-    ax.set_ylabel("images")
-    ax.set_title("Aspect-ratio distribution")
-    ax.legend(fontsize=8)
-    return _png(fig)
+
+
+def resolution(frame: pd.DataFrame) -> bytes:
+    """Histogram of sqrt(W*H) per source, log scale, with the 384 floor and tier thresholds."""
+    return _log_histogram(frame, _side, lambda v: (max(16.0, v.min() * 0.9), v.max() * 1.1), 40,
+                          "Resolution distribution (a tier T takes sqrt(W·H) ≥ 0.75·T)",
+                          "sqrt(width × height), pixels (log)", _tier_lines)
+
+
+def aspect_ratio(frame: pd.DataFrame) -> bytes:
+    """Histogram of width/height per source on a log axis, with the accepted [0.5, 2] range."""
+    return _log_histogram(frame, _aspect, lambda v: (min(0.25, v.min() * 0.9), max(4.0, v.max() * 1.1)), 41,
+                          "Aspect-ratio distribution", "aspect ratio width/height (log)", _aspect_band)
 
 
 def _stacked_bars(frame: pd.DataFrame, column: str, title: str, xlabel: str, top: int = 30,
