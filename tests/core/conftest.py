@@ -1,7 +1,10 @@
-"""Fixtures shared by the core tests that need a real (local) Ray."""
+"""Fixtures shared by the core tests: a real (local) Ray, one torch thread, real photos."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 
 
@@ -20,3 +23,31 @@ def ray_cluster(request: pytest.FixtureRequest):
     yield ray
     if started:
         ray.shutdown()
+
+
+def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Two intra-op threads on a shared 2-core machine are 7-15x slower than one. Requested by
+    the modules running a model (`pytestmark`), so other core tests never import torch."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def photos() -> list[bytes]:
+    """Three real photos (scikit-image's astronaut, coffee, cat) as JPEG q90."""
+    import skimage
+
+    return [jpeg(skimage.data.astronaut()), jpeg(skimage.data.coffee()), jpeg(skimage.data.chelsea())]

@@ -28,28 +28,7 @@ from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.tiny_vlm import build_tiny_qwen2_vl
 
 TINY_PIXELS = 112 * 112
-
-
-def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Two intra-op threads on a shared 2-core machine are 7-15x slower than one."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def photos() -> list[bytes]:
-    return [jpeg(skimage.data.astronaut()), jpeg(skimage.data.coffee()), jpeg(skimage.data.chelsea())]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/core/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +159,9 @@ def test_bad_images_fail_alone(captioner: TransformersCaptioner, photos: list[by
 def test_images_are_capped_before_the_model(captioner: TransformersCaptioner) -> None:
     from transformers import Qwen2VLImageProcessorFast
 
-    big = jpeg(np.tile(skimage.data.coffee(), (4, 4, 1)))  # 2400 x 1600
+    buffer = io.BytesIO()
+    Image.fromarray(np.tile(skimage.data.coffee(), (4, 4, 1))).save(buffer, format="JPEG", quality=90)  # 2400 x 1600
+    big = buffer.getvalue()
     image = prepare_image(big, TINY_PIXELS)
     assert isinstance(image, Image.Image) and image.width * image.height <= TINY_PIXELS
     assert image.width / image.height == pytest.approx(1.5, rel=0.02)

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-import skimage.data
 from PIL import Image
 
 from prx_core.captioning import CaptionBatch, CaptionerConfig, CaptionResult, build_captioner
@@ -25,27 +24,7 @@ from prx_core.tiny_vlm import build_tiny_qwen2_vl
 
 TINY_PIXELS = 112 * 112
 SERVED = "tiny-qwen2-vl-served"
-
-
-def jpeg(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def photos() -> list[bytes]:
-    return [jpeg(skimage.data.astronaut()), jpeg(skimage.data.coffee()), jpeg(skimage.data.chelsea())]
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/core/conftest.py
 
 
 @pytest.fixture(scope="module")
