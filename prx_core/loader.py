@@ -38,7 +38,7 @@ from streaming.base.util import number_abbrev_to_int
 from streaming.base.world import World
 
 from prx_core.mds import INDEX, list_streams
-from prx_core.skiplists import read_skip_lists
+from prx_core.skiplists import read_skip_lists, stream_key
 from prx_core.storage import filesystem_for, is_remote
 
 _STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
@@ -60,7 +60,7 @@ class StreamPlan:
 
     @property
     def name(self) -> str:
-        return f"{self.source}/{self.tier}/{self.width}x{self.height}"
+        return stream_key(self.source, self.tier, self.width, self.height)
 
 
 def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None,
@@ -84,7 +84,7 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None,
                 continue
             index = fs.cat_file(f"{uri}/{INDEX}")
             count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
-            name = f"{src}/{t}/{w}x{h}"
+            name = stream_key(src, int(t), int(w), int(h))
             for skip in skips.get(name, []):
                 if skip.stream_size != count:
                     raise ValueError(f"skip-list {name} {skip.reason!r} is for a stream of {skip.stream_size} "

@@ -22,6 +22,11 @@ CREATED_BY = "prx-corpus"
 FORMAT_VERSION = 1
 
 
+def stream_key(source: str, tier: int, width: int, height: int) -> str:
+    """`<source>/<tier>/<w>x<h>`: how a skip-list and the loader's stream plan find each other."""
+    return f"{source}/{int(tier)}/{int(width)}x{int(height)}"
+
+
 @dataclass(frozen=True)
 class SkipList:
     """Sorted, unique stream indices to skip for one reason, with their aligned sample ids."""
@@ -42,7 +47,7 @@ class SkipList:
 
     @property
     def stream(self) -> str:
-        return f"{self.source}/{self.tier}/{self.width}x{self.height}"
+        return stream_key(self.source, self.tier, self.width, self.height)
 
     @property
     def fraction(self) -> float:
