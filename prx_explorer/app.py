@@ -26,7 +26,7 @@ from prx_core.storage import Storage
 from prx_explorer import plots
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
 from prx_explorer.search import FILTERS, Query, QueryCache, neighbours, run_query, with_captions
-from prx_explorer.snapshot import Snapshot, SnapshotCache, rows_by_key
+from prx_explorer.snapshot import Snapshot, SnapshotCache
 
 HERE = Path(__file__).parent
 STYLESHEET = (HERE / "templates" / "style.css").read_text()  # served from memory: no request maps to a file
@@ -109,7 +109,7 @@ class Explorer:
         if _present(row.get("group_id")):
             group = snapshot.frame[snapshot.frame["group_id"] == row["group_id"]].sort_values(
                 ["keeper", "sample_id"], ascending=[False, True])
-        clip = rows_by_key(snapshot.table("source_embeddings"), "sample_id", [sample_id], ["sample_id"]).num_rows > 0
+        clip = _present(row.get("clip_rowaddr"))
         return self._page(request, "sample.html", {
             "snapshot": snapshot, "row": row, "group": group.to_dict("records"), "has_clip": clip,
             "crop": crop_rect(row.get("width"), row.get("height"), row.get("bucket"), _tier(row.get("tier"))),

@@ -127,7 +127,8 @@ def neighbours(snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, 
         if table is None:
             return pd.Series(dtype="float64"), "no source (CLIP) embeddings in this corpus"
         key, where = "sample_id", None
-        own = rows_by_key(table, "sample_id", [sample_id], ["embedding"])
+        address = frame.at[sample_id, "clip_rowaddr"]  # recorded by the snapshot: a take, not a scan
+        own = table._take_rows([int(address)], columns=["embedding"]) if pd.notna(address) else table.schema.empty_table()
     else:
         table = snapshot.table("caption_embeddings")
         if table is None or not snapshot.captioner_version:

@@ -43,7 +43,6 @@ class Snapshot:
     captioner_version: str | None
     labeler_version: str | None
     embedder_version: str | None
-    loaded_at: float = field(default_factory=time.time)
     serial: int = field(default_factory=lambda: next(_SERIALS))  # cache key: id() can be reused after GC
 
     @property
@@ -126,10 +125,12 @@ def build_snapshot(storage: Storage) -> Snapshot:
                           "content_id")
     frame = _left(frame, _read(datasets.get("mds_index"), ["sample_id", "index"]).rename(columns={"index": "mds_index"}),
                   "sample_id")
+    clip = _read(datasets.get("source_embeddings"), ["sample_id"], with_row_address=True)
+    frame = _left(frame, clip.rename(columns={"_rowaddr": "clip_rowaddr"}), "sample_id")
     skip = _skip_reasons(storage)
     frame["skip_reason"] = frame["sample_id"].map(skip) if len(skip) else None
     for column in ("label", "tier", "bucket", "group_id", "reject_reason", "reject_stage", "reject_message", "word_count",
-                   "score", "mds_index", "caption_error", "format", "caption_rowaddr"):
+                   "score", "mds_index", "caption_error", "format", "caption_rowaddr", "clip_rowaddr"):
         if column not in frame.columns:
             frame[column] = None
     frame["tier"] = pd.to_numeric(frame["tier"], errors="coerce").astype("Int32")
