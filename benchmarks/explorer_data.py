@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 
 from prx_core.lance_io import write_fragments
+from prx_core.stages.caption_embeddings import fixed_size_vectors
 
 DIM = 384
 K = 50
@@ -209,7 +210,7 @@ def generate_chunks(rows: int, chunk_rows: int, work: Workload, seed: int = SEED
             "content_id": pa.array(ids, pa.string()),
             "source": pa.array(sources, pa.string()),
             "caption": captions,
-            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embeddings.ravel(), pa.float32()), DIM),
+            "embedding": fixed_size_vectors(embeddings),
         }, schema=schema())
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from prx_core import schemas
 from prx_core.lance_maintenance import refresh_indexes
+from prx_core.stages.caption_embeddings import fixed_size_vectors
 from prx_core.storage import Storage
 
 WORDS = [f"word{i}" for i in range(5000)] + ["astronaut", "rocket", "harbour", "lighthouse"]
@@ -65,7 +66,7 @@ def write_corpus(root: Path, rows: int, seed: int = 0) -> None:
                       "index": pa.array(range(rows), pa.int64()), "image_sha256": cids, "captioner_version": ["c1"] * rows},
         "caption_embeddings": {"content_id": cids, "captioner_version": ["c1"] * rows, "embedder_version": ["e1"] * rows,
                                "embedder_id": ["m"] * rows,
-                               "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), 384)},
+                               "embedding": fixed_size_vectors(vectors)},
     }
     storage = Storage(str(root))
     for name, columns in tables.items():
