@@ -23,8 +23,10 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from prx_core.buckets import TIERS, Bucket, assign_bucket, crop_box
+from prx_core.decode import decode_opened, open_image
 from prx_core.demo.photos import find_wallpapers, load_skimage_photos
-from prx_core.imaging import Processed, draft_target, encode_jpeg, process_image
+from prx_core.imaging import Processed, draft_target, encode_jpeg, process_image, resize_to_bucket
+from prx_core.phash import phash
 
 ASPECTS = (0.67, 0.75, 1.0, 1.33, 1.5, 1.78)
 
@@ -99,6 +101,43 @@ def time_path(fn: Callable[[bytes, int], bytes], corpus: list[Sample], max_tier:
         fn(sample.data, max_tier)
     seconds = time.perf_counter() - start
     return {"ips": len(corpus) / seconds, "mps": sum(s.megapixels for s in corpus) / seconds, "seconds": seconds}
+
+
+REFERENCE_SIZE = (2560, 1600)  # the photos the issue's reference costs were measured on
+
+
+def reference_corpus(count: int = 12) -> list[Sample]:
+    """Wallpapers (or scikit-image photos) resized to exactly 2560x1600, JPEG q90."""
+    corpus = []
+    for photo in load_bench_photos()[:count]:
+        buffer = io.BytesIO()
+        photo.resize(REFERENCE_SIZE, Image.Resampling.LANCZOS).save(buffer, "JPEG", quality=90)
+        corpus.append(Sample(buffer.getvalue(), REFERENCE_SIZE[0] * REFERENCE_SIZE[1] / 1e6))
+    return corpus
+
+
+def stage_ms(corpus: list[Sample], max_tier: int) -> dict[str, float]:
+    """ms per image of each stage of `process_image`, timed one by one on the same corpus.
+
+    decode + encode is the floor's work; pHash + resize is all that fused adds to it, so these
+    four numbers bound both ratios: fused/naive <= floor/naive, floor/fused >= (d+e)/(d+e+p+r).
+    """
+    totals = dict.fromkeys(("decode", "phash", "resize", "encode"), 0.0)
+
+    def timed(stage: str, fn: Callable[[], object]) -> object:
+        start = time.perf_counter()
+        value = fn()
+        totals[stage] += time.perf_counter() - start
+        return value
+
+    for sample in corpus:
+        opened = open_image(sample.data)
+        bucket = assign_bucket(*opened.size, max_tier=max_tier)
+        decoded = timed("decode", lambda: decode_opened(opened, min_size=draft_target(opened.size, bucket)))
+        timed("phash", lambda: phash(decoded.image))
+        resized = timed("resize", lambda: resize_to_bucket(decoded.image, bucket))
+        timed("encode", lambda: encode_jpeg(resized))
+    return {stage: seconds / len(corpus) * 1000 for stage, seconds in totals.items()}
 
 
 def resize_ms(repeat: int = 5) -> float:
@@ -182,6 +221,8 @@ def run(quick: bool = True, max_tiers: tuple[int, ...] = (TIERS[-1], 1024), imag
 
 def _run(quick: bool, max_tiers: tuple[int, ...], images: int | None) -> dict:
     corpus = build_corpus(images or (200 if quick else 400))
+    reference = reference_corpus(4 if images else 12)
+    paths = (("naive", naive_path), ("fused", fused_path), ("floor", floor_path))
     results: dict = {
         "images": len(corpus),
         "corpus_megapixels_mean": float(np.mean([s.megapixels for s in corpus])),
@@ -191,12 +232,17 @@ def _run(quick: bool, max_tiers: tuple[int, ...], images: int | None) -> dict:
     }
     for max_tier in max_tiers:
         suffix = "" if max_tier == TIERS[-1] else f"_max{max_tier}"
-        for name, fn in (("naive", naive_path), ("fused", fused_path), ("floor", floor_path)):
+        for name, fn in paths:
             timing = time_path(fn, corpus, max_tier)
             results[f"{name}_ips{suffix}"] = timing["ips"]
             results[f"{name}_mps{suffix}"] = timing["mps"]
         results[f"fused_over_naive{suffix}"] = results[f"fused_ips{suffix}"] / results[f"naive_ips{suffix}"]
         results[f"floor_over_fused{suffix}"] = results[f"floor_ips{suffix}"] / results[f"fused_ips{suffix}"]
+        results[f"floor_over_naive{suffix}"] = results[f"floor_ips{suffix}"] / results[f"naive_ips{suffix}"]
+        results[f"stage_ms{suffix}"] = stage_ms(corpus[: len(corpus) // 2], max_tier)
+        results[f"reference_ms{suffix}"] = {
+            name: 1000 / time_path(fn, reference, max_tier)["ips"] for name, fn in paths
+        }
     results["resize_ms_pillow_simd"] = resize_ms()
     results["resize_ms_stock_pillow"] = stock_pillow_resize_ms()
     if results["resize_ms_stock_pillow"]:
@@ -239,6 +285,15 @@ def format_table(r: dict) -> str:
             f"{r['fused_ips_max1024']:.1f}, floor {r['floor_ips_max1024']:.1f} images/s; fused / naive "
             f"{r['fused_over_naive_max1024']:.2f}x, floor / fused {r['floor_over_fused_max1024']:.2f}"
         )
+    for suffix, regime in (("", "every tier"), ("_max1024", "capped at 1024")):
+        if f"stage_ms{suffix}" in r:
+            lines.append(_bounds_line(r, suffix, regime))
+            ms = r[f"reference_ms{suffix}"]
+            lines.append(
+                f"- {REFERENCE_SIZE[0]}x{REFERENCE_SIZE[1]} photos, {regime}: naive {ms['naive']:.1f}, fused "
+                f"{ms['fused']:.1f}, floor {ms['floor']:.1f} ms per image; fused / naive {ms['naive'] / ms['fused']:.2f}x, "
+                f"floor / fused {ms['fused'] / ms['floor']:.2f}"
+            )
     stock = r.get("resize_ms_stock_pillow")
     lines.append(
         f"- Lanczos 2048x1536 -> 512x384: pillow-simd {r['resize_ms_pillow_simd']:.1f} ms"
@@ -251,3 +306,15 @@ def format_table(r: dict) -> str:
     lines.append("- pHash exact-match (distance 0): " + ", ".join(f"{k} {v:.2f}" for k, v in em.items()))
     lines.append(f"- peak RSS, process_image on a 15 MP JPEG: {r['peak_rss_mb_15mp']:.0f} MB (target < 1024)")
     return "\n".join(lines)
+
+
+def _bounds_line(r: dict, suffix: str, regime: str) -> str:
+    """What the stage costs allow: the targets are reachable only if these bounds are."""
+    ms = r[f"stage_ms{suffix}"]
+    floor_work, added = ms["decode"] + ms["encode"], ms["phash"] + ms["resize"]
+    return (
+        f"- per image, {regime}: decode {ms['decode']:.1f}, pHash {ms['phash']:.1f}, resize {ms['resize']:.1f}, "
+        f"encode {ms['encode']:.1f} ms; pHash + resize = {added / floor_work:.2f} of decode + encode "
+        f"(1.25 needs <= 0.25); a free resize and pHash would still give fused / naive <= "
+        f"floor / naive = {r[f'floor_over_naive{suffix}']:.2f}x"
+    )

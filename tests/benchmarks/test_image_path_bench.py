@@ -28,4 +28,10 @@ def test_small_run_reports_every_key() -> None:
                 "resize_ms_pillow_simd", "prx_phash_ips", "imagehash_ips", "peak_rss_mb_15mp"):
         assert results[key] and results[key] > 0, key
     assert results["peak_rss_mb_15mp"] < 4096
+    for suffix in ("", "_max1024"):
+        assert set(results[f"stage_ms{suffix}"]) == {"decode", "phash", "resize", "encode"}
+        assert all(ms > 0 for ms in results[f"stage_ms{suffix}"].values())
+        assert results[f"floor_over_naive{suffix}"] > 0
+        assert set(results[f"reference_ms{suffix}"]) == {"naive", "fused", "floor"}
+    assert "floor / naive" in format_table(results)
     assert "fused / naive" in format_table(results)
