@@ -94,7 +94,7 @@ class LabelerConfig:
     backoff_s: float = 1.0  # first backoff cap; doubles per retry, full jitter, Retry-After a floor (openai_http)
     temperature: float = 0.0
     max_tokens: int = 16
-    constrained: str = "none"  # none | json_schema (OpenAI response_format enum) | guided_choice (vLLM)
+    constrained: str = "none"  # none | json_schema (OpenAI enum) | structured_outputs (vLLM) | guided_choice (vLLM < 0.12)
     # Qwen3-style templates think first by default; False/True send chat_template_kwargs
     # {"enable_thinking": ...}, None sends none (for endpoints that reject unknown fields).
     thinking: bool | None = False

@@ -86,7 +86,7 @@ class LabelerResource(dg.ConfigurableResource):
     max_retries: int | None = Field(default=None, description="llm: retries on 408/409/429/5xx, timeouts, connection errors (default 4).")
     temperature: float | None = Field(default=None, description="llm: sampling temperature (default 0).")
     max_tokens: int | None = Field(default=None, description="llm: answer token budget (default 16).")
-    constrained: str | None = Field(default=None, description="llm: none | json_schema | guided_choice (vLLM) output constraint (default none).")
+    constrained: str | None = Field(default=None, description="llm: output constraint: none (default) | json_schema (OpenAI response_format enum) | structured_outputs (vLLM >= 0.10.2) | guided_choice (vLLM < 0.12; newer servers ignore it).")
     thinking: bool | None = Field(default=False, description="llm: chat_template_kwargs.enable_thinking (Qwen3); "
                                   "null sends nothing, for endpoints that reject unknown fields.")
     transport: str | None = Field(default=None, description="llm: openai (endpoint, default) | vllm (ray.data.llm on GPU workers).")

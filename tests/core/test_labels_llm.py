@@ -125,9 +125,11 @@ def test_versions_follow_model_instruction_and_sampling_not_transport(monkeypatc
             llm(max_retries=0), llm(backoff_s=0.1), llm(batch_size=7), llm(thinking=False)]
     assert {c.version() for c in same} == {base.version()}
     changed = [llm(model="Qwen/Qwen3-4B"), llm(temperature=0.2), llm(max_tokens=32), llm(constrained="json_schema"),
-               llm(constrained="guided_choice"), llm(thinking=True), llm(thinking=None)]
+               llm(constrained="structured_outputs"), llm(thinking=True), llm(thinking=None)]
     versions = {c.version() for c in changed}
     assert len(versions) == len(changed) and base.version() not in versions
+    # vLLM's two spellings of the same choice constraint are one version
+    assert llm(constrained="guided_choice").version() == llm(constrained="structured_outputs").version()
     assert base.version() != LabelerConfig().version()
     monkeypatch.setattr(labels_llm, "LABEL_INSTRUCTION", LABEL_INSTRUCTION + " Be brief.")
     reworded = base.version()
@@ -151,8 +153,11 @@ def test_chat_request_shape_and_constraints() -> None:
     assert schema["type"] == "json_schema" and schema["json_schema"]["strict"] is True
     assert schema["json_schema"]["schema"]["properties"]["label"]["enum"] == list(LABELS)
     assert schema["json_schema"]["schema"]["additionalProperties"] is False
-    guided = build_chat_request(llm(constrained="guided_choice"), caption)
-    assert guided["guided_choice"] == list(LABELS) and "response_format" not in guided
+    choice = build_chat_request(llm(constrained="structured_outputs"), caption)
+    assert choice["structured_outputs"] == {"choice": list(LABELS)}
+    assert "guided_choice" not in choice and "response_format" not in choice
+    legacy = build_chat_request(llm(constrained="guided_choice"), caption)
+    assert legacy["guided_choice"] == list(LABELS) and "structured_outputs" not in legacy
     json.dumps(body)  # serializable as is
 
 
