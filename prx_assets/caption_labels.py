@@ -27,6 +27,7 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,
                       "labelled": report.labelled, "failed": report.failed,
+                      **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
                       "failures": counts_table(report.failures, "reason"),
                       "label_distribution": counts_table(report.distribution, "label"),
                       **lance_versions(**report.read_versions, caption_labels=report.labels_version)},

@@ -113,18 +113,17 @@ def embed_and_upsert(todo: pa.Table, storage: Storage, captioner_version: str, c
         EmbedBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
         batch_size=config.batch_size, batch_format="numpy",
     )
-    pending: list[pa.Table] = []
-    done = 0
-    for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-        pending.append(to_embedding_rows(batch, captioner_version, config.dim))
-        done += pending[-1].num_rows
-        if progress is not None:
-            progress(done, todo.num_rows)
-        if sum(t.num_rows for t in pending) >= commit_every:
-            lance_io.upsert(uri, pa.concat_tables(pending), EMBEDDING_KEYS, options)
-            pending = []
-    if pending:
-        lance_io.upsert(uri, pa.concat_tables(pending), EMBEDDING_KEYS, options)
+
+    def rows() -> Iterator[pa.Table]:
+        done = 0
+        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+            table = to_embedding_rows(batch, captioner_version, config.dim)
+            done += table.num_rows
+            if progress is not None:
+                progress(done, todo.num_rows)
+            yield table
+
+    lance_io.upsert_stream(uri, rows(), EMBEDDING_KEYS, options, commit_every)
 
 
 def to_embedding_rows(batch: dict[str, np.ndarray], captioner_version: str, dim: int) -> pa.Table:

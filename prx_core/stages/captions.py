@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -22,6 +23,9 @@ from prx_core.captioning import VLLM, CaptionBatch, CaptionerConfig
 from prx_core.parallel import Progress, chunk, quiet_ray_data, scan_partition, take_rows
 from prx_core.stages.samples import source_predicate
 from prx_core.storage import Storage
+
+if TYPE_CHECKING:
+    import ray.data
 
 CAPTION_KEYS = ["content_id", "captioner_version"]
 ROWS_PER_READ = 64
@@ -113,27 +117,9 @@ def build_captions(
             dataset = dataset.map_batches(
                 CaptionBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
                 batch_size=config.batch_size, batch_format="numpy")
-        pending: list[pa.Table] = []
-        failures: Counter[str] = Counter()
         generation_start = time.monotonic()
-        for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-            table = to_caption_rows(batch)
-            if "num_generated_tokens" in batch.column_names:
-                report.output_tokens += int(pc.sum(batch["num_generated_tokens"]).as_py() or 0)
-            errors = [e for e in table["error"].to_pylist() if e]
-            failures.update(e.split(":", 1)[0] for e in errors)
-            report.failed += len(errors)
-            report.captioned += table.num_rows - len(errors)
-            report.word_counts += [w for w, e in zip(table["word_count"].to_pylist(), table["error"].to_pylist()) if not e]
-            pending.append(table)
-            if progress is not None:
-                progress(report.captioned + report.failed, todo.num_rows)
-            if sum(t.num_rows for t in pending) >= commit_every:
-                report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
-                pending = []
-        if pending:
-            report.captions_version = lance_io.upsert(captions_uri, pa.concat_tables(pending), CAPTION_KEYS, options)
-        report.failures = dict(failures)
+        rows = caption_rows(dataset, report, todo.num_rows, progress)
+        lance_io.upsert_stream(captions_uri, rows, CAPTION_KEYS, options, commit_every)
         report.generation_seconds = time.monotonic() - generation_start
         if config.backend == VLLM:
             report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
@@ -142,6 +128,25 @@ def build_captions(
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report
+
+
+def caption_rows(dataset: ray.data.Dataset, report: CaptionsReport, total: int,
+                 progress: Progress | None) -> Iterator[pa.Table]:
+    """`captions` rows batch by batch as the captioner produces them, counted into `report`."""
+    failures: Counter[str] = Counter()
+    for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
+        table = to_caption_rows(batch)
+        if "num_generated_tokens" in batch.column_names:
+            report.output_tokens += int(pc.sum(batch["num_generated_tokens"]).as_py() or 0)
+        errors = table["error"].to_pylist()
+        failures.update(e.split(":", 1)[0] for e in errors if e)
+        report.failures = dict(failures)
+        report.failed += sum(1 for e in errors if e)
+        report.captioned += sum(1 for e in errors if not e)
+        report.word_counts += [w for w, e in zip(table["word_count"].to_pylist(), errors) if not e]
+        if progress is not None:
+            progress(report.captioned + report.failed, total)
+        yield table
 
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:

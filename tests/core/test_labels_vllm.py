@@ -150,6 +150,7 @@ def test_labels_stage_takes_the_vllm_path_into_the_same_upsert(
     assert built == [config]
     assert (report.captioned, report.reused, report.labelled, report.failed) == (5, 0, 5, 2)
     assert report.failures == {"unparseable": 1, "generation_error": 1}
+    assert report.gpu_hours is not None and report.gpu_hours > 0  # replicas x GPUs x labelling time
     assert report.distribution == {"visual": 1, "text": 1, "nsfw": 1}
     stored = stage.read_labels(storage, "cap-v1", config.version())
     assert dict(zip(stored["content_id"].to_pylist(), stored["label"].to_pylist())) == {
