@@ -162,7 +162,7 @@ class Explorer:
     def health(self, request: Request) -> JSONResponse:
         snapshot = self.snapshots.get()
         return JSONResponse({"root": self.storage.root, "rows": len(snapshot.frame), "versions": snapshot.versions,
-                             "captioner_version": snapshot.captioner_version,
+                             "captioner_version": snapshot.captioner_version, **self.snapshots.status(),
                              "thumbnails": {"hits": self.thumbs.hits, "misses": self.thumbs.misses}})
 
     def more_like(self, request: Request) -> JSONResponse:

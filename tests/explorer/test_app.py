@@ -4,6 +4,7 @@ against the Lance tables and skip-lists themselves, or against what the demo pla
 from __future__ import annotations
 
 import io
+import time
 from html.parser import HTMLParser
 from typing import TYPE_CHECKING
 
@@ -270,11 +271,14 @@ def test_request_values_never_reach_paths_or_sql(client: TestClient, sample_id: 
 
 # -- freshness -----------------------------------------------------------------------------------------
 
-def test_a_new_table_version_shows_without_restart(explorer_corpus: ExplorerCorpus, tmp_path) -> None:
+def test_a_new_table_version_shows_without_restart(explorer_corpus: ExplorerCorpus, tmp_path, monkeypatch) -> None:
+    """Pages keep the old snapshot while a background rebuild runs, then show the new versions;
+    a failed rebuild keeps the old snapshot and says why on /healthz."""
     import shutil
 
     import lance
 
+    from prx_explorer import snapshot as snapshot_module
     from prx_explorer.app import create_app
 
     for part in ("lance", "skiplists"):
@@ -284,9 +288,32 @@ def test_a_new_table_version_shows_without_restart(explorer_corpus: ExplorerCorp
     victim = search(client, source="web_images")["rows"][0]["sample_id"]
     uri = Storage(str(tmp_path)).lance_uri("samples")
     lance.dataset(uri).delete(f"sample_id = {lance_io.sql_literal(victim)}")
-    assert search(client)["total"] == before - 1
+    assert search(client)["total"] == before  # served at once from the old snapshot; the rebuild has started
+    assert wait_for(lambda: search(client)["total"] == before - 1)
     assert client.get("/sample", params={"id": victim}).status_code == 404
-    assert client.get("/healthz").json()["versions"]["samples"] == lance.dataset(uri).version
+    health = client.get("/healthz").json()
+    assert health["versions"]["samples"] == lance.dataset(uri).version and health["refresh_error"] is None
+
+    def broken(storage: Storage) -> None:
+        raise OSError("object store unreachable")
+
+    monkeypatch.setattr(snapshot_module, "build_snapshot", broken)
+    lance.dataset(uri).delete(f"source = {lance_io.sql_literal('web_images')}")
+    assert wait_for(lambda: "unreachable" in (client.get("/healthz").json()["refresh_error"] or ""))
+    assert search(client)["total"] == before - 1  # still the last good snapshot
+    monkeypatch.undo()
+    assert wait_for(lambda: client.get("/healthz").json()["versions"]["samples"] == lance.dataset(uri).version)
+    assert client.get("/healthz").json()["refresh_error"] is None
+    assert search(client)["total"] < before - 1  # web_images' samples are gone (its ingest rejects stay)
+
+
+def wait_for(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_browse_refuses_a_root_without_a_corpus(tmp_path) -> None:
