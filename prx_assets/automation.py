@@ -6,7 +6,7 @@ import dagster as dg
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE
 from prx_core import lance_io, lance_maintenance
-from prx_core.schemas import TABLES
+from prx_core.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
 
 FTS_COLUMNS = {"samples": ["original_caption"], "captions": ["caption"]}
@@ -37,7 +37,8 @@ def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunR
             for name in context.instance.get_dynamic_partitions(SOURCES.name)]
 
 
-@dg.op(description="compact_files, cleanup of versions older than the retention, index refresh, per table")
+@dg.op(description="Per table: merge small fragments (per source for per-source tables), clean versions "
+                   "older than the retention, refresh indexes")
 def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> None:
     store = storage.storage()
     options = store.lance_storage_options()
@@ -45,7 +46,8 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
-        report = lance_maintenance.compact_table(uri, storage_options=options)
+        report = lance_maintenance.compact_table(uri, storage_options=options,
+                                                 partition_columns=PARTITION_COLUMNS.get(table, ()))
         indexes = lance_maintenance.refresh_indexes(uri, FTS_COLUMNS.get(table, []), VECTOR_COLUMNS.get(table),
                                                     storage_options=options)
         context.log.info(f"{table}: {report}; indexes: {indexes}")

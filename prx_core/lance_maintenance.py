@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 from lance import LanceDataset
 
+from prx_core.lance_compaction import compact_partitions
 from prx_core.lance_io import StorageOptions, require_table
 
 FTS_TYPES = {"inverted", "fts"}
@@ -66,18 +67,24 @@ class CompactionReport:
 
 def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
                   cleanup_older_than: timedelta = timedelta(days=7),
-                  storage_options: StorageOptions = None) -> CompactionReport:
+                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = ()) -> CompactionReport:
     """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
 
-    Indexes first: Lance never merges an indexed fragment with an unindexed one (a replaced
-    partition's new fragments), so compaction alone left them apart. Cleanup never removes the
-    latest or tagged versions, nor (no `delete_unverified`) files of in-flight writers younger
-    than 7 days.
+    Tables replaced per partition name their `partition_columns` and are compacted partition by
+    partition (prx_core.lance_compaction), so a fragment never mixes sources; the others go
+    through Lance's `compact_files`, indexes first: Lance never merges an indexed fragment with
+    an unindexed one (a replaced partition's new fragments), so compaction alone left them apart.
+    Cleanup never removes the latest or tagged versions, nor (no `delete_unverified`) files of
+    in-flight writers younger than 7 days.
     """
     ds = require_table(uri, storage_options)
     before = len(ds.get_fragments())
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
-    ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+    if partition_columns:
+        compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
+        ds = require_table(uri, storage_options)
+    else:
+        ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
     stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
     return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),

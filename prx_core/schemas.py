@@ -160,6 +160,15 @@ TABLES: dict[str, pa.Schema] = {
 }
 
 
+# Tables replaced partition by partition, and the columns of a partition's key: compaction keeps
+# each key's rows in fragments of their own (prx_core.lance_compaction). The others are shared
+# (upserted by content) or global (`duplicates`).
+PARTITION_COLUMNS: dict[str, list[str]] = {
+    "samples": ["source"], "buckets": ["source"], "phashes": ["source"], "source_embeddings": ["source"],
+    "mds_index": ["source"], "rejects": ["source", "stage"],
+}
+
+
 def sample_id(source: str, source_key: str) -> str:
     """Stable across reruns and readable in the explorer: `<source>/<source_key>`."""
     return f"{source}/{source_key}"

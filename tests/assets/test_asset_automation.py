@@ -15,7 +15,7 @@ from prx_assets.automation import PER_SOURCE, compact_corpus, refresh_source_job
 from prx_assets.common import SOURCES as PARTITIONS
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets
-from prx_core.schemas import TABLES
+from prx_core.schemas import PARTITION_COLUMNS, TABLES
 from prx_core.storage import Storage
 from prx_resources import CatalogResource
 
@@ -87,7 +87,16 @@ def test_compact_corpus_keeps_tables_readable_with_fewer_fragments(corpus: Corpu
     captions = lance.dataset(Storage(str(root)).lance_uri("captions"))
     assert any(list(d.field_names) == ["caption"] for d in captions.describe_indices())
 
-    # a partition can still be replaced after compaction (fragments may now mix sources)
+    # per-source tables were compacted partition by partition: no fragment mixes two
+    storage = Storage(str(root))
+    for table, columns in PARTITION_COLUMNS.items():
+        if lance.dataset(storage.lance_uri(table)).count_rows():
+            for fragment in lance.dataset(storage.lance_uri(table)).get_fragments():
+                keys = fragment.to_table(columns=columns).group_by(columns).aggregate([])
+                assert keys.num_rows == 1, (table, keys.to_pylist())
+
+    # so a partition rerun after compaction drops whole fragments, with no deletion vector left
     rerun = materialize(resources, ["samples"], "web_images", instance)
     assert rerun.success
     assert read(root, "samples", ["sample_id", "content_id"]).sort_by("sample_id").to_pylist() == samples_before
+    assert all(f.metadata.deletion_file is None for f in lance.dataset(storage.lance_uri("samples")).get_fragments())

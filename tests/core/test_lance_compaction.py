@@ -1,0 +1,127 @@
+"""Partition-aware compaction on real Lance tables: rows unchanged, no fragment mixing two
+partitions, small fragments merged, deletions purged, indexes still answering, and a partition
+replace committing in the middle of it lands whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pytest
+from test_lance_io import SCHEMA, content, content_of, rows, where
+
+from prx_core import lance_compaction as lc
+from prx_core import lance_io as lio
+from prx_core import lance_maintenance as maint
+
+
+def sources_per_fragment(uri: str, column: str = "source") -> list[set]:
+    return [set(f.to_table(columns=[column])[column].to_pylist()) for f in lance.dataset(uri).get_fragments()]
+
+
+def build(uri: str, sources: str, n: int = 40, per_file: int = 10) -> None:
+    for source in sources:
+        lio.replace_rows(uri, where(source), lio.write_fragments(uri, rows(source, n), SCHEMA, max_rows_per_file=per_file), SCHEMA)
+
+
+def test_small_fragments_merge_per_source_and_a_rerun_is_a_no_op(tmp_path: Path) -> None:
+    uri = str(tmp_path / "t.lance")
+    build(uri, "abc")
+    snapshot = content(uri)
+    assert len(lance.dataset(uri).get_fragments()) == 12
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert (report.removed, report.written, report.partitions, report.mixed_split) == (12, 3, 3, 0)
+    assert content(uri) == snapshot
+    assert sorted(map(sorted, sources_per_fragment(uri))) == [["a"], ["b"], ["c"]]
+    again = lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert (again.removed, again.written, again.version) == (0, 0, report.version)  # nothing to do: no commit
+
+
+def test_mixed_fragments_are_split_and_a_replace_then_drops_whole_fragments(tmp_path: Path) -> None:
+    uri = str(tmp_path / "mixed.lance")
+    build(uri, "ab")
+    maint.compact_table(uri, target_rows_per_fragment=1000)  # Lance's compact_files: one fragment, both sources
+    assert sources_per_fragment(uri) == [{"a", "b"}]
+    snapshot = content(uri)
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert report.mixed_split == 1 and content(uri) == snapshot
+    assert sorted(map(sorted, sources_per_fragment(uri))) == [["a"], ["b"]]
+    lio.replace_partition(uri, where("a"), rows("a", 5, "v2"), SCHEMA)
+    assert all(f.metadata.deletion_file is None for f in lance.dataset(uri).get_fragments())  # whole fragments went
+    assert content(uri, "a") == content_of(rows("a", 5, "v2")) and content(uri, "b") == content_of(rows("b", 40))
+
+
+def test_deleted_rows_are_purged(tmp_path: Path) -> None:
+    uri = str(tmp_path / "deleted.lance")
+    build(uri, "ab", n=20, per_file=20)
+    lance.dataset(uri).delete("source = 'a' AND value < 5")
+    snapshot = content(uri)
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert (report.partitions, report.removed, report.written) == (1, 1, 1)  # only a's fragment is rewritten
+    assert content(uri) == snapshot and maint.fragment_health(uri, target_rows=1000).deleted_rows == 0
+    assert len(lance.dataset(uri).get_fragments()) == 2
+
+
+def test_two_column_partitions_like_rejects(tmp_path: Path) -> None:
+    uri = str(tmp_path / "rejects.lance")
+    schema = pa.schema([("source", pa.string()), ("stage", pa.string()), ("n", pa.int64())])
+    for source in "ab":
+        for stage in ("samples", "buckets"):
+            table = pa.table({"source": [source] * 4, "stage": [stage] * 4, "n": list(range(4))}, schema=schema)
+            predicate = f"{where(source)} AND stage = {lio.sql_literal(stage)}"
+            for part in (table.slice(0, 2), table.slice(2)):  # two small fragments per (source, stage)
+                frags = lio.write_fragments(uri, part, schema)
+                ds = lio.open_table(uri)
+                if ds is None:
+                    lio.replace_rows(uri, predicate, frags, schema)
+                else:
+                    lance.LanceDataset.commit(ds, lance.LanceOperation.Append(frags), read_version=ds.version)
+    maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source", "stage"])
+    ds = lance.dataset(uri)
+    keys = [set(zip(*(f.to_table(columns=["source", "stage"])[c].to_pylist() for c in ("source", "stage"))))
+            for f in ds.get_fragments()]
+    assert sorted(len(k) for k in keys) == [1, 1, 1, 1] and ds.count_rows() == 16
+
+
+def test_indexes_answer_after_compaction(tmp_path: Path) -> None:
+    uri = str(tmp_path / "fts.lance")
+    build(uri, "ab")
+    maint.refresh_indexes(uri, ["caption"])
+    maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
+    ds = lance.dataset(uri)
+    hits = ds.to_table(full_text_query="caption", columns=["sample_id"])
+    assert len(hits) == 80
+    index = next(d for d in ds.describe_indices() if d.field_names == ["caption"])
+    covered = {int(i) for segment in index.segments for i in segment.fragment_ids}
+    assert {f.fragment_id for f in ds.get_fragments()} <= covered
+
+
+def test_a_replace_committed_mid_compaction_lands_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition rerun commits while compaction writes: compaction conflicts, plans again, and
+    the rerun's rows are all there, once, with no old row of that partition back."""
+    uri = str(tmp_path / "race.lance")
+    build(uri, "ab")
+    real = lc.write_fragments
+    raced: list[int] = []
+
+    def write_then_race(*args, **kwargs):
+        if not raced:
+            raced.append(lio.replace_partition(uri, where("a"), rows("a", 7, "rerun"), SCHEMA))
+        return real(*args, **kwargs)
+
+    plans: list[dict] = []
+    real_plan = lc.plan_compaction
+
+    def counted_plan(*args, **kwargs):
+        plans.append(real_plan(*args, **kwargs)[0])
+        return real_plan(*args, **kwargs)
+
+    monkeypatch.setattr(lc, "write_fragments", write_then_race)
+    monkeypatch.setattr(lc, "plan_compaction", counted_plan)
+    lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert raced and len(plans) == 2  # the first commit conflicted with the rerun and was planned again
+    assert set(plans[1]) == {("b",)}  # a is one fresh fragment now: nothing to merge
+    assert content(uri, "a") == content_of(rows("a", 7, "rerun"))
+    assert content(uri, "b") == content_of(rows("b", 40))
+    assert all(len(s) == 1 for s in sources_per_fragment(uri))
