@@ -9,8 +9,6 @@ from prx_core import lance_io, lance_maintenance
 from prx_core.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
 
-FTS_COLUMNS = {"samples": ["original_caption"], "captions": ["caption"]}
-VECTOR_COLUMNS = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
 refresh_source_job = dg.define_asset_job(
     "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE),
@@ -48,8 +46,7 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
             continue
         report = lance_maintenance.compact_table(uri, storage_options=options,
                                                  partition_columns=PARTITION_COLUMNS.get(table, ()))
-        indexes = lance_maintenance.refresh_indexes(uri, FTS_COLUMNS.get(table, []), VECTOR_COLUMNS.get(table),
-                                                    storage_options=options)
+        indexes = lance_maintenance.refresh_table_indexes(uri, table, options)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))

@@ -16,8 +16,11 @@ from typing import Any
 import pyarrow as pa
 from lance import LanceDataset
 
+from lance.commit import CommitConflictError
+
 from prx_core.lance_compaction import compact_partitions
 from prx_core.lance_io import StorageOptions, require_table
+from prx_core.schemas import FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ALL_SEGMENTS = 1 << 16
@@ -94,12 +97,14 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
 
 @dataclass(frozen=True)
 class IndexReport:
-    """What `refresh_indexes` did; `indexes` are the names present afterwards."""
+    """What `refresh_indexes` did; `indexes` are the names present afterwards, `version` the
+    table version after it (what readers of the table see)."""
 
     indexes: list[str]
     created: list[str]
     optimized: list[str]
     notes: list[str]
+    version: int | None = None
 
 
 def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
@@ -139,9 +144,11 @@ def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, 
 
 
 def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
-                    storage_options: StorageOptions = None, *, metric: str = "cosine",
-                    min_vector_rows: int = MIN_VECTOR_ROWS, pq_min_rows: int = 100_000) -> IndexReport:
-    """Create missing INVERTED (full-text) indexes and the vector index, extend existing ones.
+                    storage_options: StorageOptions = None, *, bitmap_columns: Sequence[str] = (),
+                    metric: str = "cosine", min_vector_rows: int = MIN_VECTOR_ROWS,
+                    pq_min_rows: int = 100_000) -> IndexReport:
+    """Create missing INVERTED (full-text), BITMAP (low-cardinality filters) and vector indexes,
+    extend existing ones.
 
     Idempotent: nothing is committed when every fragment is already indexed. The vector column
     must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
@@ -152,14 +159,15 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     existing: list[str] = []
     notes: list[str] = []
     rows = ds.count_rows()
-    for column in fts_columns:
-        if (desc := _find_index(ds, column, FTS_TYPES)) is not None:
-            existing.append(desc.name)
-        elif rows == 0:
-            notes.append(f"{column}: no full-text index on an empty table")
-        else:
-            ds.create_scalar_index(column, "INVERTED", name=f"{column}_fts")
-            created.append(f"{column}_fts")
+    for columns, kind, suffix in ((fts_columns, "INVERTED", "fts"), (bitmap_columns, "BITMAP", "bitmap")):
+        for column in columns:
+            if (desc := _find_index(ds, column, FTS_TYPES if kind == "INVERTED" else {"bitmap"})) is not None:
+                existing.append(desc.name)
+            elif rows == 0:
+                notes.append(f"{column}: no {kind} index on an empty table")
+            else:
+                ds.create_scalar_index(column, kind, name=f"{column}_{suffix}")
+                created.append(f"{column}_{suffix}")
     if vector_column is not None:
         kind = ds.schema.field(vector_column).type
         if not (pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)):
@@ -171,8 +179,23 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
         else:
             created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
     optimized = _catch_up_indexes(ds, existing)
-    names = sorted(d.name for d in require_table(uri, storage_options).describe_indices())
-    return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes)
+    latest = require_table(uri, storage_options)
+    names = sorted(d.name for d in latest.describe_indices())
+    return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)
+
+
+def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None) -> IndexReport:
+    """Every index `table` keeps (prx_core.schemas: full-text, vector, BITMAP on its partition
+    columns). Indexes only speed reads up, so losing a commit race to a concurrent writer is a
+    note, not a failed materialization: the next write or compaction catches them up."""
+    try:
+        return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
+                               bitmap_columns=PARTITION_COLUMNS.get(table, ()))
+    except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
+        if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
+            raise
+        version = require_table(uri, storage_options).version
+        return IndexReport([], [], [], [f"index refresh lost a commit race, caught up later: {exc}"[:300]], version)
 
 
 @dataclass(frozen=True)

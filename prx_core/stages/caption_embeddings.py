@@ -93,7 +93,7 @@ def build_caption_embeddings(
     for table in TABLES:
         uri = storage.lance_uri(table)
         if lance_io.table_exists(uri, options):
-            report.indexes[table] = lance_maintenance.refresh_indexes(uri, [], VECTOR_COLUMN, options)
+            report.indexes[table] = lance_maintenance.refresh_table_indexes(uri, table, options)
             report.coverage[table] = lance_maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
     report.caption_embeddings_version = lance_io.table_version(storage.lance_uri("caption_embeddings"), options)
     report.source_embeddings_version = lance_io.table_version(storage.lance_uri("source_embeddings"), options)

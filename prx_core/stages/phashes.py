@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core import lance_io, schemas
+from prx_core import lance_io, lance_maintenance, schemas
 from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.ingest import reject_row
 from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
@@ -82,7 +82,7 @@ def build_phashes(
         for row in table.to_pylist():
             (hashes if row["hash"] else rejects).append(row["hash"] or row["reject"])
     hashes.sort(key=lambda r: r["sample_id"])
-    written = lance_io.replace_partition(
+    lance_io.replace_partition(
         storage.lance_uri("phashes"), source_predicate(source), pa.Table.from_pylist(hashes, schema=schemas.PHASHES),
         schemas.PHASHES, options,
     )
@@ -90,4 +90,6 @@ def build_phashes(
         storage.lance_uri("rejects"), rejects_predicate(source, "phashes"),
         pa.Table.from_pylist(rejects, schema=schemas.REJECTS), schemas.REJECTS, options,
     )
+    written = lance_maintenance.refresh_table_indexes(storage.lance_uri("phashes"), "phashes", options).version
+    lance_maintenance.refresh_table_indexes(storage.lance_uri("rejects"), "rejects", options)
     return PhashesReport(source, len(hashes), len(rejects), time.monotonic() - start, version, written)

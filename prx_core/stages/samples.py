@@ -25,7 +25,6 @@ from prx_core.parallel import Progress, map_tasks
 from prx_core.sources import list_fragments, read_fragment
 from prx_core.storage import Storage
 
-FTS_COLUMNS = ["original_caption"]  # full-text search for the explorer; vectors: caption_embeddings
 UNREADABLE_FRAGMENT = "unreadable_fragment"
 TASK_SCHEMA = pa.schema(
     [("fragment", pa.string()), ("lance_fragments", pa.string()), ("rejects", pa.binary()),
@@ -131,11 +130,10 @@ def build_samples(
     samples_version = lance_io.replace_rows(
         samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options
     )
-    lance_maintenance.refresh_indexes(samples_uri, FTS_COLUMNS, storage_options=lance_options)
-    samples_version = lance_io.table_version(samples_uri, lance_options)  # the index commit is what readers see
-    rejects_version = lance_io.replace_partition(
-        storage.lance_uri("rejects"), rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options
-    )
+    samples_version = lance_maintenance.refresh_table_indexes(samples_uri, "samples", lance_options).version
+    rejects_uri = storage.lance_uri("rejects")
+    lance_io.replace_partition(rejects_uri, rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options)
+    rejects_version = lance_maintenance.refresh_table_indexes(rejects_uri, "rejects", lance_options).version
     return SamplesReport(
         source=spec.name, rows=rows, bytes=size, fragments_read=len(fragments), seconds=time.monotonic() - start,
         rejects=refused, samples_version=samples_version, rejects_version=rejects_version,

@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import lance
-import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -240,63 +239,6 @@ def test_fragment_health(tmp_path: Path) -> None:
     assert report.versions_removed >= 20 and report.bytes_removed > 0
     assert not maint.fragment_health(many, target_rows=1000).needs_compaction
     assert len(content(many)) == 200
-
-
-def embedded_rows(source: str, n: int, dim: int, seed: int) -> pa.Table:
-    table = rows(source, n)
-    vectors = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-    return table.append_column("emb", pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dim))
-
-
-def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
-    uri, dim = str(tmp_path / "explore.lance"), 16
-    tables = {s: embedded_rows(s, 200, dim, seed) for seed, s in enumerate("ab")}
-    captions = tables["a"]["caption"].to_pylist()
-    captions[17] = "a neon sign reading zanzibar over a door"
-    tables["a"] = tables["a"].set_column(3, "caption", pa.array(captions))
-    schema = tables["a"].schema
-    for source, table in tables.items():
-        lio.replace_partition(uri, where(source), table, schema)
-    report = maint.refresh_indexes(uri, ["caption"], "emb")
-    assert report.created == ["caption_fts", "emb_vector"] and report.indexes == ["caption_fts", "emb_vector"]
-    version = lio.table_version(uri)
-    assert maint.refresh_indexes(uri, ["caption"], "emb").created == [] and lio.table_version(uri) == version
-    planted = tables["a"]["emb"][42].values.to_numpy()
-
-    def check() -> None:
-        ds = lio.require_table(uri)
-        hits = ds.to_table(full_text_query={"columns": ["caption"], "query": "zanzibar"}, columns=["sample_id"])
-        assert hits["sample_id"].to_pylist() == ["a/17"]
-        near = ds.to_table(nearest={"column": "emb", "q": planted, "k": 3}, columns=["sample_id"])
-        assert near["sample_id"][0].as_py() == "a/42"
-
-    check()
-    lio.replace_partition(uri, where("b"), embedded_rows("b", 300, dim, 7), schema)  # unindexed rows
-    assert maint.refresh_indexes(uri, ["caption"], "emb").optimized == ["caption_fts", "emb_vector"]
-    check()
-    lio.replace_partition(uri, where("b"), embedded_rows("b", 250, dim, 8), schema)  # unindexed again
-    report = maint.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
-    assert report.fragments_after == 1  # indexes caught up first, or Lance keeps fragments apart
-    assert maint.refresh_indexes(uri, ["caption"], "emb") == maint.IndexReport(
-        indexes=["caption_fts", "emb_vector"], created=[], optimized=[], notes=[])
-    check()
-    assert lio.read_table(uri, ["sample_id"], where("b")).num_rows == 250
-
-
-def test_vector_index_rules(tmp_path: Path) -> None:
-    small = str(tmp_path / "small.lance")
-    lio.replace_partition(small, where("a"), embedded_rows("a", 50, 8, 0), embedded_rows("a", 1, 8, 0).schema)
-    report = maint.refresh_indexes(small, [], "emb")
-    assert report.indexes == [] and "skipped" in report.notes[0]
-    ragged = str(tmp_path / "ragged.lance")
-    lio.overwrite(ragged, pa.table({"emb": pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32()))}))
-    with pytest.raises(ValueError, match="fixed_size_list"):
-        maint.refresh_indexes(ragged, [], "emb")
-    pq = str(tmp_path / "pq.lance")
-    table = embedded_rows("a", 300, 16, 1)
-    lio.replace_partition(pq, where("a"), table, table.schema)
-    assert maint.refresh_indexes(pq, [], "emb", pq_min_rows=256).created == ["emb_vector"]
-    assert lio.require_table(pq).describe_indices()[0].index_type == "IVF_PQ"
 
 
 def test_s3_round_trip(s3_endpoint: dict) -> None:

@@ -1,0 +1,108 @@
+"""Lance indexes on real tables: full-text, vector and BITMAP (partition columns) indexes are
+created once, caught up after writes, survive compaction and answer queries; an index refresh
+that loses a commit race is a note, not a failure."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from test_lance_io import SCHEMA, content, content_of, rows, where
+
+from prx_core import lance_io as lio
+from prx_core import lance_maintenance as maint
+
+
+def embedded_rows(source: str, n: int, dim: int, seed: int) -> pa.Table:
+    table = rows(source, n)
+    vectors = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    return table.append_column("emb", pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dim))
+
+
+def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
+    uri, dim = str(tmp_path / "explore.lance"), 16
+    tables = {s: embedded_rows(s, 200, dim, seed) for seed, s in enumerate("ab")}
+    captions = tables["a"]["caption"].to_pylist()
+    captions[17] = "a neon sign reading zanzibar over a door"
+    tables["a"] = tables["a"].set_column(3, "caption", pa.array(captions))
+    schema = tables["a"].schema
+    for source, table in tables.items():
+        lio.replace_partition(uri, where(source), table, schema)
+    report = maint.refresh_indexes(uri, ["caption"], "emb")
+    assert report.created == ["caption_fts", "emb_vector"] and report.indexes == ["caption_fts", "emb_vector"]
+    version = lio.table_version(uri)
+    assert maint.refresh_indexes(uri, ["caption"], "emb").created == [] and lio.table_version(uri) == version
+    planted = tables["a"]["emb"][42].values.to_numpy()
+
+    def check() -> None:
+        ds = lio.require_table(uri)
+        hits = ds.to_table(full_text_query={"columns": ["caption"], "query": "zanzibar"}, columns=["sample_id"])
+        assert hits["sample_id"].to_pylist() == ["a/17"]
+        near = ds.to_table(nearest={"column": "emb", "q": planted, "k": 3}, columns=["sample_id"])
+        assert near["sample_id"][0].as_py() == "a/42"
+
+    check()
+    lio.replace_partition(uri, where("b"), embedded_rows("b", 300, dim, 7), schema)  # unindexed rows
+    assert maint.refresh_indexes(uri, ["caption"], "emb").optimized == ["caption_fts", "emb_vector"]
+    check()
+    lio.replace_partition(uri, where("b"), embedded_rows("b", 250, dim, 8), schema)  # unindexed again
+    report = maint.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
+    assert report.fragments_after == 1  # indexes caught up first, or Lance keeps fragments apart
+    assert maint.refresh_indexes(uri, ["caption"], "emb") == maint.IndexReport(
+        indexes=["caption_fts", "emb_vector"], created=[], optimized=[], notes=[], version=lio.table_version(uri))
+    check()
+    assert lio.read_table(uri, ["sample_id"], where("b")).num_rows == 250
+
+
+def test_partition_tables_find_a_partition_through_a_bitmap_index(tmp_path: Path) -> None:
+    uri = str(tmp_path / "buckets.lance")
+    for source in "abc":
+        lio.replace_partition(uri, where(source), rows(source, 20), SCHEMA)
+    report = maint.refresh_table_indexes(uri, "buckets")
+    assert report.created == ["source_bitmap"] and report.version == lio.table_version(uri)
+    plan = lio.require_table(uri).scanner(filter=where("b"), columns=["sample_id"]).explain_plan()
+    assert "ScalarIndexQuery" in plan and "source_bitmap" in plan, plan
+    lio.replace_partition(uri, where("b"), rows("b", 5, "v2"), SCHEMA)  # unindexed fragment: caught up
+    assert maint.refresh_table_indexes(uri, "buckets").optimized == ["source_bitmap"]
+    assert content(uri, "b") == content_of(rows("b", 5, "v2"))
+    assert maint.refresh_table_indexes(uri, "duplicates").indexes == ["source_bitmap"]  # not a partition table: nothing added
+
+
+def test_an_index_refresh_that_loses_a_race_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lance.commit import CommitConflictError
+
+    uri = str(tmp_path / "raced.lance")
+    lio.replace_partition(uri, where("a"), rows("a", 3), SCHEMA)
+
+    def conflict(*args, **kwargs):
+        raise CommitConflictError("another writer committed first")
+
+    monkeypatch.setattr(maint, "refresh_indexes", conflict)
+    report = maint.refresh_table_indexes(uri, "samples")
+    assert "lost a commit race" in report.notes[0] and report.version == lio.table_version(uri)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(maint, "refresh_indexes", broken)
+    with pytest.raises(OSError, match="disk full"):  # anything else is still an error
+        maint.refresh_table_indexes(uri, "samples")
+
+
+def test_vector_index_rules(tmp_path: Path) -> None:
+    small = str(tmp_path / "small.lance")
+    lio.replace_partition(small, where("a"), embedded_rows("a", 50, 8, 0), embedded_rows("a", 1, 8, 0).schema)
+    report = maint.refresh_indexes(small, [], "emb")
+    assert report.indexes == [] and "skipped" in report.notes[0]
+    ragged = str(tmp_path / "ragged.lance")
+    lio.overwrite(ragged, pa.table({"emb": pa.array([[1.0, 2.0], [3.0]], pa.list_(pa.float32()))}))
+    with pytest.raises(ValueError, match="fixed_size_list"):
+        maint.refresh_indexes(ragged, [], "emb")
+    pq = str(tmp_path / "pq.lance")
+    table = embedded_rows("a", 300, 16, 1)
+    lio.replace_partition(pq, where("a"), table, table.schema)
+    assert maint.refresh_indexes(pq, [], "emb", pq_min_rows=256).created == ["emb_vector"]
+    assert lio.require_table(pq).describe_indices()[0].index_type == "IVF_PQ"
