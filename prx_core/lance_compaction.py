@@ -37,12 +37,13 @@ class PartitionCompaction:
     version: int
 
 
-def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int,
-                    small_fraction: float = 0.5) -> tuple[dict[Key, list[int]], int]:
+def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, small_fraction: float = 0.5,
+                    deleted_fraction: float = 0.1) -> tuple[dict[Key, list[int]], int]:
     """Fragment ids to rewrite per partition key, and how many fragments mix partitions.
 
-    A partition is rewritten when it has two or more small fragments, a fragment with deleted
-    rows, or rows in a mixed fragment; a lone healthy fragment is left alone."""
+    A partition is rewritten when it has two or more small fragments, a fragment with more than
+    `deleted_fraction` of its rows deleted (Lance's own threshold), or rows in a mixed fragment;
+    a lone healthy fragment is left alone."""
     scan = ds.to_table(columns=list(columns), with_row_address=True)
     fragment_of = pa.array((scan["_rowaddr"].to_numpy() >> np.uint64(32)).astype(np.int64))
     pairs = pa.table({"fragment": fragment_of, **{c: scan[c] for c in columns}}).group_by(["fragment", *columns]).aggregate([])
@@ -55,7 +56,7 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int,
     for key in {k for keys in keys_of.values() for k in keys}:
         pure = [i for i, keys in keys_of.items() if keys == {key}]
         small = [i for i in pure if metas[i].num_rows < small_fraction * target_rows]
-        deleted = [i for i in pure if metas[i].num_deletions]
+        deleted = [i for i in pure if metas[i].num_deletions > deleted_fraction * (metas[i].num_rows + metas[i].num_deletions)]
         shared = [i for i in mixed if key in keys_of[i]]
         if len(small) >= 2 or deleted or shared:
             plan[key] = sorted(set(small) | set(deleted) | set(shared))

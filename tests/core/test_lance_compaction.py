@@ -60,6 +60,8 @@ def test_deleted_rows_are_purged(tmp_path: Path) -> None:
     report = lc.compact_partitions(uri, ["source"], target_rows=1000)
     assert (report.partitions, report.removed, report.written) == (1, 1, 1)  # only a's fragment is rewritten
     assert content(uri) == snapshot and maint.fragment_health(uri, target_rows=1000).deleted_rows == 0
+    lance.dataset(uri).delete("source = 'b' AND value = 0")  # 1 row of 20: not worth rewriting the fragment
+    assert lc.compact_partitions(uri, ["source"], target_rows=1000).removed == 0
     assert len(lance.dataset(uri).get_fragments()) == 2
 
 
