@@ -20,7 +20,7 @@ import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
-from prx_core.lance_io import StorageOptions, _backoff, require_table, sql_literal, write_fragments
+from prx_core.lance_io import StorageOptions, backoff, require_table, sql_literal, write_fragments
 
 log = logging.getLogger(__name__)
 Key = tuple[object, ...]
@@ -90,7 +90,7 @@ def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_00
             version = LanceDataset.commit(ds, op, read_version=ds.version).version
         except CommitConflictError as exc:
             log.info("%s: compaction conflicted (attempt %d), planning again: %s", uri, attempt + 1, exc)
-            _backoff(attempt)
+            backoff(attempt)
             continue
         return PartitionCompaction(len(removed), len(new), len(plan), mixed, version)
     raise RuntimeError(f"{uri}: compaction still conflicted after {max_retries} retries")

@@ -139,7 +139,8 @@ def _plan_removal(ds: LanceDataset, predicate: str) -> tuple[list[int], list[Fra
     return removed, updated
 
 
-def _backoff(attempt: int) -> None:
+def backoff(attempt: int) -> None:
+    """Sleep before retry `attempt`: exponential, capped at 2 s, jittered so racing writers part."""
     time.sleep(min(0.05 * 2 ** attempt, 2.0) * (0.5 + random.random()))
 
 
@@ -170,7 +171,7 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
             last = exc
             log.info("%s: %s replacing %s (attempt %d): %s", uri, type(exc).__name__, predicate,
                      attempt + 1, exc)
-            _backoff(attempt)
+            backoff(attempt)
     raise RuntimeError(f"{uri}: replacing rows where {predicate} still conflicted "
                        f"after {max_retries} retries") from last
 
@@ -202,7 +203,7 @@ def upsert(uri: str, table: pa.Table, keys: list[str], storage_options: StorageO
             try:
                 return _create(uri, schema, write_fragments(uri, table, schema, storage_options), storage_options)
             except _CreationRaced:
-                _backoff(attempt)
+                backoff(attempt)
                 continue
         if table.num_rows == 0:
             return ds.version

@@ -66,6 +66,8 @@ class CompactionReport:
     versions_removed: int
     bytes_removed: int
     version: int
+    partitions_rewritten: int = 0  # partition compaction only: partitions whose fragments were merged
+    mixed_fragments_split: int = 0  # ... and fragments that held more than one partition
 
 
 def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
@@ -83,8 +85,9 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
     ds = require_table(uri, storage_options)
     before = len(ds.get_fragments())
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    partitions = None
     if partition_columns:
-        compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
+        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
         ds = require_table(uri, storage_options)
     else:
         ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
@@ -92,7 +95,8 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
     return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
                             versions_removed=stats.old_versions, bytes_removed=stats.bytes_removed,
-                            version=ds.version)
+                            version=ds.version, partitions_rewritten=partitions.partitions if partitions else 0,
+                            mixed_fragments_split=partitions.mixed_split if partitions else 0)
 
 
 @dataclass(frozen=True)

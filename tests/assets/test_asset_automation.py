@@ -81,8 +81,10 @@ def test_compact_corpus_keeps_tables_readable_with_fewer_fragments(corpus: Corpu
     assert after["samples"][0] < before["samples"][0]  # three partition commits at least
     for table in TABLES:
         assert read(root, table).num_rows == before[table][1]
-    observed = {e.asset_key.to_user_string() for e in result.get_asset_observation_events()}
-    assert {"samples", "buckets", "phashes", "duplicates"} <= observed
+    observations = {e.asset_key.to_user_string(): e.event_specific_data.asset_observation.metadata
+                    for e in result.get_asset_observation_events()}
+    assert {"samples", "buckets", "phashes", "duplicates"} <= set(observations)
+    assert observations["samples"]["partitions_rewritten"].value >= 1  # each source's fragments merged
     # indexes survive and stay complete: full-text search over captions works
     captions = lance.dataset(Storage(str(root)).lance_uri("captions"))
     assert any(list(d.field_names) == ["caption"] for d in captions.describe_indices())

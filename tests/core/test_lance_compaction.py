@@ -44,8 +44,8 @@ def test_mixed_fragments_are_split_and_a_replace_then_drops_whole_fragments(tmp_
     maint.compact_table(uri, target_rows_per_fragment=1000)  # Lance's compact_files: one fragment, both sources
     assert sources_per_fragment(uri) == [{"a", "b"}]
     snapshot = content(uri)
-    report = lc.compact_partitions(uri, ["source"], target_rows=1000)
-    assert report.mixed_split == 1 and content(uri) == snapshot
+    report = maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
+    assert (report.mixed_fragments_split, report.partitions_rewritten) == (1, 2) and content(uri) == snapshot
     assert sorted(map(sorted, sources_per_fragment(uri))) == [["a"], ["b"]]
     lio.replace_partition(uri, where("a"), rows("a", 5, "v2"), SCHEMA)
     assert all(f.metadata.deletion_file is None for f in lance.dataset(uri).get_fragments())  # whole fragments went
