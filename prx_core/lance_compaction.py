@@ -50,17 +50,20 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, 
     keys_of: dict[int, set[Key]] = defaultdict(set)  # distinct (fragment, key) pairs: few, even for a billion rows
     for fragment_id, *key in zip(*(pairs[name].to_pylist() for name in ["fragment", *columns])):
         keys_of[fragment_id].add(tuple(key))
+    pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
+    shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
+    for fragment_id, keys in keys_of.items():
+        for key in keys:
+            (pure if len(keys) == 1 else shared)[key].append(fragment_id)
     metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
-    mixed = {i for i, keys in keys_of.items() if len(keys) > 1}
     plan: dict[Key, list[int]] = {}
-    for key in {k for keys in keys_of.values() for k in keys}:
-        pure = [i for i, keys in keys_of.items() if keys == {key}]
-        small = [i for i in pure if metas[i].num_rows < small_fraction * target_rows]
-        deleted = [i for i in pure if metas[i].num_deletions > deleted_fraction * (metas[i].num_rows + metas[i].num_deletions)]
-        shared = [i for i in mixed if key in keys_of[i]]
-        if len(small) >= 2 or deleted or shared:
-            plan[key] = sorted(set(small) | set(deleted) | set(shared))
-    return plan, len(mixed)
+    for key in pure.keys() | shared.keys():
+        small = [i for i in pure[key] if metas[i].num_rows < small_fraction * target_rows]
+        deleted = [i for i in pure[key]
+                   if metas[i].num_deletions > deleted_fraction * (metas[i].num_rows + metas[i].num_deletions)]
+        if len(small) >= 2 or deleted or shared[key]:
+            plan[key] = sorted(set(small) | set(deleted) | set(shared[key]))
+    return plan, sum(1 for keys in keys_of.values() if len(keys) > 1)
 
 
 def partition_predicate(columns: Sequence[str], key: Key) -> str:
