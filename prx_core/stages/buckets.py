@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, lance_maintenance, schemas
+from prx_core import lance_io, schemas
 from prx_core.buckets import TIERS, Drop, assign_bucket
 from prx_core.ingest import reject_row
-from prx_core.stages.samples import rejects_predicate, source_predicate
+from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
 from prx_core.storage import Storage
 
 
@@ -59,10 +59,8 @@ def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1]) -> B
     columns = ["sample_id", "source", "source_key", "content_id", "width", "height"]
     table = samples.to_table(columns=columns, filter=source_predicate(source))
     buckets, rejects = bucket_samples(table, max_tier)
-    lance_io.replace_partition(storage.lance_uri("buckets"), source_predicate(source), buckets, schemas.BUCKETS, options)
-    lance_io.replace_partition(storage.lance_uri("rejects"), rejects_predicate(source, "buckets"), rejects, schemas.REJECTS, options)
-    version = lance_maintenance.refresh_table_indexes(storage.lance_uri("buckets"), "buckets", options).version
-    lance_maintenance.refresh_table_indexes(storage.lance_uri("rejects"), "rejects", options)
+    version = write_partition(storage, "buckets", source_predicate(source), buckets)
+    write_partition(storage, "rejects", rejects_predicate(source, "buckets"), rejects)
     kept = buckets.filter(pc.is_valid(buckets["tier"]))
     histogram = Counter(f"{t}/{b}" for t, b in zip(kept["tier"].to_pylist(), kept["bucket"].to_pylist()))
     return BucketsReport(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core import lance_io, lance_maintenance, schemas
+from prx_core import lance_io, schemas
 from prx_core.buckets import TIERS
 from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.faults import pause_point
@@ -24,7 +24,7 @@ from prx_core.imaging import process_image
 from prx_core.ingest import reject_row
 from prx_core.mds import StreamSummary, write_source_streams
 from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
-from prx_core.stages.samples import rejects_predicate, source_predicate
+from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
 from prx_core.storage import Storage
 
 ROWS_PER_TASK = 32
@@ -134,12 +134,9 @@ def build_mds(
     index = [{"sample_id": sid, "source": source, "content_id": content_of[sid][0], "tier": s.tier,
               "bucket": f"{s.width}x{s.height}", "index": i, "image_sha256": sha, "captioner_version": captioner_version}
              for s in streams for i, (sid, sha) in enumerate(zip(s.sample_ids, s.image_sha256))]
-    lance_io.replace_partition(storage.lance_uri("mds_index"), source_predicate(source),
-                               pa.Table.from_pylist(index, schema=schemas.MDS_INDEX), schemas.MDS_INDEX, options)
+    version = write_partition(storage, "mds_index", source_predicate(source), pa.Table.from_pylist(index, schema=schemas.MDS_INDEX))
     refused = pa.Table.from_pylist(rejects, schema=schemas.REJECTS).sort_by("sample_id")
-    lance_io.replace_partition(storage.lance_uri("rejects"), rejects_predicate(source, "mds_shards"), refused, schemas.REJECTS, options)
-    version = lance_maintenance.refresh_table_indexes(storage.lance_uri("mds_index"), "mds_index", options).version
-    lance_maintenance.refresh_table_indexes(storage.lance_uri("rejects"), "rejects", options)
+    write_partition(storage, "rejects", rejects_predicate(source, "mds_shards"), refused)
     return MdsReport(source, len(index), streams, dict(Counter(refused["reason"].to_pylist())),
                      time.monotonic() - start, versions, version)
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core import lance_io, lance_maintenance, schemas
+from prx_core import schemas
 from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.ingest import reject_row
 from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
 from prx_core.phash import phash
-from prx_core.stages.samples import rejects_predicate, source_predicate
+from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
 from prx_core.storage import Storage
 
 PHASH_DECODE_SIZE = (128, 128)
@@ -82,14 +82,6 @@ def build_phashes(
         for row in table.to_pylist():
             (hashes if row["hash"] else rejects).append(row["hash"] or row["reject"])
     hashes.sort(key=lambda r: r["sample_id"])
-    lance_io.replace_partition(
-        storage.lance_uri("phashes"), source_predicate(source), pa.Table.from_pylist(hashes, schema=schemas.PHASHES),
-        schemas.PHASHES, options,
-    )
-    lance_io.replace_partition(
-        storage.lance_uri("rejects"), rejects_predicate(source, "phashes"),
-        pa.Table.from_pylist(rejects, schema=schemas.REJECTS), schemas.REJECTS, options,
-    )
-    written = lance_maintenance.refresh_table_indexes(storage.lance_uri("phashes"), "phashes", options).version
-    lance_maintenance.refresh_table_indexes(storage.lance_uri("rejects"), "rejects", options)
+    written = write_partition(storage, "phashes", source_predicate(source), pa.Table.from_pylist(hashes, schema=schemas.PHASHES))
+    write_partition(storage, "rejects", rejects_predicate(source, "phashes"), pa.Table.from_pylist(rejects, schema=schemas.REJECTS))
     return PhashesReport(source, len(hashes), len(rejects), time.monotonic() - start, version, written)

@@ -57,6 +57,14 @@ def rejects_predicate(source: str, stage: str) -> str:
     return f"{source_predicate(source)} AND stage = {lance_io.sql_literal(stage)}"
 
 
+def write_partition(storage: Storage, table: str, predicate: str, rows: pa.Table) -> int:
+    """Replace one partition of a per-source table in one commit and catch its indexes up;
+    returns the version readers see."""
+    uri, options = storage.lance_uri(table), storage.lance_storage_options()
+    lance_io.replace_partition(uri, predicate, rows, schemas.TABLES[table], options)
+    return lance_maintenance.refresh_table_indexes(uri, table, options).version
+
+
 def ingest_fragment(task: dict[str, Any]) -> pa.Table:
     """Ray task: read one source fragment, write its samples as Lance fragments (no commit)."""
     start = time.monotonic()
@@ -127,13 +135,9 @@ def build_samples(
     refused = pa.concat_tables(rejects) if rejects else schemas.REJECTS.empty_table()
     refused = refused.sort_by("sample_id")
     pause_point("samples:before_commit")  # fragments written, nothing committed
-    samples_version = lance_io.replace_rows(
-        samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options
-    )
+    lance_io.replace_rows(samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options)
     samples_version = lance_maintenance.refresh_table_indexes(samples_uri, "samples", lance_options).version
-    rejects_uri = storage.lance_uri("rejects")
-    lance_io.replace_partition(rejects_uri, rejects_predicate(spec.name, "samples"), refused, schemas.REJECTS, lance_options)
-    rejects_version = lance_maintenance.refresh_table_indexes(rejects_uri, "rejects", lance_options).version
+    rejects_version = write_partition(storage, "rejects", rejects_predicate(spec.name, "samples"), refused)
     return SamplesReport(
         source=spec.name, rows=rows, bytes=size, fragments_read=len(fragments), seconds=time.monotonic() - start,
         rejects=refused, samples_version=samples_version, rejects_version=rejects_version,
