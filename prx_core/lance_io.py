@@ -219,13 +219,14 @@ def upsert_stream(uri: str, tables: Iterable[pa.Table], keys: list[str], storage
     or a cancelled run loses at most that much work, and memory holds no more than it.
     Returns the table version after the last commit, None if nothing was written."""
     pending: list[pa.Table] = []
-    version = None
+    rows, version = 0, None
     for table in tables:
         pending.append(table)
-        if sum(t.num_rows for t in pending) >= commit_every:
+        rows += table.num_rows
+        if rows >= commit_every:
             version = upsert(uri, pa.concat_tables(pending), keys, storage_options)
-            pending = []
-    if sum(t.num_rows for t in pending):
+            pending, rows = [], 0
+    if rows:
         version = upsert(uri, pa.concat_tables(pending), keys, storage_options)
     return version
 

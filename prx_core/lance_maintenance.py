@@ -163,9 +163,10 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     existing: list[str] = []
     notes: list[str] = []
     rows = ds.count_rows()
-    for columns, kind, suffix in ((fts_columns, "INVERTED", "fts"), (bitmap_columns, "BITMAP", "bitmap")):
+    for columns, kind, kinds, suffix in ((fts_columns, "INVERTED", FTS_TYPES, "fts"),
+                                         (bitmap_columns, "BITMAP", {"bitmap"}, "bitmap")):
         for column in columns:
-            if (desc := _find_index(ds, column, FTS_TYPES if kind == "INVERTED" else {"bitmap"})) is not None:
+            if (desc := _find_index(ds, column, kinds)) is not None:
                 existing.append(desc.name)
             elif rows == 0:
                 notes.append(f"{column}: no {kind} index on an empty table")

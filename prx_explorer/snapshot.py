@@ -161,8 +161,8 @@ class SnapshotCache:
     at a million rows, and a backfill moves tables every few seconds). A failed rebuild keeps the
     old snapshot and is reported in `status()`; the next check retries it."""
 
-    def __init__(self, storage: Storage, ttl: float = 5.0, background: bool = True) -> None:
-        self.storage, self.ttl, self.background = storage, ttl, background
+    def __init__(self, storage: Storage, ttl: float = 5.0) -> None:
+        self.storage, self.ttl = storage, ttl
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._key: tuple | None = None
@@ -179,12 +179,8 @@ class SnapshotCache:
             if time.monotonic() - self._checked < self.ttl or self._refreshing:
                 return snapshot
             self._checked, self._refreshing = time.monotonic(), True
-        if self.background:
-            threading.Thread(target=self._refresh, name="explorer-snapshot", daemon=True).start()
-            return snapshot
-        self._refresh()
-        with self._lock:
-            return self._snapshot
+        threading.Thread(target=self._refresh, name="explorer-snapshot", daemon=True).start()
+        return snapshot
 
     def status(self) -> dict[str, object]:
         """For /healthz: whether a rebuild is running and why the last one failed, if it did."""

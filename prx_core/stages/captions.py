@@ -123,8 +123,7 @@ def build_captions(
         report.generation_seconds = time.monotonic() - generation_start
         if config.backend == VLLM:
             report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
-        lance_maintenance.refresh_table_indexes(captions_uri, "captions", options)
-        report.captions_version = lance_io.table_version(captions_uri, options)  # includes the index commit
+        report.captions_version = lance_maintenance.refresh_table_indexes(captions_uri, "captions", options).version
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report
