@@ -5,13 +5,13 @@ For each table size, one in-process run:
 
 1. write the synthetic captions table (`benchmarks.explorer_data`) the way the pipeline does, as
    many small commits (`--fragment-rows` rows each, like repeated partition writes);
-2. build the indexes with `prx_core.lance_maintenance.refresh_indexes` (INVERTED on `caption`,
+2. build the indexes with `prx_core.store.maintenance.refresh_indexes` (INVERTED on `caption`,
    then IVF_PQ on `embedding` from 100k rows, IVF_FLAT below), timed;
 3. time each query class (`benchmarks.explorer_queries`) one query at a time, after warm-ups, on
    one open dataset, and record from `explain_plan` whether it used the index, whether any part
    ran flat (unindexed fragments) and whether the filter used a scalar index; also recall@k
    against the exact neighbours and the hits of every planted word;
-4. `prx_core.lance_maintenance.compact_table`, then the same measurements again.
+4. `prx_core.store.maintenance.compact_table`, then the same measurements again.
 
 Last, outside `refresh_indexes`: a BITMAP index on `source`, and the two filtered classes again
 (phase `bitmap`): what a scalar index on the explorer's filter columns would buy.
@@ -34,11 +34,11 @@ from typing import Any
 
 import lance
 
-from benchmarks.explorer_data import K, PLANTED, make_workload, write_table
+from benchmarks.explorer_data import PLANTED, K, make_workload, write_table
 from benchmarks.explorer_queries import measure_phase, query_classes
 from benchmarks.image_path import _cpu_name
-from prx_core.lance_io import require_table
-from prx_core.lance_maintenance import compact_table, fragment_health, refresh_indexes
+from prx_core.store.lance_io import require_table
+from prx_core.store.maintenance import compact_table, fragment_health, refresh_indexes
 
 
 def peak_rss_mb() -> float:

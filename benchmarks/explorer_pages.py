@@ -20,10 +20,10 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from prx_core import schemas
-from prx_core.lance_maintenance import refresh_indexes
 from prx_core.stages.caption_embeddings import fixed_size_vectors
-from prx_core.storage import Storage
+from prx_core.store import schemas
+from prx_core.store.maintenance import refresh_indexes
+from prx_core.store.storage import Storage
 
 WORDS = [f"word{i}" for i in range(5000)] + ["astronaut", "rocket", "harbour", "lighthouse"]
 SOURCES = ("crawl", "stock", "web")

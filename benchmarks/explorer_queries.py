@@ -25,9 +25,9 @@ import numpy as np
 import pyarrow as pa
 from lance import LanceDataset
 
-from benchmarks.explorer_data import FILTER_SOURCE, K, PLANTED, Workload
-from prx_core.lance_io import require_table
-from prx_core.lance_maintenance import _unindexed_fragments
+from benchmarks.explorer_data import FILTER_SOURCE, PLANTED, K, Workload
+from prx_core.store.lance_io import require_table
+from prx_core.store.maintenance import _unindexed_fragments
 
 
 @dataclass(frozen=True)

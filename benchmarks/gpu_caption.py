@@ -1,4 +1,4 @@
-"""GPU captioning benchmark: N images through the `vllm` backend (prx_core.captioning_vllm), the
+"""GPU captioning benchmark: N images through the `vllm` backend (prx_core.models.captioning_vllm), the
 exact Ray Data pipeline `build_captions` runs (preprocess -> ray.data.llm stages -> postprocess),
 without Lance: images come from a folder or are synthesised from the offline scikit-image photos.
 
@@ -135,8 +135,8 @@ def main() -> None:
 
     import ray
 
-    from prx_core.captioning import CaptionerConfig
-    from prx_core.captioning_vllm import caption_dataset
+    from prx_core.models.caption_base import CaptionerConfig
+    from prx_core.models.captioning_vllm import caption_dataset
 
     config = CaptionerConfig(
         "vllm", model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -4,7 +4,7 @@ All three run in this process, on one core, over the same corpus of real-photo J
 15 megapixels, derived from the offline photos), so the ratios compare like with like:
 
 - naive: open, convert, pHash of the full image (imagehash), decode again, crop, Lanczos, q92
-- fused: `prx_core.imaging.process_image` (one decode, DCT-scaled where it pays)
+- fused: `prx_core.image.imaging.process_image` (one decode, DCT-scaled where it pays)
 - floor: decode at the same DCT scale, cut the bucket's pixels out without resampling, q92
 """
 
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
-from prx_core.buckets import TIERS, Bucket, assign_bucket, crop_box
-from prx_core.decode import decode_opened, open_image
 from prx_core.demo.photos import find_wallpapers, load_skimage_photos
-from prx_core.imaging import Processed, draft_target, encode_jpeg, process_image, resize_to_bucket
-from prx_core.phash import phash
+from prx_core.image.buckets import TIERS, Bucket, assign_bucket, crop_box
+from prx_core.image.decode import decode_opened, open_image
+from prx_core.image.imaging import Processed, draft_target, encode_jpeg, process_image, resize_to_bucket
+from prx_core.image.phash import phash
 
 ASPECTS = (0.67, 0.75, 1.0, 1.33, 1.5, 1.78)
 
@@ -171,7 +171,7 @@ def _repo_root() -> str:
 def phash_throughput(images: list[Image.Image]) -> dict[str, float]:
     import imagehash
 
-    from prx_core.phash import phash
+    from prx_core.image.phash import phash
 
     rates = {}
     for name, fn in (("prx_phash_ips", phash), ("imagehash_ips", imagehash.phash)):
@@ -187,7 +187,7 @@ def peak_rss_mb(megapixels: float = 15.0) -> float:
     code = (
         "import io, resource, sys\n"
         "from PIL import Image\n"
-        "from prx_core.imaging import process_image\n"
+        "from prx_core.image.imaging import process_image\n"
         f"w = int(({megapixels} * 1e6 * 16 / 9) ** 0.5); h = int(w * 9 / 16)\n"
         "buf = io.BytesIO(); Image.linear_gradient('L').resize((w, h)).convert('RGB').save(buf, 'JPEG', quality=90)\n"
         "data = buf.getvalue(); del buf\n"
@@ -250,7 +250,7 @@ def _run(quick: bool, max_tiers: tuple[int, ...], images: int | None) -> dict:
     sample_images = [Image.open(io.BytesIO(s.data)).convert("RGB") for s in corpus[:40] if s.megapixels < 4]
     results.update(phash_throughput(sample_images))
     results["phash_speedup"] = results["prx_phash_ips"] / results["imagehash_ips"]
-    from prx_core.phash import measure_exact_match
+    from prx_core.image.phash import measure_exact_match
 
     results["phash_exact_match"] = measure_exact_match(sample_images[:24])
     results["peak_rss_mb_15mp"] = peak_rss_mb()

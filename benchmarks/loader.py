@@ -1,7 +1,7 @@
 """Loader benchmark: `CorpusDataset` throughput with and without skip-lists (one process, one core).
 
 The corpus is demo-like and real: JPEG q92 crops of the offline photos in five tier-512 buckets
-of two sources, written with `prx_core.mds.write_source_streams` (unequal bucket sizes, like a
+of two sources, written with `prx_core.shards.mds.write_source_streams` (unequal bucket sizes, like a
 real source). The same MDS is read three ways, in alternated runs so background load hits all
 of them alike; each loader keeps its best run (load only ever slows a run down):
 
@@ -35,9 +35,9 @@ from PIL import Image
 
 from benchmarks.image_path import _cpu_name, one_core
 from prx_core.demo.photos import load_skimage_photos
-from prx_core.imaging import encode_jpeg
-from prx_core.mds import StreamSummary, list_streams, write_source_streams
-from prx_core.skiplists import SkipList, write_skip_lists
+from prx_core.image.imaging import encode_jpeg
+from prx_core.shards.mds import StreamSummary, list_streams, write_source_streams
+from prx_core.shards.skiplists import SkipList, write_skip_lists
 
 BUCKETS = ((512, 512, 0.34), (576, 448, 0.22), (448, 576, 0.18), (640, 384, 0.14), (384, 640, 0.12))
 SOURCES = (("photos", 0.6), ("scans", 0.4))
@@ -93,7 +93,7 @@ def _dataset(kind: str, roots: dict[str, str]) -> Any:
         from streaming import Stream, StreamingDataset
 
         return StreamingDataset(streams=[Stream(local=u) for u in list_streams(roots["plain"])], **kwargs)
-    from prx_core.loader import CorpusDataset
+    from prx_core.shards.loader import CorpusDataset
 
     return CorpusDataset(roots["skip10" if kind == "skip10" else "plain"], 512, **kwargs)
 
@@ -117,7 +117,7 @@ def _measure(kind: str, roots: dict[str, str], limit: int | None, decode: bool) 
 
 def substitute_cost_us(n: int = 1_000_000, fraction: float = SKIP_FRACTION, calls: int = 200_000) -> dict[str, float]:
     """µs per `_Substitutes` lookup on a 1M-sample stream: a kept index and a skipped one."""
-    from prx_core.loader import StreamPlan, _Substitutes
+    from prx_core.shards.loader import StreamPlan, _Substitutes
 
     rng = np.random.default_rng(5)
     skipped = np.sort(rng.choice(n, int(n * fraction), replace=False)).astype(np.int64)

@@ -1,10 +1,10 @@
 """Overhead of the `openai` captioner backend against direct calls to the same local model.
 
-Both paths caption the same JPEGs with the tiny local Qwen2-VL (prx_core.tiny_vlm), on one core
+Both paths caption the same JPEGs with the tiny local Qwen2-VL (prx_core.models.tiny_vlm), on one core
 with one torch thread, in the same process:
 
 - direct: `TransformersCaptioner.caption_batch` (batches of `--batch` images)
-- openai: `OpenAICaptioner` (concurrency `--batch`) -> HTTP on loopback -> `prx_core.serving`
+- openai: `OpenAICaptioner` (concurrency `--batch`) -> HTTP on loopback -> `prx_core.models.serving`
   (micro-batches of up to `--batch`) -> the same `TransformersCaptioner`
 
 - transport: the `openai` path against a server whose captioner answers a fixed string: the
@@ -32,11 +32,12 @@ import skimage.data
 from PIL import Image
 
 from benchmarks.image_path import _cpu_name, one_core
-from prx_core.captioning import Captioner, CaptionerConfig, CaptionResult, build_captioner
-from prx_core.captioning_transformers import TransformersCaptioner
-from prx_core.captioning_openai import encode_for_request
-from prx_core.serving import CaptionServer
-from prx_core.tiny_vlm import build_tiny_qwen2_vl
+from prx_core.models.caption_base import Captioner, CaptionerConfig, CaptionResult
+from prx_core.models.captioning import build_captioner
+from prx_core.models.captioning_openai import encode_for_request
+from prx_core.models.captioning_transformers import TransformersCaptioner
+from prx_core.models.serving import CaptionServer
+from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
 
 PIXELS = 112 * 112  # the tiny checkpoint's processor cap
 

@@ -5,10 +5,9 @@ import dagster as dg
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE
-from prx_core import lance_io, lance_maintenance
-from prx_core.schemas import PARTITION_COLUMNS, TABLES
+from prx_core.store import lance_io, maintenance
+from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
-
 
 refresh_source_job = dg.define_asset_job(
     "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE),
@@ -44,9 +43,9 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
-        report = lance_maintenance.compact_table(uri, storage_options=options,
+        report = maintenance.compact_table(uri, storage_options=options,
                                                  partition_columns=PARTITION_COLUMNS.get(table, ()))
-        indexes = lance_maintenance.refresh_table_indexes(uri, table, options)
+        indexes = maintenance.refresh_table_indexes(uri, table, options)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))

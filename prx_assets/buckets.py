@@ -4,10 +4,10 @@
 import dagster as dg
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions
-from prx_core import lance_io
-from prx_core.buckets import bucket_sizes
+from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import build_buckets
-from prx_core.stages.samples import source_predicate
+from prx_core.store import lance_io
+from prx_core.store.partitions import source_predicate
 from prx_resources import StorageResource
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()

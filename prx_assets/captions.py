@@ -9,7 +9,8 @@ import pyarrow.compute as pc
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
-from prx_core.stages.captions import build_captions, eligible_contents, existing_keys
+from prx_core.stages.captions import build_captions, existing_keys
+from prx_core.store.lookups import eligible_contents
 from prx_resources import CaptionerResource, ExplorerResource, StorageResource
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,

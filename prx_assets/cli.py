@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from prx_core.doctor import FAIL, run_doctor
+    from prx_core.compute.doctor import FAIL, run_doctor
 
     checks = run_doctor(args.root, with_ray=not args.no_ray)
     for check in checks:
@@ -41,7 +41,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     import os
 
     from prx_assets.settings import load_settings, validate_request
-    from prx_core.catalog import load_catalog
+    from prx_core.sources.catalog import load_catalog
 
     os.environ["PRX_ROOT"] = os.path.abspath(args.root) if "://" not in args.root else args.root
     os.environ["PRX_SOURCES"] = os.path.abspath(args.sources)
@@ -58,8 +58,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     from prx_assets.build import caption_lines, prepare_instance, run_build, sync_sources
     from prx_assets.definitions import build_definitions
-    from prx_core.storage import Storage
-    from prx_core.summary import corpus_summary, format_summary
+    from prx_core.store.storage import Storage
+    from prx_core.store.summary import corpus_summary, format_summary
 
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home)
@@ -90,8 +90,8 @@ def _cmd_browse(args: argparse.Namespace) -> int:
     import os
 
     from prx_assets.settings import SettingsError, load_settings
-    from prx_core import lance_io
-    from prx_core.storage import Storage
+    from prx_core.store import lance_io
+    from prx_core.store.storage import Storage
 
     if args.config:
         os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
@@ -157,7 +157,7 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from prx_core.doctor import default_root
+    from prx_core.compute.doctor import default_root
 
     parser = argparse.ArgumentParser(prog="prx-corpus", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from prx_core.catalog import CatalogError
+    from prx_core.sources.catalog import CatalogError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench-explorer"]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import dagster as dg
 
-from prx_core.catalog import Catalog
-from prx_core.parallel import Throttle
+from prx_core.compute.parallel import Throttle
+from prx_core.sources.catalog import Catalog
 
 SOURCES = dg.DynamicPartitionsDefinition(name="sources")
 GROUP = "corpus"

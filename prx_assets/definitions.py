@@ -20,11 +20,18 @@ from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
 from prx_assets.raw_source import raw_source
 from prx_assets.samples import samples_asset
-from prx_assets.skip_lists import skip_lists_asset
 from prx_assets.settings import Settings, load_settings
+from prx_assets.skip_lists import skip_lists_asset
 from prx_resources import (
-    CaptionerResource, CatalogResource, EmbeddedRay, EmbedderResource, ExplorerResource, LabelerResource, RayCluster,
-    SkipPolicyResource, StorageResource,
+    CaptionerResource,
+    CatalogResource,
+    EmbeddedRay,
+    EmbedderResource,
+    ExplorerResource,
+    LabelerResource,
+    RayCluster,
+    SkipPolicyResource,
+    StorageResource,
 )
 from prx_resources.ray import never_cleanup
 

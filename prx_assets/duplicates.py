@@ -4,8 +4,8 @@
 import dagster as dg
 
 from prx_assets.common import GROUP, lance_versions, md_table
-from prx_core import lance_io
 from prx_core.stages.duplicates import build_duplicates
+from prx_core.store import lance_io
 from prx_resources import StorageResource
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,

@@ -7,11 +7,11 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, md_table, progress
-from prx_core import lance_io
-from prx_core.mds_read import verify_stream
+from prx_core.shards.mds_read import verify_stream
 from prx_core.stages.mds_shards import build_mds
-from prx_core.stages.samples import source_predicate
-from prx_core.storage import Storage
+from prx_core.store import lance_io
+from prx_core.store.partitions import source_predicate
+from prx_core.store.storage import Storage
 from prx_resources import CaptionerResource, StorageResource
 
 CHECKS = [dg.AssetCheckSpec(

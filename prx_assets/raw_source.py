@@ -4,7 +4,7 @@
 import dagster as dg
 
 from prx_assets.common import GROUP, SOURCES
-from prx_core.sources import observe_source
+from prx_core.sources.readers import observe_source
 from prx_resources import CatalogResource, StorageResource
 
 

@@ -6,8 +6,9 @@ import pyarrow.compute as pc
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
-from prx_core import lance_io, lance_maintenance
-from prx_core.stages.samples import build_samples, source_predicate
+from prx_core.stages.samples import build_samples
+from prx_core.store import lance_io, maintenance
+from prx_core.store.partitions import source_predicate
 from prx_resources import CatalogResource, ExplorerResource, StorageResource
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
@@ -36,7 +37,7 @@ def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
         uri, options = store.lance_uri("samples"), store.lance_storage_options()
         ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
         unique = pc.count_distinct(ids).as_py() == len(ids)
-        health = lance_maintenance.fragment_health(uri, storage_options=options)
+        health = maintenance.fragment_health(uri, storage_options=options)
         total = report.rows + report.rejects.num_rows
         checks = [
             dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=unique,

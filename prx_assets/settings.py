@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from prx_core.catalog import CatalogError
+from prx_core.sources.catalog import CatalogError
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".prx" / "demo" / "corpus"

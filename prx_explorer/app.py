@@ -22,7 +22,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from prx_core.storage import Storage
+from prx_core.store.storage import Storage
 from prx_explorer import plots
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
 from prx_explorer.search import FILTERS, Query, QueryCache, neighbours, run_query, with_captions

@@ -13,12 +13,12 @@ from collections.abc import Callable
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.ticker  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from prx_core.buckets import FLOOR_SIDE, MAX_UPSCALE, TIERS  # noqa: E402
+from prx_core.image.buckets import FLOOR_SIDE, MAX_UPSCALE, TIERS  # noqa: E402
 
 MIN_ASPECT, MAX_ASPECT = 0.5, 2.0
 

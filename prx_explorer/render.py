@@ -12,8 +12,8 @@ from collections import OrderedDict
 from markupsafe import Markup, escape
 from PIL import Image
 
-from prx_core.buckets import Bucket, crop_box
-from prx_core.decode import Rejection, decode_image
+from prx_core.image.buckets import Bucket, crop_box
+from prx_core.image.decode import Rejection, decode_image
 
 THUMB_SIZES = (256, 768)
 _WORD = re.compile(r"\w+", re.UNICODE)

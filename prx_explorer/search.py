@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from lance import LanceDataset
 
-from prx_core import lance_io
+from prx_core.store import lance_io
 from prx_explorer.snapshot import Snapshot, rows_by_key
 
 PAGE_SIZE = 48

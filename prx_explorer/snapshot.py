@@ -18,9 +18,9 @@ import pandas as pd
 import pyarrow as pa
 from lance import LanceDataset
 
-from prx_core import lance_io
-from prx_core.skiplists import read_skip_lists
-from prx_core.storage import Storage
+from prx_core.shards.skiplists import read_skip_lists
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage
 
 TABLES = ("samples", "rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index",
           "caption_embeddings", "source_embeddings")

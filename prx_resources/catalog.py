@@ -5,7 +5,7 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from prx_core.catalog import Catalog, SourceSpec, load_catalog
+from prx_core.sources.catalog import Catalog, SourceSpec, load_catalog
 
 
 class CatalogResource(dg.ConfigurableResource):

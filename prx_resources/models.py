@@ -12,18 +12,18 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from prx_core.captioning import CaptionerConfig
-from prx_core.embeddings import MODEL_PACKAGE, EmbedderConfig
-from prx_core.labels import LabelerConfig
-from prx_core.prompts import PROMPT_VERSION
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.embeddings import MODEL_PACKAGE, EmbedderConfig
+from prx_core.models.label_base import LabelerConfig
+from prx_core.models.prompts import PROMPT_VERSION
 from prx_core.stages.skip_lists import SKIP_LABELS, SkipPolicy
 
 
 class CaptionerResource(dg.ConfigurableResource):
     """Re-captioning backend: `source` copies the source caption (demo default); `transformers`
     runs a local Hugging Face VLM checkpoint in Ray actors; `openai` calls an OpenAI-compatible
-    chat-completions endpoint from Ray actors (prx_core.captioning_openai); `vllm` runs the model on Ray GPU
-    workers through `ray.data.llm` (prx_core.captioning_vllm; vLLM must be installed in those
+    chat-completions endpoint from Ray actors (prx_core.models.captioning_openai); `vllm` runs the model on Ray GPU
+    workers through `ray.data.llm` (prx_core.models.captioning_vllm; vLLM must be installed in those
     workers' environment, not here). The vllm fields are optional: left unset they keep
     CaptionerConfig's defaults; none of them enters the code_version except the output-changing
     engine_kwargs (dtype, quantization, revision, tokenizer_revision, seed, hf_overrides)."""
@@ -33,7 +33,7 @@ class CaptionerResource(dg.ConfigurableResource):
         default="",
         description="Local checkpoint directory (transformers); Hub id or directory (vllm); served model name (openai).",
     )
-    prompt_version: str = Field(default=PROMPT_VERSION, description="Version of prx_core.prompts.CAPTION_PROMPT.")
+    prompt_version: str = Field(default=PROMPT_VERSION, description="Version of prx_core.models.prompts.CAPTION_PROMPT.")
     max_new_tokens: int = Field(default=256, description="Generation budget per caption.")
     temperature: float = Field(default=0.0, description="0 means greedy decoding.")
     top_p: float = Field(default=1.0, description="Nucleus sampling mass when temperature > 0.")
@@ -68,8 +68,8 @@ class CaptionerResource(dg.ConfigurableResource):
 
 class LabelerResource(dg.ConfigurableResource):
     """Caption labeller (visual / text / nsfw): zero-shot MiniLM on the CPU (`minilm`), or a text
-    LLM (`llm`) behind an OpenAI-compatible endpoint (`transport: openai`, prx_core.labels_llm) or
-    on Ray GPU workers through `ray.data.llm` (`transport: vllm`, prx_core.labels_vllm). The llm
+    LLM (`llm`) behind an OpenAI-compatible endpoint (`transport: openai`, prx_core.models.labels_llm) or
+    on Ray GPU workers through `ray.data.llm` (`transport: vllm`, prx_core.models.labels_vllm). The llm
     fields are optional; left unset they keep LabelerConfig's defaults. Model, temperature,
     max_tokens, constrained, thinking (and the instruction version, and for vllm the
     output-changing engine settings) enter the code_version; placement and transport do not."""

@@ -7,9 +7,9 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from prx_core.buckets import TIERS
-from prx_core.decode import DEFAULT_MAX_PIXELS
-from prx_core.storage import Storage
+from prx_core.image.buckets import TIERS
+from prx_core.image.decode import DEFAULT_MAX_PIXELS
+from prx_core.store.storage import Storage
 
 
 class StorageResource(dg.ConfigurableResource):

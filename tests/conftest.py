@@ -9,8 +9,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import pytest
 import pyarrow.parquet as pq
+import pytest
 
 # Short base path: Ray's unix sockets must stay under 107 characters.
 _SANDBOX = Path(tempfile.mkdtemp(prefix="prxt-", dir="/tmp"))
@@ -57,7 +57,7 @@ def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
 
     Read with plain pyarrow / tarfile / os, not the pipeline's readers, so a bug in the
     writer cannot hide behind the same bug in a reader."""
-    from prx_core.catalog import load_catalog
+    from prx_core.sources.catalog import load_catalog
 
     catalog = load_catalog(demo / "sources.yaml")
     out: dict[tuple[str, str], tuple[bytes, str]] = {}

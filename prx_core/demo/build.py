@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from prx_core.catalog import SourceSpec, dump_catalog
 from prx_core.demo import synthetic as syn
 from prx_core.demo.photos import BasePhoto, load_base_photos, skimage_data_dir
 from prx_core.demo.writers import FolderSourceWriter, ParquetSourceWriter, SourceWriter, WebDatasetWriter
+from prx_core.sources.catalog import SourceSpec, dump_catalog
 
 SEED = 20261129
 SOURCES = (

@@ -13,11 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, schemas
-from prx_core.buckets import TIERS, Drop, assign_bucket
-from prx_core.ingest import reject_row
-from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
-from prx_core.storage import Storage
+from prx_core.image.buckets import TIERS, Drop, assign_bucket
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store.storage import Storage
 
 
 @dataclass

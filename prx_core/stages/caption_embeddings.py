@@ -24,13 +24,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from prx_core import lance_io, lance_maintenance, schemas
-from prx_core.embeddings import EmbedBatch, EmbedderConfig
-from prx_core.lance_maintenance import IndexReport, VectorIndexCoverage
-from prx_core.parallel import Progress, quiet_ray_data
-from prx_core.stages.labels import pending_captions
-from prx_core.stages.samples import source_predicate
-from prx_core.storage import Storage
+from prx_core.compute.parallel import Progress, quiet_ray_data
+from prx_core.models.embeddings import EmbedBatch, EmbedderConfig
+from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.lookups import pending_captions
+from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
+from prx_core.store.partitions import source_predicate
+from prx_core.store.storage import Storage
 
 EMBEDDING_KEYS = ["content_id", "captioner_version", "embedder_version"]
 VECTOR_COLUMN = "embedding"
@@ -93,8 +93,8 @@ def build_caption_embeddings(
     for table in TABLES:
         uri = storage.lance_uri(table)
         if lance_io.table_exists(uri, options):
-            report.indexes[table] = lance_maintenance.refresh_table_indexes(uri, table, options)
-            report.coverage[table] = lance_maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
+            report.indexes[table] = maintenance.refresh_table_indexes(uri, table, options)
+            report.coverage[table] = maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
     report.caption_embeddings_version = lance_io.table_version(storage.lance_uri("caption_embeddings"), options)
     report.source_embeddings_version = lance_io.table_version(storage.lance_uri("source_embeddings"), options)
     after = embedded_keys(storage, captioner_version, config.version())

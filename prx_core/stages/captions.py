@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, lance_maintenance, schemas
-from prx_core.captioning import VLLM, CaptionBatch, CaptionerConfig
-from prx_core.parallel import Progress, chunk, quiet_ray_data, scan_partition, take_rows
-from prx_core.stages.samples import source_predicate
-from prx_core.storage import Storage
+from prx_core.compute.parallel import Progress, chunk, quiet_ray_data, take_rows
+from prx_core.models.caption_base import VLLM, CaptionerConfig
+from prx_core.models.captioning import CaptionBatch
+from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.lookups import eligible_contents
+from prx_core.store.storage import Storage
 
 if TYPE_CHECKING:
     import ray.data
@@ -54,22 +55,6 @@ class CaptionsReport:
     @property
     def output_tokens_per_second(self) -> float:
         return self.output_tokens / max(self.generation_seconds, 1e-9)
-
-
-def eligible_contents(source: str, storage: Storage) -> tuple[pa.Table, dict[str, int]]:
-    """First sample (address) per distinct content of `source` that reached a bucket."""
-    options = storage.lance_storage_options()
-    buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
-    if buckets is None:
-        raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
-    bucketed = buckets.to_table(columns=["sample_id"], filter=f"{source_predicate(source)} AND tier IS NOT NULL")
-    version, samples = scan_partition(storage.lance_uri("samples"), source_predicate(source), ["sample_id", "content_id"], options)
-    rows = samples.filter(pc.is_in(samples["sample_id"], bucketed["sample_id"])).sort_by("sample_id")
-    first: dict[str, int] = {}
-    for cid, address in zip(rows["content_id"].to_pylist(), rows["_rowaddr"].to_pylist()):
-        first.setdefault(cid, address)
-    table = pa.table({"content_id": list(first), "_rowaddr": pa.array(list(first.values()), pa.uint64())})
-    return table, {"samples": version, "buckets": buckets.version}
 
 
 def existing_keys(uri: str, version_column: str, version: str, options: dict[str, str], extra: str = "") -> set[str]:
@@ -110,7 +95,7 @@ def build_captions(
         dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map_batches(
             lambda b: read_caption_inputs(b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
         if config.backend == VLLM:  # a whole ray.data.llm stage; `config.replicas` sizes it, not `actors`
-            from prx_core import captioning_vllm
+            from prx_core.models import captioning_vllm
 
             dataset = captioning_vllm.caption_dataset(dataset, config)
         else:
@@ -123,7 +108,7 @@ def build_captions(
         report.generation_seconds = time.monotonic() - generation_start
         if config.backend == VLLM:
             report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
-        report.captions_version = lance_maintenance.refresh_table_indexes(captions_uri, "captions", options).version
+        report.captions_version = maintenance.refresh_table_indexes(captions_uri, "captions", options).version
     report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
     report.seconds = time.monotonic() - start
     return report

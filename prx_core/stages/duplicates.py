@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from prx_core import lance_io, schemas
-from prx_core.storage import Storage
+from prx_core.store import lance_io, schemas
+from prx_core.store.storage import Storage
 
 
 @dataclass

@@ -4,7 +4,7 @@ Labels are computed from caption text only, keyed by (content_id, captioner vers
 version): a new captioner or a new labeler relabels, a rerun of either reuses. A labeler that can
 fail (llm: `error` column) stores no row for a failed caption: it is counted in `failed` /
 `failures` (by error code) and labelled again on the next materialization. The llm labeller with
-transport `vllm` runs as one `ray.data.llm` stage (prx_core.labels_vllm) instead of the actor pool
+transport `vllm` runs as one `ray.data.llm` stage (prx_core.models.labels_vllm) instead of the actor pool
 of `LabelBatch`, into the same upsert. Labels are committed every `commit_every` rows as they
 arrive, so hours of GPU labelling are never held in memory or lost to one crash.
 """
@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, schemas
-from prx_core.labels import LabelBatch, LabelerConfig
-from prx_core.parallel import Progress, quiet_ray_data
-from prx_core.stages.captions import eligible_contents
-from prx_core.storage import Storage
+from prx_core.compute.parallel import Progress, quiet_ray_data
+from prx_core.models.label_base import LabelerConfig
+from prx_core.models.labels import LabelBatch
+from prx_core.store import lance_io
+from prx_core.store.lookups import pending_captions, read_labels
+from prx_core.store.storage import Storage
 
 if TYPE_CHECKING:
     import ray.data
@@ -46,36 +47,6 @@ class LabelsReport:
     failures: dict[str, int] = field(default_factory=dict)  # error code -> count
     read_versions: dict[str, int] = field(default_factory=dict)
     gpu_hours: float | None = None  # llm over vllm: engine replicas x GPUs each x labelling time
-
-
-def read_captions(storage: Storage, captioner_version: str, content_ids: pa.Array) -> tuple[pa.Table, int]:
-    dataset = lance_io.open_table(storage.lance_uri("captions"), storage.lance_storage_options())
-    if dataset is None:
-        raise RuntimeError("the captions table does not exist yet: materialize `captions` first")
-    table = dataset.to_table(
-        columns=["content_id", "caption"],
-        filter=f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''",
-    )
-    return table.filter(pc.is_in(table["content_id"], content_ids)), dataset.version
-
-
-def pending_captions(source: str, storage: Storage, captioner_version: str,
-                     done: pa.Array) -> tuple[pa.Table, pa.Table, dict[str, int]]:
-    """The source's captioned eligible contents, those of them not in `done` (sorted, so batches
-    are stable), and the table versions read: what every caption-derived stage starts from."""
-    eligible, versions = eligible_contents(source, storage)
-    captions, versions["captions"] = read_captions(storage, captioner_version, eligible["content_id"])
-    todo = captions.filter(pc.invert(pc.is_in(captions["content_id"], done))).sort_by("content_id")
-    return captions, todo, versions
-
-
-def read_labels(storage: Storage, captioner_version: str, labeler_version: str) -> pa.Table:
-    dataset = lance_io.open_table(storage.lance_uri("caption_labels"), storage.lance_storage_options())
-    if dataset is None:
-        return schemas.CAPTION_LABELS.empty_table()
-    where = (f"captioner_version = {lance_io.sql_literal(captioner_version)} "
-             f"AND labeler_version = {lance_io.sql_literal(labeler_version)}")
-    return dataset.to_table(filter=where)
 
 
 def build_labels(
@@ -110,7 +81,7 @@ def label_dataset(todo: pa.Table, config: LabelerConfig, actors: int) -> ray.dat
     quiet_ray_data()
     dataset = ray.data.from_arrow(todo)
     if config.backend == "llm" and config.transport == "vllm":
-        from prx_core import labels_vllm
+        from prx_core.models import labels_vllm
 
         return labels_vllm.label_dataset(dataset, config)
     return dataset.map_batches(

@@ -1,7 +1,7 @@
 """Stage `mds_shards`: the source's streams, resized to their buckets, JPEG q92, with captions.
 
 Rows are planned on the driver in a fixed order (tier, bucket, sample_id), images are decoded
-once each by `process_image` on Ray in that order, and `prx_core.mds` writes and publishes
+once each by `process_image` on Ray in that order, and `prx_core.shards.mds` writes and publishes
 each stream whole. `mds_index` records every sample's position in its stream (what skip-lists
 refer to) and the SHA-256 of the stored bytes (what the readback check compares).
 """
@@ -16,16 +16,15 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core import lance_io, schemas
-from prx_core.buckets import TIERS
-from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection
-from prx_core.faults import pause_point
-from prx_core.imaging import process_image
-from prx_core.ingest import reject_row
-from prx_core.mds import StreamSummary, write_source_streams
-from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
-from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
-from prx_core.storage import Storage
+from prx_core.compute.faults import pause_point
+from prx_core.compute.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
+from prx_core.image.buckets import TIERS
+from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
+from prx_core.image.imaging import process_image
+from prx_core.shards.mds import StreamSummary, write_source_streams
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store.storage import Storage
 
 ROWS_PER_TASK = 32
 NO_CAPTION = "no_caption"

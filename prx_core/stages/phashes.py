@@ -13,13 +13,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core import schemas
-from prx_core.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
-from prx_core.ingest import reject_row
-from prx_core.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
-from prx_core.phash import phash
-from prx_core.stages.samples import rejects_predicate, source_predicate, write_partition
-from prx_core.storage import Storage
+from prx_core.compute.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
+from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
+from prx_core.image.phash import phash
+from prx_core.store import schemas
+from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store.storage import Storage
 
 PHASH_DECODE_SIZE = (128, 128)
 ROWS_PER_TASK = 256

@@ -16,14 +16,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io, lance_maintenance, schemas
-from prx_core.catalog import SourceSpec
-from prx_core.decode import DEFAULT_MAX_PIXELS
-from prx_core.faults import pause_point
-from prx_core.ingest import ingest_batch, reject_row
-from prx_core.parallel import Progress, map_tasks
-from prx_core.sources import list_fragments, read_fragment
-from prx_core.storage import Storage
+from prx_core.compute.faults import pause_point
+from prx_core.compute.parallel import Progress, map_tasks
+from prx_core.image.decode import DEFAULT_MAX_PIXELS
+from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.ingest import ingest_batch
+from prx_core.sources.readers import list_fragments, read_fragment
+from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store.storage import Storage
 
 UNREADABLE_FRAGMENT = "unreadable_fragment"
 TASK_SCHEMA = pa.schema(
@@ -47,22 +48,6 @@ class SamplesReport:
     @property
     def images_per_second(self) -> float:
         return (self.rows + self.rejects.num_rows) / max(self.seconds, 1e-9)
-
-
-def source_predicate(source: str) -> str:
-    return f"source = {lance_io.sql_literal(source)}"
-
-
-def rejects_predicate(source: str, stage: str) -> str:
-    return f"{source_predicate(source)} AND stage = {lance_io.sql_literal(stage)}"
-
-
-def write_partition(storage: Storage, table: str, predicate: str, rows: pa.Table) -> int:
-    """Replace one partition of a per-source table in one commit and catch its indexes up;
-    returns the version readers see."""
-    uri, options = storage.lance_uri(table), storage.lance_storage_options()
-    lance_io.replace_partition(uri, predicate, rows, schemas.TABLES[table], options)
-    return lance_maintenance.refresh_table_indexes(uri, table, options).version
 
 
 def ingest_fragment(task: dict[str, Any]) -> pa.Table:
@@ -136,7 +121,7 @@ def build_samples(
     refused = refused.sort_by("sample_id")
     pause_point("samples:before_commit")  # fragments written, nothing committed
     lance_io.replace_rows(samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options)
-    samples_version = lance_maintenance.refresh_table_indexes(samples_uri, "samples", lance_options).version
+    samples_version = maintenance.refresh_table_indexes(samples_uri, "samples", lance_options).version
     rejects_version = write_partition(storage, "rejects", rejects_predicate(spec.name, "samples"), refused)
     return SamplesReport(
         source=spec.name, rows=rows, bytes=size, fragments_read=len(fragments), seconds=time.monotonic() - start,

@@ -12,11 +12,11 @@ from dataclasses import asdict, dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core import lance_io
-from prx_core.skiplists import SkipList, write_skip_lists
-from prx_core.stages.labels import read_labels
-from prx_core.stages.samples import source_predicate
-from prx_core.storage import Storage
+from prx_core.shards.skiplists import SkipList, write_skip_lists
+from prx_core.store import lance_io
+from prx_core.store.lookups import read_labels
+from prx_core.store.partitions import source_predicate
+from prx_core.store.storage import Storage
 
 SKIP_LABELS = ("text", "nsfw")
 

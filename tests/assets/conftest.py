@@ -25,11 +25,11 @@ from prx_assets.build import QUIET_LOGS, BuildOutcome, run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 from prx_assets.settings import Settings
-from prx_core import lance_io
-from prx_core.catalog import Catalog, load_catalog
 from prx_core.demo.build import Planted, load_manifest
-from prx_core.schemas import sample_id
-from prx_core.storage import Storage
+from prx_core.sources.catalog import Catalog, load_catalog
+from prx_core.store import lance_io
+from prx_core.store.schemas import sample_id
+from prx_core.store.storage import Storage
 
 SOURCES = ("stock_photos", "web_images", "crawl_wds")
 # reject reasons the `samples` stage gives (the others are given by `buckets`)
@@ -261,7 +261,7 @@ def copy_corpus(corpus: Corpus, dest: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from prx_core.tiny_vlm import build_tiny_qwen2_vl
+    from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
 
     return build_tiny_qwen2_vl(tmp_path_factory.mktemp("vlm") / "tiny-qwen2-vl")
 

@@ -8,15 +8,21 @@ from pathlib import Path
 import dagster as dg
 import lance
 from conftest import (
-    SOURCES, Corpus, copy_corpus, fresh_instance, materialize, read, resources_for,
+    SOURCES,
+    Corpus,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    read,
+    resources_for,
 )
 
 from prx_assets.automation import PER_SOURCE, compact_corpus, refresh_source_job, sources_sensor, weekly_source_refresh
 from prx_assets.common import SOURCES as PARTITIONS
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets
-from prx_core.schemas import PARTITION_COLUMNS, TABLES
-from prx_core.storage import Storage
+from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
+from prx_core.store.storage import Storage
 from prx_resources import CatalogResource
 
 

@@ -10,7 +10,7 @@ from conftest import checks_of, fresh_instance, image_folder_source, materialize
 from prx_assets.automation import PER_SOURCE
 from prx_assets.definitions import build_resources
 from prx_assets.settings import Settings
-from prx_core.catalog import load_catalog
+from prx_core.sources.catalog import load_catalog
 
 
 def test_missing_captions_fail_coverage_and_block_mds_shards(ray_session, tmp_path: Path) -> None:

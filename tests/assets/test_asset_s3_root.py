@@ -9,17 +9,17 @@ import boto3
 import dagster as dg
 import pyarrow.compute as pc
 import yaml
-
 from conftest import make_settings
+
 from prx_assets.build import run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
-from prx_core import lance_io
-from prx_core.catalog import load_catalog
-from prx_core.mds import list_streams
-from prx_core.mds_read import verify_stream
-from prx_core.skiplists import read_skip_lists
-from prx_core.storage import Storage
+from prx_core.shards.mds import list_streams
+from prx_core.shards.mds_read import verify_stream
+from prx_core.shards.skiplists import read_skip_lists
+from prx_core.sources.catalog import load_catalog
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage
 
 
 def upload(folder: Path, bucket: str, prefix: str, client) -> None:

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from conftest import BUCKETS_REASONS, SOURCES, Corpus, Manifest, by
 
-from prx_core.buckets import TIERS, assign_bucket, bucket_sizes
+from prx_core.image.buckets import TIERS, assign_bucket, bucket_sizes
 
 
 @pytest.mark.parametrize("source", SOURCES)

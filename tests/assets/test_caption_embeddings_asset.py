@@ -11,15 +11,24 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from conftest import (
-    SOURCES, Corpus, check, commits_since, copy_corpus, fresh_instance, materialize, materialized, read,
-    resources_for, version_of,
+    SOURCES,
+    Corpus,
+    check,
+    commits_since,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    materialized,
+    read,
+    resources_for,
+    version_of,
 )
 
 from prx_assets.automation import compact_corpus
-from prx_core import lance_io, lance_maintenance, schemas
-from prx_core.captioning import CaptionerConfig
-from prx_core.embeddings import EMBEDDING_DIM, EmbedderConfig
-from prx_core.storage import Storage
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.embeddings import EMBEDDING_DIM, EmbedderConfig
+from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.storage import Storage
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 VECTOR_TABLES = ("caption_embeddings", "source_embeddings")
@@ -97,7 +106,7 @@ def test_compaction_keeps_vector_indexes_whole(corpus: Corpus, tmp_path: Path) -
     root = copy_corpus(corpus, tmp_path / "corpus")
     storage = Storage(str(root))
     for table in VECTOR_TABLES:  # demo tables are small: index them now whatever the threshold says
-        lance_maintenance.refresh_indexes(storage.lance_uri(table), [], "embedding", min_vector_rows=1)
+        maintenance.refresh_indexes(storage.lance_uri(table), [], "embedding", min_vector_rows=1)
     # unindexed fragments, as a re-ingest leaves them: the same rows written again
     stock = read(root, "source_embeddings", filter="source = 'stock_photos'")
     lance_io.replace_partition(storage.lance_uri("source_embeddings"), "source = 'stock_photos'", stock,
@@ -105,7 +114,7 @@ def test_compaction_keeps_vector_indexes_whole(corpus: Corpus, tmp_path: Path) -
     half = read(root, "caption_embeddings").slice(0, 60)
     lance_io.upsert(storage.lance_uri("caption_embeddings"), half, ["content_id", "captioner_version", "embedder_version"])
     counts = {t: lance.dataset(storage.lance_uri(t)).count_rows() for t in VECTOR_TABLES}
-    assert all(lance_maintenance.vector_index_coverage(storage.lance_uri(t), "embedding").unindexed_fragments
+    assert all(maintenance.vector_index_coverage(storage.lance_uri(t), "embedding").unindexed_fragments
                for t in VECTOR_TABLES)
 
     result = compact_corpus.execute_in_process(resources=resources_for(corpus, root), instance=fresh_instance(corpus.catalog))
@@ -113,7 +122,7 @@ def test_compaction_keeps_vector_indexes_whole(corpus: Corpus, tmp_path: Path) -
     assert "caption_embeddings" in {e.asset_key.to_user_string() for e in result.get_asset_observation_events()}
     for table, key in (("caption_embeddings", "content_id"), ("source_embeddings", "sample_id")):
         uri = storage.lance_uri(table)
-        coverage = lance_maintenance.vector_index_coverage(uri, "embedding", min_rows=1)
+        coverage = maintenance.vector_index_coverage(uri, "embedding", min_rows=1)
         assert coverage.index == "embedding_vector" and coverage.unindexed_fragments == [] and coverage.complete, table
         ds = lance.dataset(uri)
         assert ds.count_rows() == counts[table] and len(ds.get_fragments()) == 1, table
@@ -161,7 +170,7 @@ def wide(corpus: Corpus, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     """The corpus copy plus `wide_clip` (768-d), materialized with an explorer configured."""
     from prx_assets.definitions import build_resources
     from prx_assets.settings import Settings
-    from prx_core.catalog import load_catalog
+    from prx_core.sources.catalog import load_catalog
 
     work = tmp_path_factory.mktemp("wide")
     root, catalog = copy_corpus(corpus, work / "corpus"), wide_clip_source(work / "src")

@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 from conftest import SOURCES, Corpus, Manifest
 
-from prx_core.captioning import CaptionerConfig
-from prx_core.labels import LABELS
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.label_base import LABELS
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 

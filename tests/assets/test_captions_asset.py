@@ -7,13 +7,22 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    SOURCES, Corpus, Manifest, check, copy_corpus, fresh_instance, materialize, materialized, read, resources_for,
+    SOURCES,
+    Corpus,
+    Manifest,
+    check,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    materialized,
+    read,
+    resources_for,
     transformers_config,
 )
 
-from prx_core import lance_io
-from prx_core.captioning import CaptionerConfig
-from prx_core.storage import Storage
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 

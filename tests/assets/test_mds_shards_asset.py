@@ -8,14 +8,24 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    SOURCES, Corpus, check, copy_corpus, fresh_instance, materialize, materialized, read, resources_for, sha256,
-    stream_dirs, tree_digest,
+    SOURCES,
+    Corpus,
+    check,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    materialized,
+    read,
+    resources_for,
+    sha256,
+    stream_dirs,
+    tree_digest,
 )
 from PIL import Image
 
-from prx_core.captioning import CaptionerConfig
-from prx_core.imaging import process_image
-from prx_core.mds_read import read_stream_rows
+from prx_core.image.imaging import process_image
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.shards.mds_read import read_stream_rows
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 

@@ -7,13 +7,29 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    INDEX_OPERATIONS, SAMPLES_REASONS, SOURCES, Corpus, Manifest, by, check, commits_since, copy_corpus, data_version,
-    fresh_instance, image_folder_source, make_settings, materialize, materialized, read, resources_for, sha256,
+    INDEX_OPERATIONS,
+    SAMPLES_REASONS,
+    SOURCES,
+    Corpus,
+    Manifest,
+    by,
+    check,
+    commits_since,
+    copy_corpus,
+    data_version,
+    fresh_instance,
+    image_folder_source,
+    make_settings,
+    materialize,
+    materialized,
+    read,
+    resources_for,
+    sha256,
     version_of,
 )
 
 from prx_assets.definitions import build_resources
-from prx_core.catalog import load_catalog
+from prx_core.sources.catalog import load_catalog
 
 
 def test_build_runs_every_chain_then_duplicates_then_skip_lists(corpus: Corpus, record_property) -> None:
@@ -112,7 +128,7 @@ def test_sample_ids_are_unique_across_the_table(corpus: Corpus) -> None:
 def test_original_captions_are_full_text_indexed(corpus: Corpus) -> None:
     import lance
 
-    from prx_core.storage import Storage
+    from prx_core.store.storage import Storage
 
     ds = lance.dataset(Storage(str(corpus.root)).lance_uri("samples"))
     (index,) = [d for d in ds.describe_indices() if list(d.field_names) == ["original_caption"]]
@@ -156,7 +172,7 @@ def read_addresses(root: Path, predicate: str) -> dict[str, int]:
     """sample_id -> Lance row address: equal addresses mean the rows were not rewritten."""
     import lance
 
-    from prx_core.storage import Storage
+    from prx_core.store.storage import Storage
 
     table = lance.dataset(Storage(str(root)).lance_uri("samples")).to_table(
         columns=["sample_id"], filter=predicate, with_row_address=True)

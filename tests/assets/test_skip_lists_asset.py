@@ -8,11 +8,19 @@ from pathlib import Path
 
 import pytest
 from conftest import (
-    SOURCES, Corpus, copy_corpus, fresh_instance, materialize, materialized, read, resources_for, stream_dirs,
+    SOURCES,
+    Corpus,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    materialized,
+    read,
+    resources_for,
+    stream_dirs,
     tree_digest,
 )
 
-from prx_core.skiplists import read_skip_lists, skipped_indices
+from prx_core.shards.skiplists import read_skip_lists, skipped_indices
 from prx_core.stages.skip_lists import SkipPolicy
 
 

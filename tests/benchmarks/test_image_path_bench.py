@@ -7,7 +7,7 @@ import io
 from PIL import Image
 
 from benchmarks.image_path import build_corpus, floor_path, format_table, fused_path, naive_path, run
-from prx_core.buckets import assign_bucket
+from prx_core.image.buckets import assign_bucket
 
 
 def test_paths_produce_the_bucket() -> None:

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from prx_core.buckets import (
+from prx_core.image.buckets import (
     ASPECT_RATIO,
     BELOW_FLOOR,
     TIERS,

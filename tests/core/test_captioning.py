@@ -14,18 +14,11 @@ import pytest
 import skimage.data
 from PIL import Image
 
-from prx_core.captioning import (
-    CaptionBatch,
-    CaptionerConfig,
-    CaptionResult,
-    SourceCaptioner,
-    build_captioner,
-    prepare_image,
-    word_count,
-)
-from prx_core.captioning_transformers import TransformersCaptioner
-from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
-from prx_core.tiny_vlm import build_tiny_qwen2_vl
+from prx_core.models.caption_base import CaptionerConfig, CaptionResult, prepare_image, word_count
+from prx_core.models.captioning import CaptionBatch, SourceCaptioner, build_captioner
+from prx_core.models.captioning_transformers import TransformersCaptioner
+from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
+from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
 
 TINY_PIXELS = 112 * 112
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/core/conftest.py

@@ -1,5 +1,5 @@
 """The `openai` captioner backend against a real OpenAI-compatible server on loopback
-(prx_core.serving) answering with the tiny local Qwen2-VL: real HTTP, real generation,
+(prx_core.models.serving) answering with the tiny local Qwen2-VL: real HTTP, real generation,
 injected 429s, 500s and timeouts."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from prx_core.captioning import CaptionBatch, CaptionerConfig, CaptionResult, build_captioner
-from prx_core.captioning_transformers import TransformersCaptioner
-from prx_core.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
-from prx_core.openai_http import retry_after_seconds
-from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
-from prx_core.serving import CaptionServer, Faults
-from prx_core.tiny_vlm import build_tiny_qwen2_vl
+from prx_core.models.caption_base import CaptionerConfig, CaptionResult
+from prx_core.models.captioning import CaptionBatch, build_captioner
+from prx_core.models.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
+from prx_core.models.captioning_transformers import TransformersCaptioner
+from prx_core.models.openai_http import retry_after_seconds
+from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
+from prx_core.models.serving import CaptionServer, Faults
+from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
 
 TINY_PIXELS = 112 * 112
 SERVED = "tiny-qwen2-vl-served"
@@ -221,7 +222,7 @@ def test_caption_batch_callable_with_the_openai_backend(
 
 
 def test_server_reads_only_base64_data_urls() -> None:
-    from prx_core.serving import first_image
+    from prx_core.models.serving import first_image
 
     assert first_image({"messages": []}) == "expected messages with a user message holding an image_url part"
     assert first_image({"messages": [{"role": "user", "content": "hi"}]}) == "the user message holds no image_url part"
@@ -240,9 +241,9 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     import pyarrow as pa
     import ray
 
-    from prx_core import lance_io
     from prx_core.stages import captions as captions_stage
-    from prx_core.storage import Storage
+    from prx_core.store import lance_io
+    from prx_core.store.storage import Storage
 
     storage = Storage(str(tmp_path / "corpus"))
     images = {"c0": photos[0], "c1": photos[1], "c2": photos[2], "junk": b"not an image"}

@@ -15,12 +15,13 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from prx_core import captioning_vllm as cv
-from prx_core import lance_io
-from prx_core.captioning import CaptionerConfig, build_captioner
-from prx_core.prompts import CAPTION_PROMPT, PROMPT_VERSION
+from prx_core.models import captioning_vllm as cv
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.captioning import build_captioner
+from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.stages import captions as captions_stage
-from prx_core.storage import Storage
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
 

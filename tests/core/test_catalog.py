@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prx_core.catalog import CatalogError, SourceSpec, dump_catalog, load_catalog
+from prx_core.sources.catalog import CatalogError, SourceSpec, dump_catalog, load_catalog
 
 VALID = {
     "name": "photos_a",

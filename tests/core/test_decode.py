@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from prx_core.decode import (
+from prx_core.demo import load_manifest
+from prx_core.demo import synthetic as syn
+from prx_core.demo.photos import skimage_data_dir
+from prx_core.image.decode import (
     ALLOWED_FORMATS,
     Decoded,
     Rejection,
@@ -18,9 +21,6 @@ from prx_core.decode import (
     sniff_refused_format,
     to_rgb,
 )
-from prx_core.demo import load_manifest
-from prx_core.demo import synthetic as syn
-from prx_core.demo.photos import skimage_data_dir
 
 
 def encode(image: Image.Image, fmt: str, **params: object) -> bytes:

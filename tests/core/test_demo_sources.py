@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageFile, UnidentifiedImageError
 
-from prx_core.catalog import load_catalog
 from prx_core.demo import build_demo_sources, load_manifest
+from prx_core.sources.catalog import load_catalog
 
 FLOOR = 384 * 384
 

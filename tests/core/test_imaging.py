@@ -8,14 +8,14 @@ import io
 import pytest
 from PIL import Image
 
-from prx_core.buckets import Bucket, assign_bucket, bucket_sizes
-from prx_core.decode import Rejection, decode_image
 from prx_core.demo import load_manifest
 from prx_core.demo import synthetic as syn
 from prx_core.demo.photos import skimage_data_dir
-from prx_core.imaging import Processed, draft_target, encode_jpeg, process_image, resize_to_bucket
-from prx_core.jpeg_quality import estimate_jpeg_quality
-from prx_core.phash import hamming, phash
+from prx_core.image.buckets import Bucket, assign_bucket, bucket_sizes
+from prx_core.image.decode import Rejection, decode_image
+from prx_core.image.imaging import Processed, draft_target, encode_jpeg, process_image, resize_to_bucket
+from prx_core.image.jpeg_quality import estimate_jpeg_quality
+from prx_core.image.phash import hamming, phash
 
 
 @pytest.fixture(scope="module")

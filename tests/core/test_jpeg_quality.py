@@ -14,7 +14,7 @@ import pytest
 import skimage
 from PIL import Image
 
-from prx_core.jpeg_quality import (
+from prx_core.image.jpeg_quality import (
     estimate_jpeg_quality,
     estimate_jpeg_quality_with_error,
     standard_tables,

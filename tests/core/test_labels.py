@@ -12,10 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from prx_core.embeddings import EMBEDDING_DIM, embed_captions, model_identity
-from prx_core.labels import (
-    LABELS, LabelBatch, LabelerConfig, LabelResult, MiniLMLabeler, build_labeler, choose_label,
-)
+from prx_core.models.embeddings import EMBEDDING_DIM, embed_captions, model_identity
+from prx_core.models.label_base import LABELS, LabelerConfig, LabelResult, choose_label
+from prx_core.models.labels import LabelBatch, MiniLMLabeler, build_labeler
 
 DEMO_TEXT = [
     "Scanned page of a printed document with dense paragraphs of text",

@@ -16,11 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from aiohttp import web
-
 from test_labels_llm_requests import llm
 
-from prx_core.labels import LABELS, LabelBatch, LabelerConfig, build_labeler
-from prx_core.labels_llm import LABEL_INSTRUCTION, OpenAILLMLabeler, error_code
+from prx_core.models.label_base import LABELS, LabelerConfig
+from prx_core.models.labels import LabelBatch, build_labeler
+from prx_core.models.labels_llm import LABEL_INSTRUCTION, OpenAILLMLabeler, error_code
 
 # ----------------------------------------------------------------------------- a real server on loopback
 
@@ -203,14 +203,15 @@ def fake_ray(monkeypatch) -> None:
 
 def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_factory, monkeypatch, tmp_path) -> None:
     from prx_core.stages import labels as stage
-    from prx_core.storage import Storage
+    from prx_core.store import lookups
+    from prx_core.store.storage import Storage
 
     fake_ray(monkeypatch)
     ids = [f"c{i}" for i in range(6)]
     texts = ["a beach", "an invoice", "explicit", "flaky", "rambling", "down"]
     captions = pa.table({"content_id": ids, "caption": texts})
-    monkeypatch.setattr(stage, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(stage, "read_captions", lambda storage, version, content_ids: (captions, 1))
+    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
+    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
     monkeypatch.setattr(stage, "quiet_ray_data", lambda: None)
     server = server_factory({
         "an invoice": ["text"], "explicit": ["nsfw"],
@@ -228,7 +229,7 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     assert first.failures == {"http_429": 1, "unparseable": 1, "http_500": 1}
     assert first.gpu_hours is None  # an HTTP endpoint's GPUs are not ours to count
     assert first.distribution == {"visual": 1, "text": 1, "nsfw": 1}
-    stored = stage.read_labels(storage, "cap-v1", config.version())
+    stored = lookups.read_labels(storage, "cap-v1", config.version())
     assert sorted(stored["content_id"].to_pylist()) == ["c0", "c1", "c2"]
     assert set(stored["label"].to_pylist()) <= set(LABELS)  # no failure became a label
 
@@ -236,7 +237,7 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     assert (second.reused, second.labelled, second.failed, second.failures) == (3, 3, 0, {})
     assert second.distribution == {"visual": 2, "text": 2, "nsfw": 2}
     assert server.calls["a beach"] == 1  # a stored label is not asked again
-    stored = stage.read_labels(storage, "cap-v1", config.version())
+    stored = lookups.read_labels(storage, "cap-v1", config.version())
     assert dict(zip(stored["content_id"].to_pylist(), stored["label"].to_pylist())) == {
         "c0": "visual", "c1": "text", "c2": "nsfw", "c3": "text", "c4": "visual", "c5": "nsfw"}
     assert set(stored["labeler_id"].to_pylist()) == {config.labeler_id()}
@@ -247,11 +248,12 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
 
 def test_stage_commits_as_labels_arrive_so_a_crash_keeps_them(monkeypatch, tmp_path) -> None:
     from prx_core.stages import labels as stage
-    from prx_core.storage import Storage
+    from prx_core.store import lookups
+    from prx_core.store.storage import Storage
 
     captions = pa.table({"content_id": [f"c{i}" for i in range(5)], "caption": ["x"] * 5})
-    monkeypatch.setattr(stage, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(stage, "read_captions", lambda storage, version, content_ids: (captions, 1))
+    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
+    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
     config = llm(endpoint="http://127.0.0.1:9/v1")
 
     def labelled(ids: list[str]) -> pa.Table:
@@ -269,5 +271,5 @@ def test_stage_commits_as_labels_arrive_so_a_crash_keeps_them(monkeypatch, tmp_p
     storage = Storage(str(tmp_path / "corpus"))
     with pytest.raises(RuntimeError, match="worker died"):
         stage.build_labels("demo", storage, "cap-v1", config, commit_every=2)
-    stored = stage.read_labels(storage, "cap-v1", config.version())
+    stored = lookups.read_labels(storage, "cap-v1", config.version())
     assert sorted(stored["content_id"].to_pylist()) == ["c0", "c1", "c2", "c3"]  # both commits survived

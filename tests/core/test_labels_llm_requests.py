@@ -8,9 +8,16 @@ import json
 
 import pytest
 
-from prx_core import labels_llm
-from prx_core.labels import LABELS, LabelerConfig, LabelResult, build_labeler
-from prx_core.labels_llm import LABEL_INSTRUCTION, build_chat_request, error_code, parse_label, result_from_answer
+from prx_core.models import label_base, labels_llm
+from prx_core.models.label_base import LABELS, LabelerConfig, LabelResult
+from prx_core.models.labels import build_labeler
+from prx_core.models.labels_llm import (
+    LABEL_INSTRUCTION,
+    build_chat_request,
+    error_code,
+    parse_label,
+    result_from_answer,
+)
 from prx_resources.models import LabelerResource
 
 # ----------------------------------------------------------------------------- parsing
@@ -118,10 +125,10 @@ def test_versions_follow_model_instruction_and_sampling_not_transport(monkeypatc
     # vLLM's two spellings of the same choice constraint are one version
     assert llm(constrained="guided_choice").version() == llm(constrained="structured_outputs").version()
     assert base.version() != LabelerConfig().version()
-    monkeypatch.setattr(labels_llm, "LABEL_INSTRUCTION", LABEL_INSTRUCTION + " Be brief.")
+    monkeypatch.setattr(label_base, "LABEL_INSTRUCTION", LABEL_INSTRUCTION + " Be brief.")
     reworded = base.version()
     monkeypatch.undo()
-    monkeypatch.setattr(labels_llm, "LABEL_INSTRUCTION_VERSION", "label-v2")
+    monkeypatch.setattr(label_base, "LABEL_INSTRUCTION_VERSION", "label-v2")
     bumped = base.version()
     monkeypatch.undo()
     assert len({reworded, bumped, base.version()}) == 3

@@ -12,11 +12,12 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from prx_core import labels_vllm as lv
-from prx_core.labels import LABELS, LabelerConfig
-from prx_core.labels_llm import LABEL_INSTRUCTION, error_code
+from prx_core.models import labels_vllm as lv
+from prx_core.models.label_base import LABELS, LabelerConfig
+from prx_core.models.labels_llm import LABEL_INSTRUCTION, error_code
 from prx_core.stages import labels as stage
-from prx_core.storage import Storage
+from prx_core.store import lookups
+from prx_core.store.storage import Storage
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
 
@@ -128,8 +129,8 @@ def test_labels_stage_takes_the_vllm_path_into_the_same_upsert(
 ) -> None:
     texts = ["a beach", "an invoice", "explicit", "rambling", "engine fails"]
     captions = pa.table({"content_id": [f"c{i}" for i in range(5)], "caption": texts})
-    monkeypatch.setattr(stage, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(stage, "read_captions", lambda storage, version, content_ids: (captions, 1))
+    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
+    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
     first = {"a beach": "visual", "an invoice": "<think>\n\n</think>\n\ntext", "explicit": "nsfw",
              "rambling": "It is visual, or maybe text.", "engine fails": None}
     runs = [first, {**first, "rambling": "visual", "engine fails": "nsfw"}]
@@ -152,7 +153,7 @@ def test_labels_stage_takes_the_vllm_path_into_the_same_upsert(
     assert report.failures == {"unparseable": 1, "generation_error": 1}
     assert report.gpu_hours is not None and report.gpu_hours > 0  # replicas x GPUs x labelling time
     assert report.distribution == {"visual": 1, "text": 1, "nsfw": 1}
-    stored = stage.read_labels(storage, "cap-v1", config.version())
+    stored = lookups.read_labels(storage, "cap-v1", config.version())
     assert dict(zip(stored["content_id"].to_pylist(), stored["label"].to_pylist())) == {
         "c0": "visual", "c1": "text", "c2": "nsfw"}
     assert set(stored["labeler_id"].to_pylist()) == {config.labeler_id()}

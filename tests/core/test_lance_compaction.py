@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
-from prx_core import lance_compaction as lc
-from prx_core import lance_io as lio
-from prx_core import lance_maintenance as maint
+from prx_core.store import compaction as lc
+from prx_core.store import lance_io as lio
+from prx_core.store import maintenance as maint
 
 
 def sources_per_fragment(uri: str, column: str = "source") -> list[set]:

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
-from prx_core import lance_io as lio
-from prx_core import lance_maintenance as maint
+from prx_core.store import lance_io as lio
+from prx_core.store import maintenance as maint
 
 
 def embedded_rows(source: str, n: int, dim: int, seed: int) -> pa.Table:

@@ -1,4 +1,4 @@
-"""prx_core.lance_io against real Lance tables on disk (and on a moto S3 endpoint)."""
+"""prx_core.store.lance_io against real Lance tables on disk (and on a moto S3 endpoint)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import lance
 import pyarrow as pa
 import pytest
 
-from prx_core import lance_io as lio
-from prx_core import lance_maintenance as maint
-from prx_core.storage import lance_storage_options
+from prx_core.store import lance_io as lio
+from prx_core.store import maintenance as maint
+from prx_core.store.storage import lance_storage_options
 
 SCHEMA = pa.schema([("sample_id", pa.string()), ("source", pa.string()), ("value", pa.int64()),
                     ("caption", pa.string())])

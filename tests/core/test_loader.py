@@ -1,4 +1,4 @@
-"""The training loader over real MDS (written by prx_core.mds) and real skip-lists.
+"""The training loader over real MDS (written by prx_core.shards.mds) and real skip-lists.
 
 Small shards (a few samples each, SIZE_LIMIT patched) so substitution inside a shard, and the
 fallback when a whole shard is skipped, run on real data.
@@ -22,10 +22,10 @@ from PIL import Image
 from skimage import data as skdata
 from streaming import Stream, StreamingDataLoader, StreamingDataset
 
-import prx_core.mds as mds
-from prx_core.imaging import encode_jpeg
-from prx_core.loader import CorpusDataset, StreamPlan, _Substitutes, collate
-from prx_core.skiplists import SkipList, write_skip_lists
+import prx_core.shards.mds as mds
+from prx_core.image.imaging import encode_jpeg
+from prx_core.shards.loader import CorpusDataset, StreamPlan, _Substitutes, collate
+from prx_core.shards.skiplists import SkipList, write_skip_lists
 
 REPO = Path(__file__).resolve().parents[2]
 # (source, tier, w, h, count): counts of the main streams are multiples of 8 (two ranks x batch 4)
@@ -208,7 +208,7 @@ RANK_SCRIPT = """
 import gc, json, os, sys, warnings
 import torch.distributed as dist
 dist.init_process_group("gloo")
-from prx_core.loader import CorpusDataset
+from prx_core.shards.loader import CorpusDataset
 out = {}
 for name, root in (("plain", sys.argv[1]), ("skip", sys.argv[2])):
     class Recording(CorpusDataset):

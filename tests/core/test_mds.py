@@ -1,7 +1,7 @@
 """MDS streams: real shards written, then read back by mosaicml-streaming itself.
 
 Stored images are also parsed straight from the shard bytes (the MDS layout, by hand) so a bug in
-`prx_core.mds`'s reading helpers cannot hide a bug in its writer.
+`prx_core.shards.mds`'s reading helpers cannot hide a bug in its writer.
 """
 
 from __future__ import annotations
@@ -21,10 +21,18 @@ from skimage import data as skdata
 from streaming.base.format.mds.encodings import mds_encode
 from streaming.base.util import clean_stale_shared_memory
 
-from prx_core.imaging import encode_jpeg
-from prx_core.jpeg_quality import estimate_jpeg_quality
-from prx_core.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, list_streams, stream_name, stream_uri, write_source_streams
-from prx_core.mds_read import read_stream_rows, verify_stream
+from prx_core.image.imaging import encode_jpeg
+from prx_core.image.jpeg_quality import estimate_jpeg_quality
+from prx_core.shards.mds import (
+    HASHES,
+    MDS_COLUMNS,
+    SIZE_LIMIT,
+    list_streams,
+    stream_name,
+    stream_uri,
+    write_source_streams,
+)
+from prx_core.shards.mds_read import read_stream_rows, verify_stream
 
 B512, B576, B448, B1024 = (512, 512, 512), (512, 576, 448), (512, 448, 576), (1024, 1024, 1024)
 
@@ -165,7 +173,7 @@ def test_rerun_with_fewer_buckets_removes_stale_streams_only_of_that_source(phot
 
 
 def test_many_shards_keep_order_and_verify(photos, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("prx_core.mds.SIZE_LIMIT", 250_000)  # ~3 images per shard
+    monkeypatch.setattr("prx_core.shards.mds.SIZE_LIMIT", 250_000)  # ~3 images per shard
     rows = make_rows(photos, [B512] * 10)
     (summary,) = write_source_streams(rows, str(tmp_path), "alpha")
     assert summary.shards >= 3 and summary.sample_ids == [r["sample_id"] for r in rows]
@@ -183,7 +191,7 @@ def test_failed_write_leaves_published_streams_untouched(photos, tmp_path, monke
     with pytest.raises(ValueError, match="does not match"):
         write_source_streams(rows, root, "alpha")
     assert snapshot(tmp_path) == before and not (tmp_path / "mds" / ".staging").exists()
-    monkeypatch.setattr("prx_core.mds._exchange", lambda a, b: False)  # rename-aside fallback
+    monkeypatch.setattr("prx_core.shards.mds._exchange", lambda a, b: False)  # rename-aside fallback
     rows[2]["width"] = 512
     write_source_streams(rows, root, "alpha")
     assert [sha(r["image"]) for r in parse_shards(stream_uri(root, "alpha", *B512))] == \

@@ -12,7 +12,7 @@ import pytest
 import skimage
 from PIL import Image
 
-from prx_core.phash import (
+from prx_core.image.phash import (
     canonical_thumbnail,
     hamming,
     hamming_many,
@@ -142,7 +142,7 @@ def test_canonical_reduction_beats_imagehash_reduction(
     photos: list[Image.Image], rates: dict[str, float], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reason the reduction differs from imagehash at all: more exact matches."""
-    monkeypatch.setattr("prx_core.phash.canonical_thumbnail", imagehash_thumbnail)
+    monkeypatch.setattr("prx_core.image.phash.canonical_thumbnail", imagehash_thumbnail)
     plain = measure_exact_match(photos)
     cases = [key for key in rates if key != "median_distance_to_imagehash"]
     assert sum(rates[key] for key in cases) > sum(plain[key] for key in cases), (rates, plain)

@@ -9,8 +9,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from prx_core.skiplists import (REASONS, SkipList, read_skip_lists, skiplist_uri, skipped_indices,
-                                write_skip_lists)
+from prx_core.shards.skiplists import (
+    REASONS,
+    SkipList,
+    read_skip_lists,
+    skiplist_uri,
+    skipped_indices,
+    write_skip_lists,
+)
 
 
 def skip(reason: str, indices: list[int], source: str = "alpha", bucket: tuple[int, int, int] = (512, 512, 512),

@@ -9,9 +9,9 @@ import lance
 import pyarrow as pa
 import pytest
 
-from prx_core.catalog import SourceSpec, load_catalog
 from prx_core.demo import load_manifest
-from prx_core.sources import RECORD_SCHEMA, list_fragments, read_fragment, read_source
+from prx_core.sources.catalog import SourceSpec, load_catalog
+from prx_core.sources.readers import RECORD_SCHEMA, list_fragments, read_fragment, read_source
 
 
 def records(spec: SourceSpec, storage_options: dict | None = None) -> dict[str, tuple[bytes, str | None, object]]:
@@ -108,7 +108,7 @@ def test_sources_on_s3(s3_endpoint: dict, demo_dir: Path, tmp_path: Path) -> Non
         assert remote_records == local_records, spec.name
     parquet = catalog.get("stock_photos")
     table = pa.Table.from_batches(list(read_source(parquet)))
-    from prx_core.storage import lance_storage_options
+    from prx_core.store.storage import lance_storage_options
 
     lance.write_dataset(table, "s3://sources/photos.lance", storage_options=lance_storage_options(options))
     spec = SourceSpec("photos_lance", "lance", "s3://sources/photos.lance", image_column="image",

@@ -10,14 +10,14 @@ import pyarrow.compute as pc
 import pytest
 from PIL import Image
 
-from prx_core import schemas
-from prx_core.buckets import bucket_sizes
-from prx_core.ingest import content_id, ingest_batch, inspect_image
-from prx_core.sources import RECORD_SCHEMA
+from prx_core.image.buckets import bucket_sizes
+from prx_core.sources.ingest import content_id, ingest_batch, inspect_image
+from prx_core.sources.readers import RECORD_SCHEMA
 from prx_core.stages.buckets import bucket_samples
 from prx_core.stages.duplicates import find_duplicates
 from prx_core.stages.phashes import phash_image
 from prx_core.stages.skip_lists import SkipPolicy
+from prx_core.store import schemas
 
 
 def jpeg(width: int, height: int, seed: int = 0, **save: object) -> bytes:
@@ -118,7 +118,7 @@ def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
 
     import lance
 
-    from prx_core.catalog import SourceSpec
+    from prx_core.sources.catalog import SourceSpec
     from prx_core.stages.samples import UNREADABLE_FRAGMENT, ingest_fragment
 
     shards = tmp_path / "wds"
@@ -148,8 +148,8 @@ def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
 
 
 def test_a_missing_source_is_an_error_not_an_empty_source(tmp_path) -> None:
-    from prx_core.catalog import SourceSpec
-    from prx_core.sources import list_fragments
+    from prx_core.sources.catalog import SourceSpec
+    from prx_core.sources.readers import list_fragments
 
     with pytest.raises(FileNotFoundError, match="source 'gone'"):
         list_fragments(SourceSpec("gone", "imagefolder", str(tmp_path / "nowhere")))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from prx_core.storage import Storage
+from prx_core.store.storage import Storage
 from prx_explorer.app import create_app
 
 CLI = str(Path(sys.executable).with_name("prx-corpus"))

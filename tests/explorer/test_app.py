@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 from starlette.testclient import TestClient
 
-from prx_core import lance_io
-from prx_core.buckets import Bucket, crop_box
-from prx_core.skiplists import read_skip_lists
-from prx_core.storage import Storage
+from prx_core.image.buckets import Bucket, crop_box
+from prx_core.shards.skiplists import read_skip_lists
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage
 from prx_explorer.search import PAGE_SIZE
 
 if TYPE_CHECKING:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-
 if TYPE_CHECKING:
     from conftest import ExplorerCorpus  # tests/explorer/conftest.py
 

@@ -1,0 +1,215 @@
+"""Safe decoding of untrusted image bytes into upright 8-bit RGB.
+
+pillow-simd lags Pillow's security fixes, so only an allow-list of formats ever reaches a
+decoder, the pixel count is checked from the header before any pixel is decoded, and truncated
+data is refused instead of padded. Every refusal is a `Rejection` with a stable reason code;
+no exception escapes to the caller.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
+
+ALLOWED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+DEFAULT_MAX_PIXELS = 100_000_000
+
+# Stable reason codes (also used by `prx_core.image.buckets`: below_floor, aspect_ratio).
+EMPTY = "empty"
+NOT_AN_IMAGE = "not_an_image"
+FORMAT_NOT_ALLOWED = "format_not_allowed"
+TOO_MANY_PIXELS = "too_many_pixels"
+TRUNCATED = "truncated"
+DECODE_ERROR = "decode_error"
+
+# Magic numbers of formats we recognise but refuse, so the reject says which format it was
+# without running that format's (possibly vulnerable) plugin.
+_REFUSED_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"P1", "PBM"), (b"P2", "PGM"), (b"P3", "PPM"), (b"P4", "PBM"), (b"P5", "PGM"), (b"P6", "PPM"),
+    (b"8BPS", "PSD"), (b"\x00\x00\x01\x00", "ICO"), (b"%PDF", "PDF"), (b"%!PS", "EPS"),
+    (b"\x00\x00\x00\x0cjP  ", "JPEG2000"), (b"\xff\x4f\xff\x51", "JPEG2000"), (b"icns", "ICNS"),
+    (b"DDS ", "DDS"), (b"qoif", "QOI"), (b"\x0a\x05\x01", "PCX"),
+)
+
+_ALLOWED_SIGNATURES: tuple[tuple[bytes, str], ...] = (
+    (b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"GIF8", "GIF"), (b"BM", "BMP"),
+    (b"II*\x00", "TIFF"), (b"MM\x00*", "TIFF"),
+)
+
+_sRGB = ImageCms.createProfile("sRGB")
+# The pixel cap is enforced here, from the header; Pillow's own warning below it is noise.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an input was refused: a machine-readable `reason` and a short `message`."""
+
+    reason: str
+    message: str
+
+
+def sniff_refused_format(data: bytes) -> str | None:
+    head = data[:16]
+    for signature, name in _REFUSED_SIGNATURES:
+        if head.startswith(signature) and (name not in ("PBM", "PGM", "PPM") or head[2:3].isspace()):
+            return name
+    if head[4:8] == b"ftyp":
+        return "HEIF/AVIF"
+    if head.lstrip().lower().startswith((b"<svg", b"<?xml")):
+        return "SVG"
+    return None
+
+
+def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFile.ImageFile | Rejection:
+    """Parse only the header: format allow-list and pixel cap, nothing decoded yet."""
+    if not data:
+        return Rejection(EMPTY, "zero-byte input")
+    if max_pixels > (Image.MAX_IMAGE_PIXELS or 0):
+        Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's own bomb check must not be the stricter one
+    try:
+        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+    except UnidentifiedImageError:
+        variant = next((name for sig, name in _ALLOWED_SIGNATURES if data.startswith(sig)), None)
+        if variant:
+            return Rejection(DECODE_ERROR, f"unsupported or corrupt {variant} variant (header not readable)")
+        refused = sniff_refused_format(data)
+        if refused:
+            return Rejection(FORMAT_NOT_ALLOWED, f"{refused} is not an allowed format ({', '.join(ALLOWED_FORMATS)})")
+        return Rejection(NOT_AN_IMAGE, f"not a recognised image ({len(data)} bytes starting {data[:8]!r})")
+    except Image.DecompressionBombError as exc:
+        return Rejection(TOO_MANY_PIXELS, str(exc))
+    except Exception as exc:  # a header so broken the plugin itself fails
+        return Rejection(TRUNCATED if len(data) < 64 else DECODE_ERROR, f"bad header: {type(exc).__name__}: {exc}")
+    width, height = image.size
+    if width <= 0 or height <= 0:
+        return Rejection(DECODE_ERROR, f"invalid size {width}x{height}")
+    if width * height > max_pixels:
+        return Rejection(TOO_MANY_PIXELS, f"{width}x{height} = {width * height / 1e6:.0f} MP exceeds the {max_pixels / 1e6:.0f} MP cap")
+    return image
+
+
+def exif_orientation(image: Image.Image) -> int:
+    try:
+        value = image.getexif().get(0x0112, 1)
+        return value if value in range(1, 9) else 1
+    except Exception:  # malformed EXIF must not reject an otherwise good image
+        return 1
+
+
+def upright_size(image: Image.Image, orientation: int) -> tuple[int, int]:
+    """The size after applying the EXIF orientation (5-8 swap width and height)."""
+    return _oriented(image.size, orientation)
+
+
+def _oriented(size: tuple[int, int], orientation: int) -> tuple[int, int]:
+    """Map a size between stored and upright axes (the mapping is its own inverse)."""
+    return (size[1], size[0]) if orientation in (5, 6, 7, 8) else size
+
+
+def load_pixels(image: ImageFile.ImageFile) -> Rejection | None:
+    """Decode the pixels; truncated data is an error here, never grey padding."""
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        return Rejection(DECODE_ERROR, "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: refusing to load padded data")
+    try:
+        image.load()
+    except Exception as exc:
+        text = str(exc)
+        truncated = "truncated" in text or "broken data stream" in text or isinstance(exc, EOFError)
+        return Rejection(TRUNCATED if truncated else DECODE_ERROR, f"{type(exc).__name__}: {text}"[:300])
+    return None
+
+
+def apply_orientation(image: Image.Image, orientation: int) -> Image.Image:
+    if orientation == 1:
+        return image
+    transposed = ImageOps.exif_transpose(image)
+    return transposed if transposed is not None else image
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any Pillow mode to 8-bit RGB: transparency over white, CMYK through its ICC profile,
+    high-bit-depth and float modes scaled to 0-255."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in image.info) or (
+        mode in ("L", "RGB") and "transparency" in image.info
+    ):
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode == "CMYK":
+        return cmyk_to_rgb(image)
+    if mode.startswith("I") or mode == "F":
+        return _scale_to_8bit(image).convert("RGB")
+    return image.convert("RGB")  # L, P, 1, YCbCr, LAB, HSV
+
+
+def cmyk_to_rgb(image: Image.Image) -> Image.Image:
+    icc = image.info.get("icc_profile")
+    if icc:
+        try:
+            source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+            return ImageCms.profileToProfile(image, source, _sRGB, outputMode="RGB")
+        except Exception:  # a broken profile: fall back to the naive conversion below
+            pass
+    return image.convert("RGB")
+
+
+def _scale_to_8bit(image: Image.Image) -> Image.Image:
+    """16/32-bit integer and float images to L: by the nominal range of the data."""
+    array = np.asarray(image, dtype=np.float64)
+    peak = float(array.max(initial=0.0))
+    if image.mode == "F":
+        top = 1.0 if peak <= 1.0 else 255.0 if peak <= 255.0 else peak
+    else:
+        top = 255.0 if peak <= 255 else 65535.0 if peak <= 65535 else float(2**32 - 1)
+    return Image.fromarray(np.clip(np.rint(array / top * 255.0), 0, 255).astype(np.uint8), "L")
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """An upright RGB image and what was learned about the source on the way."""
+
+    image: Image.Image
+    format: str
+    mode: str  # the source's Pillow mode before conversion
+    original_size: tuple[int, int]  # upright, full resolution
+    orientation: int
+    draft_scale: int  # 1, 2, 4 or 8 (JPEG DCT-domain downscale)
+
+
+def decode_image(
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, min_size: tuple[int, int] | None = None
+) -> Decoded | Rejection:
+    """Decode to upright RGB; with `min_size` (upright), a JPEG is DCT-scaled to the smallest
+    scale still at least that size."""
+    try:
+        opened = open_image(data, max_pixels)
+        if isinstance(opened, Rejection):
+            return opened
+        return decode_opened(opened, min_size)
+    except Exception as exc:  # the contract: a Rejection, never an exception
+        return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+
+
+def decode_opened(
+    image: ImageFile.ImageFile, min_size: tuple[int, int] | None = None, orientation: int | None = None
+) -> Decoded | Rejection:
+    """Decode an `open_image` result; pass `orientation` when the caller already read the EXIF."""
+    orientation = exif_orientation(image) if orientation is None else orientation
+    original = upright_size(image, orientation)
+    fmt, mode, stored = image.format or "?", image.mode, image.size
+    if image.format == "JPEG" and min_size is not None:
+        want = _oriented(min_size, orientation)
+        image.draft(None, (max(1, want[0]), max(1, want[1])))
+    if (failure := load_pixels(image)) is not None:
+        return failure
+    scale = max(1, round(stored[0] / image.size[0]))
+    rgb = to_rgb(apply_orientation(image, orientation))
+    return Decoded(rgb, fmt, mode, original, orientation, scale)

@@ -1,0 +1,1 @@
+"""Captioning, labelling and embedding backends, the OpenAI-compatible client and server."""

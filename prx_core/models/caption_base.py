@@ -1,0 +1,238 @@
+"""What every captioner backend shares: the config with its id and version, the result, the
+`Captioner` base class and the image and cell helpers. Its own module so backends import it
+without importing the registry (`prx_core.models.captioning`), which imports them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from PIL import Image
+
+from prx_core.image.decode import Rejection, decode_image
+from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
+
+SOURCE = "source"
+TRANSFORMERS = "transformers"
+OPENAI = "openai"  # any OpenAI-compatible chat-completions endpoint (vllm serve, a hosted VLM)
+VLLM = "vllm"  # a whole Ray Data stage (prx_core.models.captioning_vllm), not a per-batch Captioner
+KNOWN_BACKENDS: tuple[str, ...] = (SOURCE, TRANSFORMERS, OPENAI, VLLM)
+MIN_MAX_PIXELS = 28 * 28  # one merged Qwen-VL patch; anything smaller cannot be seen at all
+
+# vllm engine_kwargs that change what is generated (the others change only speed or memory)
+OUTPUT_ENGINE_KWARGS = ("dtype", "quantization", "revision", "tokenizer_revision", "seed", "hf_overrides")
+
+# Stable reason codes, the part of `CaptionResult.error` before the first ": ".
+NO_SOURCE_CAPTION = "no_source_caption"
+DECODE_ERROR = "decode_error"
+GENERATION_ERROR = "generation_error"
+EMPTY_CAPTION = "empty_caption"
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")  # config, tokenizer, template
+SAMPLE_BYTES, SAMPLE_WINDOWS = 256 << 10, 65
+
+
+@dataclass(frozen=True)
+class CaptionerConfig:
+    """Everything that selects a captioner; `version()` hashes the parts that change its output."""
+
+    backend: str
+    model: str = ""  # transformers: a local Hugging Face checkpoint directory; openai: the served model name
+    prompt_version: str = PROMPT_VERSION
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_pixels: int = 448 * 448  # pixel cap of the image sent to the model
+    batch_size: int = 8
+    # openai backend only; none of these changes the output, so none enters version().
+    endpoint: str = ""  # base URL, e.g. http://host:8000/v1 (".../chat/completions" is appended)
+    api_key_env: str = ""  # NAME of the environment variable holding the API key, never the key
+    concurrency: int = 8  # requests in flight per captioner (per Ray actor; capped by batch_size per call)
+    timeout_s: float = 120.0  # per request attempt
+    max_retries: int = 4  # extra attempts on 429, 5xx, timeouts and connection errors
+    backoff_s: float = 0.5  # first backoff; doubles per attempt, full jitter, capped at 30 s
+    # vllm backend only (`model`: a Hub id or a local checkpoint directory); of these, only the
+    # output-changing OUTPUT_ENGINE_KWARGS enter version().
+    tensor_parallel_size: int = 1  # GPUs per vLLM replica
+    replicas: int = 1  # vLLM engine replicas (the Ray Data actor pool size)
+    max_model_len: int = 4096  # prompt (~250 text + image tokens) plus max_new_tokens must fit
+    accelerator_type: str | None = None  # Ray accelerator type of the engine workers, e.g. "H200"
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # to vLLM as is
+    runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Ray env with vLLM
+
+    def __post_init__(self) -> None:
+        if self.backend not in KNOWN_BACKENDS:
+            raise ValueError(f"unknown captioner backend {self.backend!r}; known backends: {', '.join(KNOWN_BACKENDS)}")
+        if self.backend == TRANSFORMERS and not self.model:
+            raise ValueError("the transformers backend needs `model`: a local checkpoint directory")
+        if self.backend == OPENAI and not (self.model and self.endpoint):
+            raise ValueError("the openai backend needs `model` (the served model name) and `endpoint` (base URL)")
+        if self.backend == VLLM and not self.model:
+            raise ValueError("the vllm backend needs `model`: a Hugging Face id or a checkpoint directory")
+        if min(self.tensor_parallel_size, self.replicas, self.max_model_len) < 1:
+            raise ValueError("tensor_parallel_size, replicas and max_model_len must be at least 1")
+        if self.concurrency < 1 or self.max_retries < 0 or self.timeout_s <= 0 or self.backoff_s < 0:
+            raise ValueError("need concurrency >= 1, max_retries >= 0, timeout_s > 0 and backoff_s >= 0")
+        if self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be at least 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
+        if self.max_pixels < MIN_MAX_PIXELS:
+            raise ValueError(f"max_pixels must be at least {MIN_MAX_PIXELS}, got {self.max_pixels}")
+
+    def captioner_id(self) -> str:
+        """Human-readable and stable: "source" or "<backend>:<model name>:<12 hex of version>"."""
+        if self.backend == SOURCE:
+            return SOURCE
+        return f"{self.backend}:{Path(self.model.rstrip('/')).name}:{self.version()[:12]}"
+
+    def version(self) -> str:
+        return hashlib.sha256(json.dumps(self.version_inputs(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def version_inputs(self) -> dict[str, Any]:
+        """What the output depends on; batch_size does not (one result per image either way)."""
+        if self.backend == SOURCE:
+            return {"backend": SOURCE, "rule": "strip"}  # no model, prompt, sampling or pixels
+        sampling: dict[str, float] = {"temperature": float(self.temperature)}
+        if self.temperature > 0:  # greedy decoding ignores top_p
+            sampling["top_p"] = float(self.top_p)
+        inputs = {
+            "backend": self.backend,
+            # An endpoint is identified by the model name it serves (its URL and the client's
+            # concurrency/timeouts do not change the output); a local checkpoint by its content.
+            "model": self.model if self.backend == OPENAI else self.model_identity(),
+            "prompt_version": self.prompt_version,
+            "prompt_sha256": hashlib.sha256(CAPTION_PROMPT.encode()).hexdigest(),
+            "sampling": sampling,
+            "max_new_tokens": self.max_new_tokens,
+            "max_pixels": self.max_pixels,
+        }
+        if self.backend == VLLM:
+            inputs["engine"] = {k: self.engine_kwargs[k] for k in OUTPUT_ENGINE_KWARGS if k in self.engine_kwargs}
+        return inputs
+
+    def model_identity(self) -> str:
+        """A local checkpoint by content; for vllm a Hub id as written (pin a `revision` in
+        engine_kwargs to make it content-stable)."""
+        path = Path(self.model)
+        if self.backend == VLLM and not (path / "config.json").is_file():
+            return f"hub:{self.model}"
+        return fingerprint_checkpoint(path)
+
+    def recorded_prompt_version(self) -> str:
+        """The prompt version stored with each caption; a copied source caption used none."""
+        return "" if self.backend == SOURCE else self.prompt_version
+
+
+def fingerprint_checkpoint(path: Path) -> str:
+    """Identity of a local checkpoint by content, not location: config, tokenizer and template
+    files in full, weight files by name, size and sampled content (hashing 16 GB of weights in
+    full would cost a minute every time a version is computed)."""
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a local Hugging Face checkpoint (no config.json)")
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        relative = file.relative_to(path)
+        if any(part.startswith(".") for part in relative.parts) or file.suffix not in WEIGHT_SUFFIXES + TEXT_SUFFIXES:
+            continue  # README, images, .gitattributes, our build marker: they do not change the output
+        size = file.stat().st_size
+        digest.update(f"{relative.as_posix()}\0{size}\0{hash_file(file, size)}\n".encode())
+    return digest.hexdigest()
+
+
+def hash_file(file: Path, size: int) -> str:
+    """Small files in full; a weight file by 65 evenly spaced windows, first and last included,
+    so a fine-tune of the middle layers changes it while the cost stays ~16 MiB per file."""
+    if file.suffix not in WEIGHT_SUFFIXES or size <= SAMPLE_WINDOWS * SAMPLE_BYTES:
+        return hashlib.sha256(file.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    with file.open("rb") as handle:
+        for k in range(SAMPLE_WINDOWS):
+            handle.seek((size - SAMPLE_BYTES) * k // (SAMPLE_WINDOWS - 1))
+            digest.update(handle.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class CaptionResult:
+    """A caption, or `error` = "<reason code>: <message>"; exactly one of them is set."""
+
+    caption: str | None
+    error: str | None = None
+    tokens: int | None = field(default=None, compare=False)  # generated tokens where known (accounting only)
+
+    def __post_init__(self) -> None:
+        if (self.caption is None) == (self.error is None):
+            raise ValueError("a CaptionResult holds either a caption or an error")
+
+    @classmethod
+    def failed(cls, reason: str, message: str) -> CaptionResult:
+        return cls(None, f"{reason}: {message}"[:500])
+
+    @property
+    def reason(self) -> str | None:
+        return None if self.error is None else self.error.split(": ", 1)[0]
+
+
+class Captioner(ABC):
+    """Captions a batch of images; one result per input, in input order, never raising for
+    a bad input (only for a caller's mistake, such as mismatched lengths)."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.config = config
+
+    @abstractmethod
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        """Caption `images`; `original_captions` are the source's captions, aligned with them."""
+
+
+
+
+def prepare_image(data: bytes, max_pixels: int) -> Image.Image | CaptionResult:
+    """Decode safely and shrink to at most `max_pixels`; a refusal becomes a result."""
+    side = math.ceil(math.sqrt(max_pixels))  # a JPEG DCT-scaled to >= side x side still covers
+    decoded = decode_image(data, min_size=(side, side))  # the area-capped size, whatever the aspect
+    if isinstance(decoded, Rejection):
+        return CaptionResult.failed(f"{DECODE_ERROR}:{decoded.reason}", decoded.message)
+    return shrink_to_pixels(decoded.image, max_pixels)
+
+
+def shrink_to_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
+    width, height = image.size
+    if width * height <= max_pixels:
+        return image
+    scale = math.sqrt(max_pixels / (width * height))
+    size = (max(1, math.floor(width * scale)), max(1, math.floor(height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
+
+
+def check_lengths(images: Sequence[bytes], original_captions: Sequence[str | None]) -> None:
+    if len(images) != len(original_captions):
+        raise ValueError(f"{len(images)} images but {len(original_captions)} original captions")
+
+
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def to_bytes(value: Any) -> bytes:
+    """A Ray/Arrow binary cell as bytes (bytes, numpy bytes, uint8 array or None)."""
+    return b"" if value is None else value.tobytes() if isinstance(value, np.ndarray) else bytes(value)
+
+
+def to_optional_str(value: Any) -> str | None:
+    """A Ray/Arrow/pandas string cell as str; null and NaN become None."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return str(value)

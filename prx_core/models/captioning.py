@@ -1,0 +1,94 @@
+"""Captioner backends: a config, a stable id and version, and one result per image.
+
+The contract every backend keeps is `CaptionerConfig` -> `captioner_id()` / `version()` ->
+one `CaptionResult` per input (failures recorded, never raised), so the captions asset keys rows
+by captioner version and re-captions only when the output could change. A vLLM backend (a whole
+Ray Data stage via `ray.data.llm.build_processor`) or an OpenAI-compatible endpoint reuses the
+config, id/version and the `CaptionBatch` output columns; only the engine behind them changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from prx_core.models.caption_base import (
+    NO_SOURCE_CAPTION,
+    OPENAI,
+    SOURCE,
+    TRANSFORMERS,
+    VLLM,
+    Captioner,
+    CaptionerConfig,
+    CaptionResult,
+    check_lengths,
+    to_bytes,
+    to_optional_str,
+    word_count,
+)
+
+
+class SourceCaptioner(Captioner):
+    """Keeps the source dataset's caption: the baseline, and the no-GPU path."""
+
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        check_lengths(images, original_captions)
+        return [
+            CaptionResult(text.strip()) if text and text.strip()
+            else CaptionResult.failed(NO_SOURCE_CAPTION, "the source has no caption for this image")
+            for text in original_captions
+        ]
+
+
+def build_captioner(config: CaptionerConfig) -> Captioner:
+    if config.backend == SOURCE:
+        return SourceCaptioner(config)
+    if config.backend == TRANSFORMERS:
+        from prx_core.models.captioning_transformers import TransformersCaptioner
+
+        return TransformersCaptioner(config)
+    if config.backend == OPENAI:
+        from prx_core.models.captioning_openai import OpenAICaptioner
+
+        return OpenAICaptioner(config)
+    if config.backend == VLLM:
+        raise ValueError(
+            "the vllm captioner backend runs as a whole Ray Data stage (prx_core.models.captioning_vllm."
+            "build_vllm_processor, used by prx_core.stages.captions.build_captions), not per batch"
+        )
+    raise ValueError(f"no captioner for backend {config.backend!r}")  # unreachable: config validates
+
+
+class CaptionBatch:
+    """Ray Data `map_batches` callable: one captioner per actor, built in the constructor.
+
+    Input columns: content_id, image (bytes), original_caption (optional). Output: content_id,
+    caption ("" on failure), captioner_id, captioner_version, prompt_version, word_count, error
+    ("" when ok), num_generated_tokens (0 where unknown). The image bytes are not passed on.
+    """
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.config = config
+        self.captioner_id = config.captioner_id()
+        self.version = config.version()
+        self.captioner = build_captioner(config)
+
+    def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        content_ids = [str(value) for value in batch["content_id"]]
+        images = [to_bytes(value) for value in batch["image"]]
+        originals = batch["original_caption"] if "original_caption" in batch else [None] * len(images)
+        results = self.captioner.caption_batch(images, [to_optional_str(value) for value in originals])
+        captions = [result.caption or "" for result in results]
+        count = len(results)
+        return {
+            "content_id": np.array(content_ids, dtype=object),
+            "caption": np.array(captions, dtype=object),
+            "captioner_id": np.array([self.captioner_id] * count, dtype=object),
+            "captioner_version": np.array([self.version] * count, dtype=object),
+            "prompt_version": np.array([self.config.recorded_prompt_version()] * count, dtype=object),
+            "word_count": np.array([word_count(text) for text in captions], dtype=np.int64),
+            "error": np.array([result.error or "" for result in results], dtype=object),
+            "num_generated_tokens": np.array([result.tokens or 0 for result in results], dtype=np.int64),
+        }

@@ -1,0 +1,150 @@
+"""The `openai` captioner backend: any OpenAI-compatible chat-completions endpoint.
+
+One request per image (`vllm serve` batches concurrent requests itself): the image, decoded
+safely and capped at `max_pixels` like the transformers backend, is re-encoded as a JPEG data URL
+and sent with the caption prompt and the config's sampling. Transport (bounded concurrency,
+per-attempt timeout, retries with backoff on 429/5xx/timeouts/connection errors, Retry-After,
+auth) is the shared `prx_core.models.openai_http.ChatClient`. An image that still fails becomes a
+`CaptionResult` error, never an exception, so the captions stage stores it and retries it on the
+next materialization.
+
+Error reason codes (the part before ": "): `http_error` ("http_error: 500 <body>"), `timeout`,
+`connection_error`, `bad_response` (no `choices[0].message.content`), `empty_caption` and
+`decode_error:<reason>` (the image never left the machine).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from prx_core.models import openai_http as http
+from prx_core.models.caption_base import (
+    EMPTY_CAPTION,
+    Captioner,
+    CaptionerConfig,
+    CaptionResult,
+    check_lengths,
+    prepare_image,
+)
+from prx_core.models.prompts import CAPTION_PROMPT
+
+HTTP_ERROR = "http_error"
+TIMEOUT = "timeout"
+CONNECTION_ERROR = "connection_error"
+BAD_RESPONSE = "bad_response"
+JPEG_QUALITY = 90
+
+
+def encode_for_request(data: bytes, max_pixels: int) -> bytes | CaptionResult:
+    """The JPEG actually sent: decoded with prx_core.image.decode, capped at `max_pixels`, re-encoded."""
+    image = prepare_image(data, max_pixels)
+    if isinstance(image, CaptionResult):
+        return image
+    buffer = io.BytesIO()
+    image.convert("RGB").save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return buffer.getvalue()
+
+
+def data_url(jpeg: bytes) -> str:
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+
+
+def request_body(config: CaptionerConfig, jpeg: bytes) -> dict[str, Any]:
+    return {
+        "model": config.model,
+        "messages": [{
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": data_url(jpeg)}},
+                {"type": "text", "text": CAPTION_PROMPT},
+            ],
+        }],
+        "max_tokens": config.max_new_tokens,
+        "temperature": float(config.temperature),
+        "top_p": float(config.top_p) if config.temperature > 0 else 1.0,
+        "n": 1,
+        "stream": False,
+    }
+
+
+@dataclass
+class Attempt:
+    """The outcome of one image: its result, the usage the server reported, the attempts made."""
+
+    result: CaptionResult
+    usage: dict[str, int] | None
+    attempts: int
+
+
+class OpenAICaptioner(Captioner):
+    """Captions through an OpenAI-compatible endpoint; see the module docstring.
+
+    `usage` accumulates over the captioner's life: images, ok, failed, requests, retries, and
+    the `prompt_tokens` / `completion_tokens` the server reported (when it did), so output
+    tokens/s can be derived by the caller. `last_usage` holds the per-image usage of the last
+    `caption_batch` call (aligned with its results; None where unknown or failed).
+    """
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        super().__init__(config)
+        self.client = http.ChatClient(config)
+        self.usage: Counter[str] = Counter()
+        self.last_usage: list[dict[str, int] | None] = []
+
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+        check_lengths(images, original_captions)
+        outcomes = self.client.gather(list(images), self._caption_one)
+        self.last_usage = [o.usage for o in outcomes]
+        for o in outcomes:
+            self.usage["images"] += 1
+            self.usage["ok" if o.result.error is None else "failed"] += 1
+            self.usage["requests"] += o.attempts
+            self.usage["retries"] += max(0, o.attempts - 1)
+            for key, value in (o.usage or {}).items():
+                self.usage[key] += value
+        return [replace(o.result, tokens=(o.usage or {}).get("completion_tokens")) if o.result.error is None else o.result
+                for o in outcomes]
+
+    async def _caption_one(self, data: bytes, post: http.Post) -> Attempt:
+        jpeg = encode_for_request(data, self.config.max_pixels)  # CPU work, before the first await
+        if isinstance(jpeg, CaptionResult):
+            return Attempt(jpeg, None, 0)
+        reply = await post(request_body(self.config, jpeg))
+        if reply.text is None:
+            return Attempt(caption_failure(reply, self.config.timeout_s), None, reply.attempts)
+        result, usage = parse_response(reply.text)
+        return Attempt(result, usage, reply.attempts)
+
+
+def caption_failure(reply: http.Reply, timeout_s: float) -> CaptionResult:
+    """A failed `Reply` as this backend's stored error, e.g. "http_error: 500 <body> (after 3 attempts)"."""
+    if reply.failure == http.HTTP:
+        reason, message = HTTP_ERROR, f"{reply.status} {' '.join(reply.detail.split())[:300]}"
+    elif reply.failure == http.TIMEOUT:
+        reason, message = TIMEOUT, f"no answer within {timeout_s:g} s"
+    else:
+        reason, message = CONNECTION_ERROR, reply.detail
+    suffix = f" (after {reply.attempts} attempts)" if reply.attempts > 1 else ""
+    return CaptionResult.failed(reason, message + suffix)
+
+
+def parse_response(text: str) -> tuple[CaptionResult, dict[str, int] | None]:
+    """`choices[0].message.content` as the caption, and the integer `usage` counts if present."""
+    try:
+        content, body = http.parse_chat(text)
+    except http.BAD_SHAPE as exc:
+        return CaptionResult.failed(BAD_RESPONSE, f"{type(exc).__name__}: {' '.join(text.split())[:200]}"), None
+    if isinstance(content, list):  # some servers answer with content parts
+        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if not isinstance(content, str):
+        return CaptionResult.failed(BAD_RESPONSE, f"message content is {type(content).__name__}"), None
+    raw = body.get("usage") if isinstance(body, dict) else None
+    usage = {k: v for k, v in raw.items() if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)} \
+        if isinstance(raw, dict) else {}
+    caption = content.strip()
+    result = CaptionResult(caption) if caption else CaptionResult.failed(EMPTY_CAPTION, "the endpoint returned no text")
+    return result, usage or None

@@ -1,0 +1,215 @@
+"""The `vllm` captioner backend: a whole Ray Data stage through `ray.data.llm`.
+
+Unlike the other backends this is not a per-batch `Captioner`: `ray.data.llm.build_processor`
+turns a Ray Dataset of (content_id, image bytes, original_caption) rows into caption rows with
+the same columns `CaptionBatch` yields (content_id, caption, captioner_id, captioner_version,
+prompt_version, word_count, error), so `prx_core.stages.captions.build_captions` upserts them the
+same way. vLLM itself (which pins its own torch and transformers) is imported only inside the
+engine actors, i.e. in the Ray GPU workers' environment (`CaptionerConfig.runtime_env` or the GPU
+worker image); building the processor here needs Ray and transformers, not vLLM.
+
+Per row:
+- preprocess (CPU, Ray Data map): decode safely, shrink to `max_pixels`, re-encode as a JPEG
+  data URL, and build the chat request: one user message [image, CAPTION_PROMPT] (the same
+  message as the transformers backend) and per-row `sampling_params`. A corrupt image becomes a
+  one-token text-only request flagged `decode_error`, so it costs nothing and ends as an error
+  row, never as an exception.
+- Ray's stages: PrepareMultimodal (vLLM parses the image out of the messages), ChatTemplate,
+  Tokenize, vLLMEngine (the GPU), Detokenize.
+- postprocess: `generated_text` -> caption, `num_generated_tokens` kept for tokens/s; empty text
+  or missing fields become `empty_caption` / `generation_error` rows. Rows the engine failed
+  (`should_continue_on_error`, `__inference_error__` set) bypass postprocess inside Ray and are
+  turned into `generation_error` rows by `finalize_row`.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from prx_core.models.caption_base import (
+    DECODE_ERROR,
+    EMPTY_CAPTION,
+    GENERATION_ERROR,
+    VLLM,
+    CaptionerConfig,
+    CaptionResult,
+    prepare_image,
+    to_bytes,
+    word_count,
+)
+from prx_core.models.prompts import CAPTION_PROMPT
+
+JPEG_QUALITY = 95  # the model sees the image re-encoded once, after the pixel cap
+INFERENCE_ERROR = "__inference_error__"  # Ray's column for a row the engine failed
+OUTPUT_COLUMNS = ("content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
+                  "num_generated_tokens")
+
+
+class EngineConfig(Protocol):
+    """The vLLM fields CaptionerConfig and LabelerConfig share (the labeller reuses this module)."""
+
+    model: str
+    batch_size: int
+    replicas: int
+    tensor_parallel_size: int
+    max_model_len: int
+    accelerator_type: str | None
+    engine_kwargs: Mapping[str, Any]
+    runtime_env: Mapping[str, Any]
+
+
+def base_engine_kwargs(config: EngineConfig, **ours: Any) -> dict[str, Any]:
+    """vLLM engine arguments: parallelism, context, `ours`, then `config.engine_kwargs` overriding them."""
+    return {"tensor_parallel_size": config.tensor_parallel_size, "max_model_len": config.max_model_len,
+            **ours, **dict(config.engine_kwargs)}
+
+
+def engine_kwargs(config: CaptionerConfig) -> dict[str, Any]:
+    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap."""
+    return base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
+                              mm_processor_kwargs={"max_pixels": config.max_pixels})
+
+
+def sampling_params(config: CaptionerConfig) -> dict[str, Any]:
+    """vLLM SamplingParams as a dict; greedy decoding when temperature is 0 (top_p then unused)."""
+    return {
+        "max_tokens": config.max_new_tokens,
+        "temperature": float(config.temperature),
+        "top_p": float(config.top_p) if config.temperature > 0 else 1.0,
+        "detokenize": False,  # Ray's Detokenize stage decodes on CPU workers, off the engine actor
+    }
+
+
+def processor_config(config: EngineConfig, engine: Mapping[str, Any], **stages: Any) -> Any:
+    """`vLLMEngineProcessorConfig` from the shared fields; `stages`: per-stage configs."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    return vLLMEngineProcessorConfig(
+        model_source=config.model,
+        batch_size=config.batch_size,
+        concurrency=config.replicas,
+        accelerator_type=config.accelerator_type,
+        engine_kwargs=dict(engine),
+        runtime_env=dict(config.runtime_env) or None,
+        should_continue_on_error=True,  # a failed request becomes an error row, not a failed run
+        **stages,
+    )
+
+
+def build_vllm_processor_config(config: CaptionerConfig) -> Any:
+    if config.backend != VLLM:
+        raise ValueError(f"build_vllm_processor_config needs the vllm backend, got {config.backend!r}")
+    return processor_config(config, engine_kwargs(config), prepare_multimodal_stage={"enabled": True})
+
+
+def image_data_url(data: bytes, max_pixels: int) -> str | CaptionResult:
+    """The image as a `data:image/jpeg;base64,...` URL after the pixel cap, or a decode failure."""
+    prepared = prepare_image(data, max_pixels)
+    if isinstance(prepared, CaptionResult):
+        return prepared
+    buffer = io.BytesIO()
+    image = prepared if prepared.mode == "RGB" else prepared.convert("RGB")
+    image.save(buffer, format="JPEG", quality=JPEG_QUALITY)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class Preprocess:
+    """Row -> vLLM request; picklable, so Ray ships it to map workers."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.config = config
+        self.sampling = sampling_params(config)
+
+    def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        content_id = str(row["content_id"])
+        try:
+            url = image_data_url(to_bytes(row.get("image")), self.config.max_pixels)
+        except Exception as exc:  # decode_image refuses bad input itself; this is a last resort
+            url = CaptionResult.failed(DECODE_ERROR, f"{type(exc).__name__}: {exc}")
+        if isinstance(url, CaptionResult):  # no image to send: a one-token text-only request
+            return {
+                "content_id": content_id, "image": b"", "decode_error": url.error,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "."}]}],
+                "sampling_params": {**self.sampling, "max_tokens": 1},
+            }
+        return {  # "image": b"" drops the bytes Ray would otherwise carry through every stage
+            "content_id": content_id, "image": b"", "decode_error": "",
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "text", "text": CAPTION_PROMPT},
+            ]}],
+            "sampling_params": dict(self.sampling),
+        }
+
+
+class Postprocess:
+    """vLLM output row -> caption row with the columns of `CaptionBatch` (+ num_generated_tokens)."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        self.captioner_id = config.captioner_id()
+        self.version = config.version()
+        self.prompt_version = config.recorded_prompt_version()
+
+    def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        tokens = row.get("num_generated_tokens")
+        if row.get("decode_error"):
+            result = CaptionResult(None, str(row["decode_error"]))
+        elif row.get(INFERENCE_ERROR):
+            result = CaptionResult.failed(GENERATION_ERROR, str(row[INFERENCE_ERROR]))
+        elif row.get("generated_text") is None:
+            result = CaptionResult.failed(GENERATION_ERROR, "the engine returned no generated_text")
+        else:
+            text = " ".join(str(row["generated_text"]).split())  # one paragraph, as asked
+            result = CaptionResult(text) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
+        caption = result.caption or ""
+        return {
+            "content_id": str(row["content_id"]),
+            "caption": caption,
+            "captioner_id": self.captioner_id,
+            "captioner_version": self.version,
+            "prompt_version": self.prompt_version,
+            "word_count": word_count(caption),
+            "error": result.error or "",
+            "num_generated_tokens": 0 if tokens is None or row.get("decode_error") else int(tokens),
+        }
+
+
+class FinalizeRows:
+    """After the processor: rows the engine failed bypass postprocess inside Ray (they come out as
+    the raw engine row with `__inference_error__`); give them the output columns too. Ray also
+    bypasses postprocess for a row whose `__inference_error__` is null (not ""), which happens
+    when a block mixes rows with and without the column; such a raw row (no `marker` column, which
+    postprocess always sets) is postprocessed here. Shared with the vLLM labeller."""
+
+    def __init__(self, postprocess: Callable[[Mapping[str, Any]], dict[str, Any]], columns: Sequence[str],
+                 marker: str) -> None:
+        self.postprocess, self.columns, self.marker = postprocess, tuple(columns), marker
+
+    def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        if row.get(INFERENCE_ERROR) or row.get(self.marker) is None:
+            return self.postprocess(row)
+        return {name: row[name] for name in self.columns}
+
+
+class Finalize(FinalizeRows):
+    """FinalizeRows for caption rows."""
+
+    def __init__(self, config: CaptionerConfig) -> None:
+        super().__init__(Postprocess(config), OUTPUT_COLUMNS, "caption")
+
+
+def build_vllm_processor(config: CaptionerConfig) -> Any:
+    """`ray.data.llm.build_processor` for captioning (a Processor: Dataset -> Dataset)."""
+    from ray.data.llm import build_processor
+
+    return build_processor(build_vllm_processor_config(config), preprocess=Preprocess(config),
+                           postprocess=Postprocess(config))
+
+
+def caption_dataset(dataset: Any, config: CaptionerConfig) -> Any:
+    """Rows (content_id, image, original_caption) -> caption rows, through vLLM."""
+    processor = build_vllm_processor(config)
+    return processor(dataset.select_columns(["content_id", "image"])).map(Finalize(config))

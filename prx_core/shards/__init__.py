@@ -1,0 +1,1 @@
+"""Mosaic Data Shards: writing and reading streams, skip-lists, the training loader."""

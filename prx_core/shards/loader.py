@@ -1,0 +1,307 @@
+"""The training-side loader: a mosaicml-streaming `StreamingDataset` over the corpus MDS tree with
+the skip-lists applied.
+
+One `Stream` per bucket folder `<root>/mds/<source>/<tier>/<w>x<h>` (local or `s3://`), so
+`batching_method="per_stream"` (the default here) gives bucket-homogeneous batches. A skipped
+index is never dropped: `get_item` reads a deterministic non-skipped sample of the same stream
+instead (of the same shard when it has one, which the prefetcher has already brought local).
+Streaming's sample-id plan (resampling, partitioning over ranks and workers, per-stream batching,
+`state_dict` resumption) comes from the stored sample counts and never sees the skip-lists, so
+every rank keeps the epoch length and a resumed run reads exactly what an uninterrupted one would.
+
+Operational notes (mosaicml-streaming 0.13): skip-lists are read once, at construction; a
+skip-list is checked against its stream's size only (a republished stream of the same size needs
+re-materialized skip-lists). Resuming under changed skip-lists keeps the plan but not the
+substitutes, and a stream that became fully skipped changes the plan. `len()` counts the batches
+per_stream later drops. Batches for `StreamingDataLoader` must be dicts of columns (`collate`).
+A remote root caches under `cache_dir`: one live dataset per cache folder (streaming's registry).
+Trainers import only this package: no dagster, no Ray.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import re
+import tempfile
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from streaming import Stream, StreamingDataset
+from streaming.base.util import number_abbrev_to_int
+from streaming.base.world import World
+
+from prx_core.shards.mds import INDEX, list_streams
+from prx_core.shards.skiplists import read_skip_lists, stream_key
+from prx_core.store.storage import filesystem_for, is_remote
+
+_STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
+_MULTIPLIER = 2654435761  # a prime larger than any shard or stream: x -> A*x + B mod m is a bijection
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """One published bucket folder, its stored sample count and the union of its skip-lists."""
+
+    source: str
+    tier: int
+    width: int
+    height: int
+    uri: str
+    count: int
+    skipped: np.ndarray  # sorted unique stream-local indices (int64)
+    index: bytes  # the index.json read, so a remote cache uses exactly this version
+
+    @property
+    def name(self) -> str:
+        return stream_key(self.source, self.tier, self.width, self.height)
+
+
+def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None,
+                 storage_options: dict | None = None) -> list[StreamPlan]:
+    """The tier's published streams of `sources` (default: every source), skip-lists unioned.
+
+    Raises ValueError for a skip-list whose `stream_size` differs from the stream's count: it was
+    computed for another version of the stream and would skip the wrong samples.
+    """
+    root = root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+    fs = filesystem_for(root, storage_options)
+    plans = []
+    for source in sources if sources is not None else [None]:
+        skips: dict[str, list] = {}
+        for skip in read_skip_lists(root, source, storage_options):
+            skips.setdefault(skip.stream, []).append(skip)
+        found = []
+        for uri in list_streams(root, source, storage_options):  # sorted by (source, tier, w, h)
+            src, t, w, h = _STREAM.fullmatch(uri).groups()  # type: ignore[union-attr]
+            if int(t) != int(tier):
+                continue
+            index = fs.cat_file(f"{uri}/{INDEX}")
+            count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
+            name = stream_key(src, int(t), int(w), int(h))
+            for skip in skips.get(name, []):
+                if skip.stream_size != count:
+                    raise ValueError(f"skip-list {name} {skip.reason!r} is for a stream of {skip.stream_size} "
+                                     f"samples, the stream has {count}: re-materialize the skip-lists")
+            indices = [np.asarray(s.indices, np.int64) for s in skips.get(name, [])]
+            skipped = np.unique(np.concatenate(indices)) if indices else np.empty(0, np.int64)
+            found.append(StreamPlan(src, int(t), int(w), int(h), uri, count, skipped, index))
+        if source is not None and not found:
+            warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
+        plans += found
+    return plans
+
+
+class _Substitutes:
+    """Maps a skipped stream-local index to a kept one of the same stream.
+
+    The r-th skipped index of a shard goes to kept rank (A*(r + epoch*s) + B) mod m of that shard
+    (m kept, s skipped): a bijection, so substitutes spread evenly over the shard and rotate with
+    the epoch instead of over-sampling the same images every epoch; staying in the shard means the
+    substitute is already local when streaming prefetched the skipped sample. A shard with nothing
+    kept falls back to the whole stream. `B` comes from the stream's name only, so the choice does
+    not depend on where the corpus lives (local or s3://), nor on ranks or workers.
+    Hot path (every sample of the stream): one bit of a bitmap. A skipped sample: its rank from
+    per-64 block counts, then a per-epoch table built once, vectorized. Memory ~n/4 bytes plus
+    24 bytes per skipped sample (a Python set would take ~60 bytes per skipped sample).
+    """
+
+    def __init__(self, plan: StreamPlan, shard_sizes: Sequence[int]) -> None:
+        self.skipped = plan.skipped
+        self.gaps = plan.skipped - np.arange(len(plan.skipped))  # kept rank k -> k + #(gaps <= k)
+        self.shard_starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
+        self.kept = plan.count - len(plan.skipped)
+        self.offset = int.from_bytes(hashlib.blake2b(plan.name.encode(), digest_size=4).digest(), "little")
+        mask = np.zeros(-(-plan.count // 64) * 64, bool)
+        mask[plan.skipped] = True
+        self.bits = np.packbits(mask, bitorder="little").tobytes()
+        self.block_rank = np.searchsorted(plan.skipped, np.arange(0, len(mask), 64))
+        self._epoch, self._table = -1, np.empty(0, np.int64)
+
+    def table(self, epoch: int) -> np.ndarray:
+        """Substitute of every skipped index (aligned with `skipped`) for `epoch`."""
+        skipped, n = self.skipped, len(self.skipped)
+        shard = np.searchsorted(self.shard_starts, skipped, "right") - 1
+        a, b = self.shard_starts[shard], self.shard_starts[shard + 1]
+        lo, hi = np.searchsorted(skipped, a), np.searchsorted(skipped, b)
+        in_shard = (b - a) > (hi - lo)
+        m = np.where(in_shard, (b - a) - (hi - lo), self.kept)
+        r = np.where(in_shard, np.arange(n) - lo, np.arange(n))
+        period = np.where(in_shard, hi - lo, n)
+        x = (r + (epoch % m) * (period % m)) % m  # modular all the way: no int64 overflow
+        rank = np.where(in_shard, a - lo, 0) + ((_MULTIPLIER % m) * x + self.offset % m) % m
+        return rank + np.searchsorted(self.gaps, rank, "right")
+
+    def __call__(self, j: int, epoch: int) -> int:
+        j = int(j)  # streaming passes numpy ints: 1 << 63 would overflow
+        return self.hit(j, epoch) if (self.bits[j >> 3] >> (j & 7)) & 1 else j
+
+    def hit(self, j: int, epoch: int) -> int:
+        """Substitute of `j`, known to be skipped (its rank from the bitmap, then the table)."""
+        if epoch != self._epoch:
+            self._table, self._epoch = self.table(epoch), epoch
+        word = int.from_bytes(self.bits[(j >> 6) << 3:((j >> 6) << 3) + 8], "little")
+        return int(self._table[int(self.block_rank[j >> 6]) + (word & ((1 << (j & 63)) - 1)).bit_count()])
+
+
+def _min_stream_samples(kwargs: Mapping[str, Any]) -> int:
+    """Fewest samples a stream needs so streaming's batching can build one full batch of it."""
+    batch_size, method = kwargs.get("batch_size"), kwargs.get("batching_method")
+    if not isinstance(batch_size, int):
+        return 1
+    world = World.detect()
+    if kwargs.get("replication"):
+        world = world.replicate(int(kwargs["replication"]))
+    if method == "per_stream":  # one global batch: each rank's partition must hold batch_size
+        return batch_size * world.num_ranks
+    if method == "device_per_stream":  # one device batch per node
+        return batch_size * world.num_nodes
+    return 1
+
+
+def _chooses(counts: Sequence[int], weights: Sequence[float] | None, epoch_size: Any, seed: int) -> list[int]:
+    """Samples per stream per epoch, computed by streaming's own `Stream.apply_weights`."""
+    fakes = [SimpleNamespace() if weights is None else SimpleNamespace(proportion=w)
+             for w in (weights or [None] * len(counts))]
+    size = number_abbrev_to_int(epoch_size) if epoch_size else None
+    Stream.apply_weights(fakes, np.asarray(counts, np.int64), size, seed)  # type: ignore[arg-type]
+    return [int(f.choose) for f in fakes]
+
+
+def _weights(plans: Sequence[StreamPlan], proportions: Mapping[str, float] | None) -> list[float] | None:
+    """A source's proportion split over its streams by stored sample count (as PRX does)."""
+    if proportions is None:
+        return None
+    totals: dict[str, int] = {}
+    for p in plans:
+        totals[p.source] = totals.get(p.source, 0) + p.count
+    return [float(proportions[p.source]) * p.count / totals[p.source] for p in plans]
+
+
+class CorpusDataset(StreamingDataset):
+    """`StreamingDataset` over one tier of the corpus, skip-lists applied by substitution.
+
+    Args:
+        root: corpus root (folder or `s3://bucket/prefix`).
+        tier: the resolution tier to train on (512, 1024, ...).
+        sources: source names to include (default: all sources with streams in the tier, or the
+            keys of `proportions`).
+        proportions: relative weight per source, split over its streams by sample count; None
+            means every stored sample once per epoch (streaming's default).
+        storage_options: s3fs options for listing and reading index.json and skip-lists. Shards
+            are downloaded by streaming's boto3 client, which reads `S3_ENDPOINT_URL` and the
+            usual AWS variables; an `endpoint_url` here sets `S3_ENDPOINT_URL` when it is unset.
+        cache_dir: local cache of a remote root (default: `$TMPDIR/prx-loader/<hash of root>`).
+        **streaming_kwargs: passed to `StreamingDataset` (batch_size, shuffle, epoch_size, ...).
+            Defaults here: `batching_method="per_stream"`, `validate_hash="xxh64"` (remote only).
+
+    Streams left out, with a warning: those whose samples are all skipped, and those too small
+    to fill one batch under per_stream / device_per_stream batching (streaming would raise).
+    """
+
+    def __init__(self, root: str, tier: int, sources: Sequence[str] | None = None,
+                 proportions: Mapping[str, float] | None = None, storage_options: dict | None = None,
+                 cache_dir: str | None = None, **streaming_kwargs: Any) -> None:
+        if {"streams", "remote", "local"} & set(streaming_kwargs):
+            raise TypeError("CorpusDataset builds its own streams: pass root/tier/sources instead")
+        streaming_kwargs.setdefault("batching_method", "per_stream")
+        if proportions is not None:
+            sources = list(proportions) if sources is None else list(sources)
+            missing = [s for s in sources if s not in proportions]
+            if missing:
+                raise ValueError(f"proportions give no weight for sources {missing}")
+        plans = plan_streams(root, tier, sources, storage_options)
+        self.left_out: dict[str, str] = {}
+        for p in plans:
+            if len(p.skipped) == p.count:
+                self.left_out[p.name] = "every sample is skipped"
+        plans = [p for p in plans if p.name not in self.left_out]
+        need = _min_stream_samples(streaming_kwargs)
+        seed = int(streaming_kwargs.get("shuffle_seed", 9176))
+        while plans:
+            chooses = _chooses([p.count for p in plans], _weights(plans, proportions),
+                               streaming_kwargs.get("epoch_size"), seed)
+            small = {p.name: c for p, c in zip(plans, chooses) if c < need}
+            if not small:
+                break
+            for name, c in small.items():
+                self.left_out[name] = f"{c} samples per epoch cannot fill a batch of {need}"
+            plans = [p for p in plans if p.name not in small]
+        for name, why in sorted(self.left_out.items()):
+            warnings.warn(f"CorpusDataset: stream {name} left out: {why}", stacklevel=2)
+        if not plans:
+            raise ValueError(f"no usable stream in tier {tier} of {root} (left out: {self.left_out})")
+        remote = is_remote(root)
+        if remote:
+            streaming_kwargs.setdefault("validate_hash", "xxh64")
+            _set_s3_endpoint(storage_options)
+            cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "prx-loader",
+                                                  hashlib.blake2s(root.encode(), digest_size=8).hexdigest())
+        weights = _weights(plans, proportions)
+        streams = [self._stream(p, cache_dir if remote else None, None if weights is None else weights[i])
+                   for i, p in enumerate(plans)]
+        super().__init__(streams=streams, **streaming_kwargs)
+        self.plans = plans
+        self._epoch = 0
+        self._stream_starts = [int(x) for x in self.sample_offset_per_stream]
+        self._substitutes: list[_Substitutes | None] = []
+        for i, p in enumerate(plans):
+            first = int(self.shard_offset_per_stream[i])
+            sizes = self.samples_per_shard[first:first + int(self.shards_per_stream[i])]
+            self._substitutes.append(_Substitutes(p, sizes.tolist()) if len(p.skipped) else None)
+
+    @staticmethod
+    def _stream(plan: StreamPlan, cache_dir: str | None, proportion: float | None) -> Stream:
+        weight = {} if proportion is None else {"proportion": proportion}
+        if cache_dir is None:
+            return Stream(local=plan.uri, **weight)
+        # Keyed by the index digest: a republished stream never reuses another version's shards.
+        local = os.path.join(cache_dir, plan.name, hashlib.blake2s(plan.index, digest_size=8).hexdigest())
+        os.makedirs(local, exist_ok=True)
+        if not os.path.exists(os.path.join(local, INDEX)):
+            tmp = os.path.join(local, f".{INDEX}.{os.getpid()}.tmp")
+            with open(tmp, "wb") as handle:
+                handle.write(plan.index)
+            os.replace(tmp, os.path.join(local, INDEX))
+        return Stream(remote=plan.uri, local=local, **weight)
+
+    @property
+    def stream_names(self) -> list[str]:
+        return [p.name for p in self.plans]
+
+    def substitute(self, sample_id: int) -> int:
+        """The global sample index actually read for `sample_id` (itself unless skipped)."""
+        sample_id = int(sample_id)  # a numpy int from streaming's plan: Python ints are faster here
+        stream = bisect.bisect_right(self._stream_starts, sample_id) - 1
+        subs = self._substitutes[stream]
+        if subs is None:
+            return sample_id
+        j = sample_id - self._stream_starts[stream]
+        return sample_id - j + subs.hit(j, self._epoch) if (subs.bits[j >> 3] >> (j & 7)) & 1 else sample_id
+
+    def get_item(self, sample_id: int, retry: int = 7) -> Any:
+        return super().get_item(self.substitute(sample_id), retry)
+
+    def _get_work(self, epoch: int, sample_in_epoch: int) -> np.ndarray:
+        # Runs in every iterating process before any sample is read; resumption restores epoch.
+        self._epoch = int(epoch)
+        return super()._get_work(epoch, sample_in_epoch)
+
+
+def _set_s3_endpoint(storage_options: dict | None) -> None:
+    endpoint = ((storage_options or {}).get("client_kwargs") or {}).get("endpoint_url")
+    if endpoint and os.environ.setdefault("S3_ENDPOINT_URL", endpoint) != endpoint:
+        warnings.warn(f"S3_ENDPOINT_URL={os.environ['S3_ENDPOINT_URL']} differs from storage_options' "
+                      f"endpoint {endpoint}: streaming downloads shards from the former", stacklevel=3)
+
+
+def collate(batch: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Column -> list. A dict batch is what `StreamingDataLoader` counts correctly for its
+    `state_dict` (a list of dicts is counted as the number of columns of the first sample)."""
+    return {key: [sample[key] for sample in batch] for key in batch[0]} if batch else {}

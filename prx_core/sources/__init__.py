@@ -1,0 +1,1 @@
+"""Source datasets: the catalog, the format readers, and ingest into `samples` rows."""

@@ -1,0 +1,154 @@
+"""The `sources.yaml` catalog: which source datasets feed the corpus, and how to read them.
+
+Every later stage keys its partitions on `SourceSpec.name`, so validation is strict and each
+error names the source and the field an operator has to fix.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from prx_core.store.storage import is_remote, join_uri
+
+FORMATS = ("parquet", "imagefolder", "webdataset", "lance")
+NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
+_COLUMN_FIELDS = ("image_column", "caption_column", "key_column", "embedding_column")
+_FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "weight")
+
+
+class CatalogError(ValueError):
+    """An invalid catalog; the message names the file, the source and the field."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source dataset; `name` is its Dagster partition key."""
+
+    name: str
+    format: str
+    uri: str
+    image_column: str | None = None
+    caption_column: str | None = None
+    key_column: str | None = None
+    embedding_column: str | None = None
+    weight: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The parsed catalog, with relative URIs resolved against the catalog's folder."""
+
+    path: str
+    sources: tuple[SourceSpec, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.sources]
+
+    def get(self, name: str) -> SourceSpec:
+        for source in self.sources:
+            if source.name == name:
+                return source
+        raise KeyError(f"no source named {name!r} in {self.path} (known: {', '.join(self.names)})")
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    """Read and validate a catalog file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc.strerror or exc}") from exc
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
+    return parse_catalog(document, base_dir=path.resolve().parent, origin=str(path))
+
+
+def parse_catalog(document: Any, base_dir: Path, origin: str = "<catalog>") -> Catalog:
+    """Validate a loaded YAML document; relative local URIs resolve against `base_dir`."""
+    if not isinstance(document, dict) or "sources" not in document:
+        raise CatalogError(f"{origin}: expected a mapping with a 'sources' list")
+    unknown_top = set(document) - {"sources"}
+    if unknown_top:
+        raise CatalogError(f"{origin}: unknown top-level field(s): {', '.join(sorted(unknown_top))}")
+    entries = document["sources"]
+    if not isinstance(entries, list) or not entries:
+        raise CatalogError(f"{origin}: 'sources' must be a non-empty list")
+    sources: list[SourceSpec] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        source = _parse_source(entry, index, base_dir, origin)
+        if source.name in seen:
+            raise CatalogError(f"{origin}: source {source.name!r}: field 'name': duplicate source name")
+        seen.add(source.name)
+        sources.append(source)
+    return Catalog(path=origin, sources=tuple(sources))
+
+
+def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> SourceSpec:
+    label = f"source #{index + 1}"
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{origin}: {label}: expected a mapping, got {type(entry).__name__}")
+    name = entry.get("name")
+    if isinstance(name, str) and name:
+        label = f"source {name!r}"
+
+    def fail(field: str, problem: str) -> CatalogError:
+        return CatalogError(f"{origin}: {label}: field '{field}': {problem}")
+
+    unknown = set(entry) - set(_FIELDS)
+    if unknown:
+        raise fail(sorted(unknown)[0], f"unknown field (allowed: {', '.join(_FIELDS)})")
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise fail("name", f"must match [a-z0-9_]+ (it is the partition key), got {name!r}")
+    fmt = entry.get("format")
+    if fmt not in FORMATS:
+        raise fail("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    uri = entry.get("uri")
+    if not isinstance(uri, str) or not uri.strip():
+        raise fail("uri", "required: a local path or an s3:// URI")
+    columns: dict[str, str | None] = {}
+    for field in _COLUMN_FIELDS:
+        value = entry.get(field)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise fail(field, f"must be a column name or null, got {value!r}")
+        columns[field] = value
+    if fmt in ("parquet", "lance") and not columns["image_column"]:
+        raise fail("image_column", f"required for format {fmt}")
+    if fmt in ("imagefolder", "webdataset"):
+        for field in ("image_column", "embedding_column"):
+            if columns[field]:
+                raise fail(field, f"not supported for format {fmt}")
+    weight = entry.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise fail("weight", f"must be a positive number, got {weight!r}")
+    return SourceSpec(
+        name=name,
+        format=fmt,
+        uri=_resolve_uri(uri.strip(), base_dir),
+        weight=float(weight),
+        **columns,
+    )
+
+
+def _resolve_uri(uri: str, base_dir: Path) -> str:
+    if is_remote(uri) or Path(uri).is_absolute():
+        return uri
+    return join_uri(str(base_dir), uri)
+
+
+def dump_catalog(sources: list[SourceSpec], path: str | Path) -> None:
+    """Write a catalog file (the inverse of `load_catalog`, URIs as given)."""
+    document = {"sources": [source.to_dict() for source in sources]}
+    Path(path).write_text(yaml.safe_dump(document, sort_keys=False))

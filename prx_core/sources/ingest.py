@@ -1,0 +1,98 @@
+"""Turn source records into `samples` rows, or `rejects` rows with a reason.
+
+Ingest validates every image by decoding it once, DCT-scaled to the smallest size libjpeg
+offers (truncation still surfaces: the whole entropy stream is read), and records what later
+stages need without decoding again: upright size, format, mode, orientation, JPEG quality.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from prx_core.image.decode import (
+    DECODE_ERROR,
+    DEFAULT_MAX_PIXELS,
+    Rejection,
+    decode_opened,
+    exif_orientation,
+    open_image,
+)
+from prx_core.image.jpeg_quality import estimate_jpeg_quality
+from prx_core.store import schemas
+from prx_core.store.partitions import reject_row
+
+INSPECT_SIZE = (1, 1)  # ask `draft` for the smallest DCT scale
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    width: int
+    height: int
+    format: str
+    mode: str
+    orientation: int
+    jpeg_quality: int | None
+
+
+def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFacts | Rejection:
+    """Validate by decoding (cheaply) and describe the image; never raises."""
+    try:
+        opened = open_image(data, max_pixels)
+        if isinstance(opened, Rejection):
+            return opened
+        quality = estimate_jpeg_quality(opened)
+        orientation = exif_orientation(opened)
+        decoded = decode_opened(opened, min_size=INSPECT_SIZE, orientation=orientation)
+        if isinstance(decoded, Rejection):
+            return decoded
+        width, height = decoded.original_size
+        return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality)
+    except Exception as exc:  # the contract: a Rejection, never an exception
+        return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+
+
+def content_id(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ingest_batch(
+    source: str, batch: pa.RecordBatch | pa.Table, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[pa.Table, pa.Table]:
+    """Split source records (`prx_core.sources.readers.RECORD_SCHEMA`) into samples and rejects."""
+    samples: list[dict[str, Any]] = []
+    rejects: list[dict[str, Any]] = []
+    for record in batch.to_pylist():
+        data: bytes = record["image"] or b""
+        key = record["source_key"]
+        sid = schemas.sample_id(source, key)
+        cid = content_id(data)
+        facts = inspect_image(data, max_pixels)
+        if isinstance(facts, Rejection):
+            rejects.append(reject_row(sid, source, key, cid, "samples", facts.reason, facts.message))
+            continue
+        samples.append(
+            {
+                "sample_id": sid,
+                "content_id": cid,
+                "source": source,
+                "source_key": key,
+                "image": data,
+                "width": facts.width,
+                "height": facts.height,
+                "format": facts.format,
+                "mode": facts.mode,
+                "orientation": facts.orientation,
+                "jpeg_quality": facts.jpeg_quality,
+                "num_bytes": len(data),
+                "original_caption": record["caption"],
+                "embedding": record["embedding"],
+            }
+        )
+    return (
+        pa.Table.from_pylist(samples, schema=schemas.SAMPLES),
+        pa.Table.from_pylist(rejects, schema=schemas.REJECTS),
+    )

@@ -1,0 +1,1 @@
+"""The corpus root: URIs, table schemas, Lance I/O, partitions, compaction and upkeep."""

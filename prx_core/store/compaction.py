@@ -1,0 +1,99 @@
+"""Compaction that keeps partitions apart: no fragment ever holds rows of two partitions.
+
+Lance's `compact_files` merges any small fragments, so afterwards a fragment mixes sources and
+replacing one source has to put deletion vectors on every fragment it shares with the others
+(DESIGN.md: plan compaction per source). Here the small fragments and the fragments with deleted
+rows of each partition (a source, or a (source, stage) pair for `rejects`) are merged among
+themselves and fragments that already mix partitions are split back, in one `Update` commit: the operation a partition replace makes, so the
+same conflict rules hold between the two. Pure library: never imports dagster.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from lance import LanceDataset, LanceOperation
+from lance.commit import CommitConflictError
+
+from prx_core.store.lance_io import StorageOptions, backoff, require_table, sql_literal, write_fragments
+
+log = logging.getLogger(__name__)
+Key = tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class PartitionCompaction:
+    """What `compact_partitions` rewrote: fragments removed and written, partitions touched."""
+
+    removed: int
+    written: int
+    partitions: int
+    mixed_split: int  # fragments that held rows of more than one partition
+    version: int
+
+
+def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, small_fraction: float = 0.5,
+                    deleted_fraction: float = 0.1) -> tuple[dict[Key, list[int]], int]:
+    """Fragment ids to rewrite per partition key, and how many fragments mix partitions.
+
+    A partition is rewritten when it has two or more small fragments, a fragment with more than
+    `deleted_fraction` of its rows deleted (Lance's own threshold), or rows in a mixed fragment;
+    a lone healthy fragment is left alone."""
+    scan = ds.to_table(columns=list(columns), with_row_address=True)
+    fragment_of = pa.array((scan["_rowaddr"].to_numpy() >> np.uint64(32)).astype(np.int64))
+    pairs = pa.table({"fragment": fragment_of, **{c: scan[c] for c in columns}}).group_by(["fragment", *columns]).aggregate([])
+    keys_of: dict[int, set[Key]] = defaultdict(set)  # distinct (fragment, key) pairs: few, even for a billion rows
+    for fragment_id, *key in zip(*(pairs[name].to_pylist() for name in ["fragment", *columns])):
+        keys_of[fragment_id].add(tuple(key))
+    pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
+    shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
+    for fragment_id, keys in keys_of.items():
+        for key in keys:
+            (pure if len(keys) == 1 else shared)[key].append(fragment_id)
+    metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
+    plan: dict[Key, list[int]] = {}
+    for key in pure.keys() | shared.keys():
+        small = [i for i in pure[key] if metas[i].num_rows < small_fraction * target_rows]
+        deleted = [i for i in pure[key]
+                   if metas[i].num_deletions > deleted_fraction * (metas[i].num_rows + metas[i].num_deletions)]
+        if len(small) >= 2 or deleted or shared[key]:
+            plan[key] = sorted(set(small) | set(deleted) | set(shared[key]))
+    return plan, sum(1 for keys in keys_of.values() if len(keys) > 1)
+
+
+def partition_predicate(columns: Sequence[str], key: Key) -> str:
+    return " AND ".join(f"{c} IS NULL" if v is None else f"{c} = {sql_literal(str(v))}" for c, v in zip(columns, key))
+
+
+def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_000_000,
+                       storage_options: StorageOptions = None, max_retries: int = 3) -> PartitionCompaction:
+    """Merge each partition's small fragments, split mixed ones, in one commit; rows unchanged.
+
+    On a conflict (a partition replace committed meanwhile) the plan is made again from the new
+    version; fragments written for the lost attempt are never referenced and go with the
+    orphan cleanup of `cleanup_old_versions`."""
+    for attempt in range(max_retries + 1):
+        ds = require_table(uri, storage_options)
+        plan, mixed = plan_compaction(ds, columns, target_rows)
+        if not plan:
+            return PartitionCompaction(0, 0, 0, 0, ds.version)
+        new = []
+        for key, fragment_ids in sorted(plan.items(), key=lambda item: repr(item[0])):
+            scanner = ds.scanner(fragments=[ds.get_fragment(i) for i in fragment_ids],
+                                 filter=partition_predicate(columns, key))
+            new += write_fragments(uri, scanner.to_reader(), ds.schema, storage_options, max_rows_per_file=target_rows)
+        removed = sorted({i for ids in plan.values() for i in ids})
+        try:
+            op = LanceOperation.Update(removed_fragment_ids=removed, new_fragments=new)
+            version = LanceDataset.commit(ds, op, read_version=ds.version).version
+        except CommitConflictError as exc:
+            log.info("%s: compaction conflicted (attempt %d), planning again: %s", uri, attempt + 1, exc)
+            backoff(attempt)
+            continue
+        return PartitionCompaction(len(removed), len(new), len(plan), mixed, version)
+    raise RuntimeError(f"{uri}: compaction still conflicted after {max_retries} retries")

@@ -1,0 +1,239 @@
+"""Lance table upkeep: fragment health, compaction with safe version cleanup, and indexes.
+
+Queries stay fast only with few, large fragments (~1M rows) and indexes that cover every
+fragment; each partition replace adds small fragments and unindexed rows, which this module
+measures and repairs. Pure library: never imports dagster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pyarrow as pa
+from lance import LanceDataset
+from lance.commit import CommitConflictError
+
+from prx_core.store.compaction import compact_partitions
+from prx_core.store.lance_io import StorageOptions, require_table
+from prx_core.store.schemas import FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
+
+FTS_TYPES = {"inverted", "fts"}
+MERGE_ALL_SEGMENTS = 1 << 16
+MIN_VECTOR_ROWS = 256  # below this a vector index is not built: a flat scan is as fast
+
+
+@dataclass(frozen=True)
+class FragmentHealth:
+    """Fragment layout of a table.
+
+    A fragment is small when it holds fewer than `small_fraction * target_rows` live rows, and
+    small fragments count only when there are at least two of them: a single small fragment (a
+    table's tail, a whole demo table) cannot be merged with anything, so it is not a problem.
+    """
+
+    fragments: int
+    rows: int
+    small_fragments: int
+    small_ratio: float
+    target_rows: int
+    deleted_rows: int = 0
+
+    @property
+    def needs_compaction(self) -> bool:
+        return self.small_fragments > 0
+
+
+def fragment_health(uri: str, target_rows: int = 1_000_000, small_fraction: float = 0.5,
+                    storage_options: StorageOptions = None) -> FragmentHealth:
+    metas = [f.metadata for f in require_table(uri, storage_options).get_fragments()]
+    live = [m.num_rows for m in metas]
+    small = sum(1 for n in live if n < small_fraction * target_rows)
+    small = small if small >= 2 else 0
+    return FragmentHealth(fragments=len(metas), rows=sum(live), small_fragments=small,
+                          small_ratio=small / len(metas) if metas else 0.0, target_rows=target_rows,
+                          deleted_rows=sum(m.num_deletions for m in metas))
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    fragments_before: int
+    fragments_after: int
+    versions_removed: int
+    bytes_removed: int
+    version: int
+    partitions_rewritten: int = 0  # partition compaction only: partitions whose fragments were merged
+    mixed_fragments_split: int = 0  # ... and fragments that held more than one partition
+
+
+def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
+                  cleanup_older_than: timedelta = timedelta(days=7),
+                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = ()) -> CompactionReport:
+    """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
+
+    Tables replaced per partition name their `partition_columns` and are compacted partition by
+    partition (prx_core.store.compaction), so a fragment never mixes sources; the others go
+    through Lance's `compact_files`, indexes first: Lance never merges an indexed fragment with
+    an unindexed one (a replaced partition's new fragments), so compaction alone left them apart.
+    Cleanup never removes the latest or tagged versions, nor (no `delete_unverified`) files of
+    in-flight writers younger than 7 days.
+    """
+    ds = require_table(uri, storage_options)
+    before = len(ds.get_fragments())
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    partitions = None
+    if partition_columns:
+        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
+        ds = require_table(uri, storage_options)
+    else:
+        ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+    stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
+    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
+                            versions_removed=stats.old_versions, bytes_removed=stats.bytes_removed,
+                            version=ds.version, partitions_rewritten=partitions.partitions if partitions else 0,
+                            mixed_fragments_split=partitions.mixed_split if partitions else 0)
+
+
+@dataclass(frozen=True)
+class IndexReport:
+    """What `refresh_indexes` did; `indexes` are the names present afterwards, `version` the
+    table version after it (what readers of the table see)."""
+
+    indexes: list[str]
+    created: list[str]
+    optimized: list[str]
+    notes: list[str]
+    version: int | None = None
+
+
+def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
+    covered = {int(i) for segment in desc.segments for i in segment.fragment_ids}
+    return {f.fragment_id for f in ds.get_fragments()} - covered
+
+
+def _catch_up_indexes(ds: LanceDataset, names: list[str]) -> list[str]:
+    """Index unindexed fragments and merge each index into one segment; no commit when done.
+
+    One segment matters: compaction never merges fragments covered by different segments (the
+    default optimize left a vector index's new rows in a delta segment, blocking compaction)."""
+    stale = [d.name for d in ds.describe_indices()
+             if d.name in names and (len(d.segments) > 1 or _unindexed_fragments(ds, d))]
+    if stale:
+        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS)
+    return stale
+
+
+def _find_index(ds: LanceDataset, column: str, kinds: set[str] | None) -> Any | None:
+    for desc in ds.describe_indices():
+        if list(desc.field_names) == [column] and (kinds is None or desc.index_type.lower() in kinds):
+            return desc
+    return None
+
+
+def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, pq_min_rows: int) -> str:
+    """IVF with ~sqrt(rows) partitions: IVF_FLAT (exact within partitions) for small tables,
+    IVF_PQ (dim/8 sub-vectors of 8 bits) once the table is large and the dimension allows it."""
+    dim, name = ds.schema.field(column).type.list_size, f"{column}_vector"
+    params = {"num_partitions": max(1, min(4096, round(math.sqrt(rows))))}
+    kind = "IVF_PQ" if rows >= pq_min_rows and dim % 8 == 0 else "IVF_FLAT"
+    if kind == "IVF_PQ":
+        params["num_sub_vectors"] = dim // 8
+    ds.create_index(column, kind, name=name, metric=metric, **params)
+    return name
+
+
+def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
+                    storage_options: StorageOptions = None, *, bitmap_columns: Sequence[str] = (),
+                    metric: str = "cosine", min_vector_rows: int = MIN_VECTOR_ROWS,
+                    pq_min_rows: int = 100_000) -> IndexReport:
+    """Create missing INVERTED (full-text), BITMAP (low-cardinality filters) and vector indexes,
+    extend existing ones.
+
+    Idempotent: nothing is committed when every fragment is already indexed. The vector column
+    must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
+    fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
+    """
+    ds = require_table(uri, storage_options)
+    created: list[str] = []
+    existing: list[str] = []
+    notes: list[str] = []
+    rows = ds.count_rows()
+    for columns, kind, kinds, suffix in ((fts_columns, "INVERTED", FTS_TYPES, "fts"),
+                                         (bitmap_columns, "BITMAP", {"bitmap"}, "bitmap")):
+        for column in columns:
+            if (desc := _find_index(ds, column, kinds)) is not None:
+                existing.append(desc.name)
+            elif rows == 0:
+                notes.append(f"{column}: no {kind} index on an empty table")
+            else:
+                ds.create_scalar_index(column, kind, name=f"{column}_{suffix}")
+                created.append(f"{column}_{suffix}")
+    if vector_column is not None:
+        kind = ds.schema.field(vector_column).type
+        if not (pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type)):
+            raise ValueError(f"{uri}: a vector index needs fixed_size_list<float>, {vector_column} is {kind}")
+        if (desc := _find_index(ds, vector_column, None)) is not None:
+            existing.append(desc.name)
+        elif rows < min_vector_rows:
+            notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
+        else:
+            created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
+    optimized = _catch_up_indexes(ds, existing)
+    latest = require_table(uri, storage_options)
+    names = sorted(d.name for d in latest.describe_indices())
+    return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)
+
+
+def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None) -> IndexReport:
+    """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
+    columns). Indexes only speed reads up, so losing a commit race to a concurrent writer is a
+    note, not a failed materialization: the next write or compaction catches them up."""
+    try:
+        return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
+                               bitmap_columns=PARTITION_COLUMNS.get(table, ()))
+    except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
+        if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
+            raise
+        version = require_table(uri, storage_options).version
+        return IndexReport([], [], [], [f"index refresh lost a commit race, caught up later: {exc}"[:300]], version)
+
+
+@dataclass(frozen=True)
+class VectorIndexCoverage:
+    """How much of a table its vector index on `column` covers; what the explorer's fast
+    nearest-neighbour search needs (unindexed fragments are searched by a flat scan)."""
+
+    rows: int
+    fragments: int
+    index: str | None
+    unindexed_fragments: list[int]
+    min_rows: int
+
+    @property
+    def complete(self) -> bool:
+        """Every fragment indexed, or the table still below the index threshold."""
+        return self.rows < self.min_rows or (self.index is not None and not self.unindexed_fragments)
+
+    @property
+    def note(self) -> str:
+        if self.rows < self.min_rows:
+            return f"{self.rows} rows < {self.min_rows}: no vector index needed yet"
+        if self.index is None:
+            return f"{self.rows} rows and no vector index"
+        if self.unindexed_fragments:
+            return f"{self.index}: {len(self.unindexed_fragments)} of {self.fragments} fragments unindexed"
+        return f"{self.index} covers all {self.fragments} fragments"
+
+
+def vector_index_coverage(uri: str, column: str, storage_options: StorageOptions = None,
+                          min_rows: int = MIN_VECTOR_ROWS) -> VectorIndexCoverage:
+    ds = require_table(uri, storage_options)
+    desc = _find_index(ds, column, None)
+    unindexed = sorted(_unindexed_fragments(ds, desc)) if desc is not None else [f.fragment_id for f in ds.get_fragments()]
+    return VectorIndexCoverage(rows=ds.count_rows(), fragments=len(ds.get_fragments()),
+                               index=None if desc is None else desc.name, unindexed_fragments=unindexed,
+                               min_rows=min_rows)

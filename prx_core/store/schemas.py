@@ -1,0 +1,179 @@
+"""Arrow schemas of the corpus tables under `<root>/lance/`.
+
+One place for the columns every stage reads and writes, so a reader (the explorer, the loader, a
+notebook) and the writer never disagree. Tables keyed by `sample_id` carry `source`, the
+partition key their rows are replaced by; tables keyed by `content_id` are shared by sources.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SAMPLES = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("content_id", pa.string()),  # SHA-256 of the source bytes
+        ("source", pa.string()),
+        ("source_key", pa.string()),
+        ("image", pa.large_binary()),
+        ("width", pa.int32()),  # after EXIF orientation
+        ("height", pa.int32()),
+        ("format", pa.string()),
+        ("mode", pa.string()),
+        ("orientation", pa.int8()),
+        ("jpeg_quality", pa.int16()),  # estimated; null for other formats
+        ("num_bytes", pa.int64()),
+        ("original_caption", pa.string()),
+        ("embedding", pa.list_(pa.float32())),
+    ]
+)
+
+REJECTS = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("source_key", pa.string()),
+        ("content_id", pa.string()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+        ("message", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+    ]
+)
+
+PHASHES = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("phash", pa.uint64()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("pixels", pa.int64()),
+        ("jpeg_quality", pa.int16()),  # keeper tie-breaks: quality, then size in bytes
+        ("num_bytes", pa.int64()),
+    ]
+)
+
+BUCKETS = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("content_id", pa.string()),
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("tier", pa.int32()),  # null when dropped
+        ("bucket_width", pa.int32()),
+        ("bucket_height", pa.int32()),
+        ("bucket", pa.string()),  # "<w>x<h>", the MDS stream folder
+        ("drop_reason", pa.string()),  # null when bucketed
+    ]
+)
+
+DUPLICATES = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("group_id", pa.string()),  # the shared pHash, 16 hex digits
+        ("group_size", pa.int32()),
+        ("keeper", pa.bool_()),
+        ("keeper_sample_id", pa.string()),
+        ("pixels", pa.int64()),
+    ]
+)
+
+CAPTIONS = pa.schema(
+    [
+        ("content_id", pa.string()),
+        ("captioner_version", pa.string()),  # with content_id, the key
+        ("captioner_id", pa.string()),
+        ("prompt_version", pa.string()),
+        ("caption", pa.string()),
+        ("word_count", pa.int32()),
+        ("error", pa.string()),  # "" when captioned; failures are retried on the next run
+    ]
+)
+
+CAPTION_LABELS = pa.schema(
+    [
+        ("content_id", pa.string()),
+        ("captioner_version", pa.string()),  # the caption the label was computed from
+        ("labeler_version", pa.string()),
+        ("labeler_id", pa.string()),
+        ("label", pa.string()),
+        ("score", pa.float32()),
+    ]
+)
+
+CAPTION_EMBEDDING_DIM = 384  # all-MiniLM-L6-v2 (prx_core.models.embeddings)
+
+CAPTION_EMBEDDINGS = pa.schema(
+    [
+        ("content_id", pa.string()),
+        ("captioner_version", pa.string()),  # the caption the vector was computed from
+        ("embedder_version", pa.string()),  # with the two above, the key
+        ("embedder_id", pa.string()),
+        ("embedding", pa.list_(pa.float32(), CAPTION_EMBEDDING_DIM)),  # unit-norm; vector index `embedding_vector`
+    ]
+)
+
+
+def source_embeddings_schema(dim: int) -> pa.Schema:
+    """`source_embeddings` holds the sources' own (CLIP) vectors, `dim` wide: the dimension of the
+    first source written; a source of another dimension is reported, never mixed in."""
+    return pa.schema(
+        [
+            ("sample_id", pa.string()),
+            ("source", pa.string()),
+            ("content_id", pa.string()),
+            ("embedding", pa.list_(pa.float32(), dim)),  # as the source gave it; vector index `embedding_vector`
+        ]
+    )
+
+
+SOURCE_EMBEDDINGS = source_embeddings_schema(512)  # the demo's dimension; a corpus fixes its own
+
+MDS_INDEX = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("content_id", pa.string()),
+        ("tier", pa.int32()),
+        ("bucket", pa.string()),
+        ("index", pa.int64()),  # position within the stream, what skip-lists refer to
+        ("image_sha256", pa.string()),  # of the stored JPEG bytes
+        ("captioner_version", pa.string()),
+    ]
+)
+
+TABLES: dict[str, pa.Schema] = {
+    "samples": SAMPLES,
+    "rejects": REJECTS,
+    "phashes": PHASHES,
+    "buckets": BUCKETS,
+    "duplicates": DUPLICATES,
+    "captions": CAPTIONS,
+    "caption_labels": CAPTION_LABELS,
+    "caption_embeddings": CAPTION_EMBEDDINGS,
+    "source_embeddings": SOURCE_EMBEDDINGS,
+    "mds_index": MDS_INDEX,
+}
+
+
+# Tables replaced partition by partition, and the columns of a partition's key: compaction keeps
+# each key's rows in fragments of their own (prx_core.store.compaction). The others are shared
+# (upserted by content) or global (`duplicates`).
+PARTITION_COLUMNS: dict[str, list[str]] = {
+    "samples": ["source"], "buckets": ["source"], "phashes": ["source"], "source_embeddings": ["source"],
+    "mds_index": ["source"], "rejects": ["source", "stage"],
+}
+# The other indexes tables keep (prx_core.store.maintenance.refresh_table_indexes; the partition
+# columns get BITMAP indexes, so a partition's rows are found without scanning the table: 40 ms
+# -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
+FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"]}
+VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
+
+
+def sample_id(source: str, source_key: str) -> str:
+    """Stable across reruns and readable in the explorer: `<source>/<source_key>`."""
+    return f"{source}/{source_key}"
