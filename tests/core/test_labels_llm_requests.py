@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from prx_core.models import label_base, labels_llm
+from prx_core.models import label_base
 from prx_core.models.label_base import LABELS, LabelerConfig, LabelResult
 from prx_core.models.labels import build_labeler
 from prx_core.models.labels_llm import (
