@@ -45,7 +45,7 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
             continue
         report = maintenance.compact_table(uri, storage_options=options,
                                                  partition_columns=PARTITION_COLUMNS.get(table, ()))
-        indexes = maintenance.refresh_table_indexes(uri, table, options)
+        indexes = maintenance.refresh_table_indexes(uri, table, options, merge=True)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))

@@ -2,12 +2,11 @@
 
 
 import dagster as dg
+from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
 from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import build_buckets
-from prx_core.store import lance_io
-from prx_core.store.partitions import source_predicate
 from prx_resources import StorageResource
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
@@ -16,23 +15,23 @@ CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=
 
 
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"lance"},
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP)
-    def buckets(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+    def buckets(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource) -> dg.MaterializeResult:
         """Dropped samples (below the 384² floor, aspect ratio outside [0.5, 2]) go to `rejects`."""
-        report = build_buckets(context.partition_key, storage.storage(), storage.max_tier)
-        store = storage.storage()
-        placed = lance_io.read_table(store.lance_uri("buckets"), ["tier", "bucket_width", "bucket_height"],
-                                     f"{source_predicate(context.partition_key)} AND tier IS NOT NULL",
-                                     store.lance_storage_options()).to_pylist()
-        outside = sorted({(r["tier"], r["bucket_width"], r["bucket_height"]) for r in placed
-                          if (r["bucket_width"], r["bucket_height"]) not in bucket_sizes(r["tier"])})
+        source = context.partition_key
+        report = build_buckets(source, storage.storage(), storage.max_tier, progress(context, f"buckets[{source}]"))
+        placed = [key.split("/") for key in report.histogram]
+        outside = sorted(key for key, (tier, size) in zip(report.histogram, placed)
+                         if tuple(int(v) for v in size.split("x")) not in bucket_sizes(int(tier)))
         check = dg.AssetCheckResult(check_name="buckets_in_trainer_set", passed=not outside,
-                                    metadata={"buckets_checked": len(placed), "outside": str(outside[:20])})
+                                    metadata={"rows_checked": report.bucketed, "buckets_checked": len(placed),
+                                              "outside": str(outside[:20])})
         return dg.MaterializeResult(
             metadata={"rows": report.rows, "bucketed": report.bucketed, "dropped": sum(report.dropped.values()),
                       "drop_reasons": counts_table(report.dropped, "reason", report.rows),
                       "bucket_histogram": counts_table(report.histogram, "tier/bucket", report.bucketed),
+                      **units_metadata(report.units),
                       **lance_versions(samples=report.samples_version, buckets=report.buckets_version)},
             check_results=[check],
             data_version=dg.DataVersion(f"buckets@{report.buckets_version}"),

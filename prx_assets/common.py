@@ -8,6 +8,7 @@ from typing import Any
 import dagster as dg
 
 from prx_core.compute.parallel import Throttle
+from prx_core.compute.units import UnitResults
 from prx_core.sources.catalog import Catalog
 
 SOURCES = dg.DynamicPartitionsDefinition(name="sources")
@@ -46,9 +47,17 @@ def counts_table(counts: Mapping[str, int], key: str, total: int | None = None) 
     return md_table(rows, [key, "count", "share"])
 
 
-def progress(context: dg.AssetExecutionContext, label: str) -> Throttle:
-    """Progress lines in the run log, at most every 5 seconds."""
-    return Throttle(context.log.info, label)
+def progress(context: dg.AssetExecutionContext, label: str, unit: str = "units") -> Throttle:
+    """Progress lines in the run log, at most every 5 seconds: done/total, rows/s, ETA."""
+    return Throttle(context.log.info, label, unit=unit)
+
+
+def units_metadata(results: UnitResults | None) -> dict[str, Any]:
+    """How a unit-based stage ran: units planned, run now, resumed from an earlier attempt."""
+    if results is None:
+        return {}
+    return {"units": results.units, "units_run": results.ran, "units_resumed": results.skipped,
+            "worker_peak_rss_mb": results.worker_peak_rss_mb()}
 
 
 def lance_versions(**versions: int | None) -> dict[str, Any]:

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
+import numpy as np
+
 TIERS: tuple[int, ...] = (512, 1024, 2048, 4096)
 PATCHES_PER_SIDE = 16  # default_image_size / patch_size_pixels
 PATCH_BUDGET = PATCHES_PER_SIDE * PATCHES_PER_SIDE
@@ -117,3 +119,12 @@ def crop_box(width: int, height: int, bucket: Bucket) -> tuple[int, int, int, in
     new_h = max(1, round(width * bucket.height / bucket.width))
     top = (height - new_h) // 2
     return (0, top, width, top + new_h)
+
+
+def assign_buckets(widths: np.ndarray, heights: np.ndarray, max_tier: int = TIERS[-1]) -> list[Bucket | Drop]:
+    """`assign_bucket` for many sizes at once: computed once per distinct size (a web corpus
+    repeats a few thousand sizes), so a million rows cost a million lookups, not decisions."""
+    keys = (np.asarray(widths, np.int64) << 32) | np.asarray(heights, np.int64)
+    distinct, inverse = np.unique(keys, return_inverse=True)
+    decided = [assign_bucket(int(k >> 32), int(k & 0xFFFFFFFF), max_tier) for k in distinct.tolist()]
+    return [decided[i] for i in inverse.tolist()]

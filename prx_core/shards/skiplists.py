@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import dataclass
 
 import fsspec
 
-from prx_core.store.storage import filesystem_for, is_remote, join_uri
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out")
 CREATED_BY = "prx-corpus"
@@ -112,24 +111,6 @@ def _decode(data: bytes, where: str) -> SkipList:
     return skip
 
 
-def _put(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
-    """Atomic for readers: temp file + rename locally, one PUT (all or nothing) remotely."""
-    if is_remote(uri):
-        fs.pipe_file(uri, data)
-        return
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(uri), f".{os.path.basename(uri)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, uri)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _source_files(fs: fsspec.AbstractFileSystem, root: str, source: str) -> list[str]:
     """Every file under the source's skip-list folder, as URIs (temp leftovers included)."""
     base = join_uri(root, "skiplists", source)
@@ -164,7 +145,7 @@ def write_skip_lists(root: str, source: str, skip_lists: list[SkipList],
     for skip in sorted(skip_lists, key=lambda s: (s.tier, s.width, s.height, s.reason)):
         if skip.indices:
             uri = skiplist_uri(root, source, skip.tier, skip.width, skip.height, skip.reason)
-            _put(fs, uri, _encode(skip))
+            put_atomic(fs, uri, _encode(skip))
             written.append(uri)
     keep = set(written)
     for uri in _source_files(fs, root, source):

@@ -2,6 +2,8 @@
 
 No pixels are read: the upright size recorded at ingest decides. Dropped samples (below the
 384² floor, aspect ratio outside [0.5, 2]) also go to `rejects` so every loss has a reason.
+Row-range units of the pinned `samples` version run on Ray workers, which write `buckets` and
+`rejects` fragments; the driver replaces the partition of each table in one commit.
 """
 
 from __future__ import annotations
@@ -11,12 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from prx_core.image.buckets import TIERS, Drop, assign_bucket
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.image.buckets import TIERS, Drop, assign_buckets
 from prx_core.store import lance_io, schemas
-from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, write_rejects
 from prx_core.store.storage import Storage
+
+UNIT_ROWS = 1_000_000  # sizes only: a unit of a million rows takes seconds and writes one fragment
+COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height"]
 
 
 @dataclass
@@ -28,42 +35,77 @@ class BucketsReport:
     histogram: dict[str, int] = field(default_factory=dict)  # "<tier>/<w>x<h>" -> count
     samples_version: int = 0
     buckets_version: int = 0
+    units: UnitResults | None = None
 
 
 def bucket_samples(samples: pa.Table, max_tier: int = TIERS[-1]) -> tuple[pa.Table, pa.Table]:
     """BUCKETS rows for `samples` (sample_id, source, source_key, content_id, width, height), and
-    the REJECTS rows of the dropped ones."""
-    buckets: list[dict[str, Any]] = []
-    rejects: list[dict[str, Any]] = []
-    for row in samples.sort_by("sample_id").to_pylist():
-        width, height = row["width"], row["height"]
-        assigned = assign_bucket(width, height, max_tier=max_tier)
-        base = {"sample_id": row["sample_id"], "source": row["source"], "content_id": row["content_id"],
-                "width": width, "height": height}
-        if isinstance(assigned, Drop):
-            buckets.append({**base, "drop_reason": assigned.reason})
-            rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
-                                      "buckets", assigned.reason, assigned.message, width, height))
-        else:
-            buckets.append({**base, "tier": assigned.tier, "bucket_width": assigned.width,
-                            "bucket_height": assigned.height, "bucket": assigned.name})
-    return (pa.Table.from_pylist(buckets, schema=schemas.BUCKETS), pa.Table.from_pylist(rejects, schema=schemas.REJECTS))
+    the REJECTS rows of the dropped ones; columnar, so a unit of a million rows stays cheap."""
+    decisions = assign_buckets(samples["width"].to_numpy(), samples["height"].to_numpy(), max_tier)
+    kept = [d if not isinstance(d, Drop) else None for d in decisions]
+    dropped = [d if isinstance(d, Drop) else None for d in decisions]
+    buckets = pa.table({
+        **{c: samples[c] for c in ("sample_id", "source", "content_id", "width", "height")},
+        "tier": pa.array([b and b.tier for b in kept], pa.int32()),
+        "bucket_width": pa.array([b and b.width for b in kept], pa.int32()),
+        "bucket_height": pa.array([b and b.height for b in kept], pa.int32()),
+        "bucket": pa.array([b and b.name for b in kept], pa.string()),
+        "drop_reason": pa.array([d and d.reason for d in dropped], pa.string()),
+    }, schema=schemas.BUCKETS)
+    mask = pa.array([d is not None for d in dropped], pa.bool_())
+    refused = samples.filter(mask)
+    reasons = [d for d in dropped if d is not None]
+    rejects = pa.table({
+        **{c: refused[c] for c in ("sample_id", "source", "source_key", "content_id")},
+        "stage": pa.array(["buckets"] * refused.num_rows, pa.string()),
+        "reason": pa.array([d.reason for d in reasons], pa.string()),
+        "message": pa.array([d.message for d in reasons], pa.string()),
+        "width": refused["width"], "height": refused["height"],
+    }, schema=schemas.REJECTS)
+    return buckets, rejects
 
 
-def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1]) -> BucketsReport:
+def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: bucket one row range; write its `buckets` and `rejects` fragments (no commit)."""
+    storage, source = run.storage, run.manifest.partition
     options = storage.lance_storage_options()
-    samples = lance_io.open_table(storage.lance_uri("samples"), options)
-    if samples is None:
+    rows = read_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec, COLUMNS,
+                         source_predicate(source), options)
+    buckets, rejects = bucket_samples(rows, run.manifest.params["max_tier"])
+    written = lance_io.write_fragments(storage.lance_uri("buckets"), buckets, schemas.BUCKETS, options)
+    refused = write_rejects(storage, rejects)
+    placed = [f"{t}/{b}" for t, b in zip(buckets["tier"].to_pylist(), buckets["bucket"].to_pylist()) if t is not None]
+    return {
+        "rows": buckets.num_rows, "bucketed": len(placed), "histogram": dict(Counter(placed)),
+        "dropped": dict(Counter(rejects["reason"].to_pylist())),
+        "fragments": [f.to_json() for f in written], "rejects_fragments": [f.to_json() for f in refused],
+        "outputs": lance_io.fragment_files(storage.lance_uri("buckets"), written)
+        + lance_io.fragment_files(storage.lance_uri("rejects"), refused),
+    }
+
+
+def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1], progress: Throttle | None = None,
+                  unit_rows: int = UNIT_ROWS) -> BucketsReport:
+    options = storage.lance_storage_options()
+    samples_uri = storage.lance_uri("samples")
+    if not lance_io.table_exists(samples_uri, options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
-    columns = ["sample_id", "source", "source_key", "content_id", "width", "height"]
-    table = samples.to_table(columns=columns, filter=source_predicate(source))
-    buckets, rejects = bucket_samples(table, max_tier)
-    version = write_partition(storage, "buckets", source_predicate(source), buckets)
-    write_partition(storage, "rejects", rejects_predicate(source, "buckets"), rejects)
-    kept = buckets.filter(pc.is_valid(buckets["tier"]))
-    histogram = Counter(f"{t}/{b}" for t, b in zip(kept["tier"].to_pylist(), kept["bucket"].to_pylist()))
+    version, units = plan_row_units(samples_uri, source_predicate(source), unit_rows, options)
+    manifest = Manifest("buckets", source, {"samples": version}, "1", {"max_tier": max_tier, "unit_rows": unit_rows})
+    run = UnitRun.open(storage, manifest)
+    results = run_units(run, units, bucket_unit, progress=progress)
+    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
+    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
+    buckets_version = commit_partition(storage, "buckets", source_predicate(source), fragments)
+    commit_partition(storage, "rejects", rejects_predicate(source, "buckets"), refused)
+    run.finish()
+    histogram: Counter[str] = Counter()
+    dropped: Counter[str] = Counter()
+    for summary in results.summaries:
+        histogram.update(summary["histogram"])
+        dropped.update(summary["dropped"])
     return BucketsReport(
-        source=source, rows=buckets.num_rows, bucketed=kept.num_rows,
-        dropped=dict(Counter(rejects["reason"].to_pylist())), histogram=dict(sorted(histogram.items())),
-        samples_version=samples.version, buckets_version=version,
+        source=source, rows=results.total("rows"), bucketed=results.total("bucketed"), dropped=dict(dropped),
+        histogram=dict(sorted(histogram.items())), samples_version=version, buckets_version=buckets_version,
+        units=results,
     )

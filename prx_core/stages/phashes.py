@@ -2,7 +2,9 @@
 
 The hash is taken from a DCT-scaled decode (>= 128 px, what the 32x32 Lanczos reduction with
 reducing_gap 4 uses anyway), so a 12 MP photo costs a 1/8-scale decode, and an original and
-its half-size copy reach the hash from nearly the same pixels.
+its half-size copy reach the hash from nearly the same pixels. Row-range units of the pinned
+`samples` version run on Ray workers, which write the `phashes` and `rejects` fragments; the
+driver replaces the partition of each table in one commit.
 """
 
 from __future__ import annotations
@@ -13,15 +15,18 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core.compute.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.row_units import plan_row_units, scan_row_unit
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.image.phash import phash
-from prx_core.store import schemas
-from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import commit_partition, reject_row, rejects_predicate, source_predicate, write_rejects
 from prx_core.store.storage import Storage
 
 PHASH_DECODE_SIZE = (128, 128)
-ROWS_PER_TASK = 256
+UNIT_ROWS = 50_000  # ~10 minutes of decoding per unit on one core: what a crash can cost per worker
+COLUMNS = ["sample_id", "source", "source_key", "content_id", "image", "jpeg_quality", "num_bytes"]
 
 
 @dataclass
@@ -32,6 +37,7 @@ class PhashesReport:
     seconds: float
     samples_version: int
     phashes_version: int
+    units: UnitResults | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -46,41 +52,46 @@ def phash_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int,
     return phash(decoded.image), *decoded.original_size
 
 
-def phash_rows(task: dict[str, Any]) -> pa.Table:
-    """Ray task: hash one chunk of samples; a sample that fails goes out as a reject row."""
-    rows = take_rows(task["uri"], task["version"], task["addresses"], ["sample_id", "source", "source_key", "content_id", "image", "jpeg_quality", "num_bytes"], task["lance_options"])
-    out: list[dict[str, Any]] = []
-    for row in rows.to_pylist():
-        result = phash_image(row["image"], task["max_pixels"])
-        if isinstance(result, Rejection):
-            out.append({"reject": reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
-                                             "phashes", result.reason, result.message)})
-            continue
-        value, width, height = result
-        out.append({"hash": {"sample_id": row["sample_id"], "source": row["source"], "phash": value,
-                             "width": width, "height": height, "pixels": width * height,
-                             "jpeg_quality": row["jpeg_quality"], "num_bytes": row["num_bytes"]}})
-    schema = pa.schema([("hash", pa.struct(schemas.PHASHES)), ("reject", pa.struct(schemas.REJECTS))])
-    return pa.Table.from_pylist(out, schema=schema)
-
-
-def build_phashes(
-    source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Progress | None = None
-) -> PhashesReport:
-    start = time.monotonic()
+def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: hash one row range of the pinned samples version; a sample that fails becomes a
+    reject row. Writes `phashes` and `rejects` fragments (no commit)."""
+    storage, source = run.storage, run.manifest.partition
     options = storage.lance_storage_options()
-    samples_uri = storage.lance_uri("samples")
-    version, index = scan_partition(samples_uri, source_predicate(source), ["sample_id"], options)
-    addresses = index.sort_by("sample_id").column("_rowaddr").to_pylist()
-    tasks = [{"uri": samples_uri, "version": version, "addresses": part, "lance_options": options,
-              "max_pixels": max_pixels}
-             for part in chunk(addresses, ROWS_PER_TASK)]
     hashes: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
-    for table in map_tasks(tasks, phash_rows, progress=progress):
-        for row in table.to_pylist():
-            (hashes if row["hash"] else rejects).append(row["hash"] or row["reject"])
-    hashes.sort(key=lambda r: r["sample_id"])
-    written = write_partition(storage, "phashes", source_predicate(source), pa.Table.from_pylist(hashes, schema=schemas.PHASHES))
-    write_partition(storage, "rejects", rejects_predicate(source, "phashes"), pa.Table.from_pylist(rejects, schema=schemas.REJECTS))
-    return PhashesReport(source, len(hashes), len(rejects), time.monotonic() - start, version, written)
+    for batch in scan_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec, COLUMNS,
+                               source_predicate(source), options, batch_size=64):
+        for row in batch.to_pylist():
+            result = phash_image(row["image"], run.manifest.params["max_pixels"])
+            if isinstance(result, Rejection):
+                rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
+                                          "phashes", result.reason, result.message))
+                continue
+            value, width, height = result
+            hashes.append({"sample_id": row["sample_id"], "source": row["source"], "phash": value, "width": width,
+                           "height": height, "pixels": width * height, "jpeg_quality": row["jpeg_quality"],
+                           "num_bytes": row["num_bytes"]})
+    uri = storage.lance_uri("phashes")
+    written = lance_io.write_fragments(uri, pa.Table.from_pylist(hashes, schema=schemas.PHASHES), schemas.PHASHES,
+                                       options) if hashes else []
+    refused = write_rejects(storage, pa.Table.from_pylist(rejects, schema=schemas.REJECTS))
+    return {"rows": len(hashes), "failed": len(rejects), "fragments": [f.to_json() for f in written],
+            "rejects_fragments": [f.to_json() for f in refused],
+            "outputs": lance_io.fragment_files(uri, written) + lance_io.fragment_files(storage.lance_uri("rejects"), refused)}
+
+
+def build_phashes(source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
+                  unit_rows: int = UNIT_ROWS) -> PhashesReport:
+    start = time.monotonic()
+    options = storage.lance_storage_options()
+    version, units = plan_row_units(storage.lance_uri("samples"), source_predicate(source), unit_rows, options)
+    manifest = Manifest("phashes", source, {"samples": version}, "1", {"max_pixels": max_pixels, "unit_rows": unit_rows})
+    run = UnitRun.open(storage, manifest)
+    results = run_units(run, units, phash_unit, progress=progress)
+    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
+    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
+    written = commit_partition(storage, "phashes", source_predicate(source), fragments)
+    commit_partition(storage, "rejects", rejects_predicate(source, "phashes"), refused)
+    run.finish()
+    return PhashesReport(source, results.total("rows"), results.total("failed"), time.monotonic() - start, version,
+                         written, results)

@@ -9,6 +9,7 @@ Pure library: never imports dagster.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -121,15 +122,23 @@ def _check_schema(ds: LanceDataset, schema: pa.Schema, uri: str) -> None:
         raise ValueError(f"{uri}: table schema {ds.schema} differs from the writer's {schema}")
 
 
+def partition_fragments(ds: LanceDataset, predicate: str) -> dict[int, int]:
+    """Rows matching `predicate` per fragment id, streamed: memory grows with fragments, not rows
+    (the partition columns' BITMAP indexes make this a lookup, not a scan)."""
+    counts: dict[int, int] = {}
+    scanner = ds.scanner(columns=[], filter=predicate, with_row_address=True, batch_size=1 << 16)
+    for batch in scanner.to_batches():
+        ids, n = np.unique(batch["_rowaddr"].to_numpy() >> np.uint64(32), return_counts=True)
+        for frag_id, matched in zip(ids.tolist(), n.tolist()):
+            counts[frag_id] = counts.get(frag_id, 0) + matched
+    return counts
+
+
 def _plan_removal(ds: LanceDataset, predicate: str) -> tuple[list[int], list[FragmentMetadata]]:
     """Fragments to drop (every live row matches) and fragments to update with a deletion vector."""
-    addrs = ds.to_table(columns=[], filter=predicate, with_row_address=True)["_rowaddr"]
-    if len(addrs) == 0:
-        return [], []
-    frag_ids, counts = np.unique(addrs.to_numpy() >> np.uint64(32), return_counts=True)
     removed: list[int] = []
     updated: list[FragmentMetadata] = []
-    for frag_id, matched in zip(frag_ids.tolist(), counts.tolist()):
+    for frag_id, matched in sorted(partition_fragments(ds, predicate).items()):
         fragment = ds.get_fragment(frag_id)
         meta = None if matched >= fragment.count_rows() else fragment.delete(predicate)
         if meta is None:  # every live row matches: drop the whole fragment
@@ -137,6 +146,16 @@ def _plan_removal(ds: LanceDataset, predicate: str) -> tuple[list[int], list[Fra
         else:
             updated.append(meta)
     return removed, updated
+
+
+def fragment_files(uri: str, fragments: Sequence[FragmentMetadata | dict]) -> list[str]:
+    """URIs of the data files of uncommitted fragments (what an abandoned attempt leaves behind)."""
+    metas = [f.to_json() if isinstance(f, FragmentMetadata) else f for f in fragments]
+    return ["/".join([uri.rstrip("/"), "data", file["path"]]) for meta in metas for file in meta["files"]]
+
+
+def fragments_from_json(fragments: Iterable[dict]) -> list[FragmentMetadata]:
+    return [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
 
 
 def backoff(attempt: int) -> None:
@@ -234,3 +253,20 @@ def upsert_stream(uri: str, tables: Iterable[pa.Table], keys: list[str], storage
 def overwrite(uri: str, table: pa.Table, storage_options: StorageOptions = None) -> int:
     """Replace the whole table (small global tables such as `duplicates`); creates it if missing."""
     return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options or None).version
+
+
+def partition_digest(uri: str, predicate: str | None = None, columns: list[str] | None = None,
+                     storage_options: StorageOptions = None, version: int | None = None) -> str:
+    """An order-independent digest of the rows matching `predicate`: two runs that wrote the same
+    rows in other fragments or another order agree. Streams, so it works on any table size."""
+    import xxhash
+
+    ds = require_table(uri, storage_options)
+    if version is not None:
+        ds = ds.checkout_version(version)
+    total, rows = 0, 0
+    for batch in ds.scanner(columns=columns, filter=predicate, batch_size=1 << 14).to_batches():
+        for row in batch.to_pylist():
+            total = (total + xxhash.xxh64_intdigest(repr(sorted(row.items())))) % (1 << 64)
+        rows += batch.num_rows
+    return f"{rows}:{total:016x}"

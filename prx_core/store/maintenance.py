@@ -115,15 +115,17 @@ def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
     return {f.fragment_id for f in ds.get_fragments()} - covered
 
 
-def _catch_up_indexes(ds: LanceDataset, names: list[str]) -> list[str]:
-    """Index unindexed fragments and merge each index into one segment; no commit when done.
+def _catch_up_indexes(ds: LanceDataset, names: list[str], merge: bool = True) -> list[str]:
+    """Index unindexed fragments; with `merge`, also merge each index into one segment. No commit
+    when nothing is stale.
 
-    One segment matters: compaction never merges fragments covered by different segments (the
-    default optimize left a vector index's new rows in a delta segment, blocking compaction)."""
+    Without `merge` the new fragments get a delta segment, which costs what they hold (a stage's
+    commit: merging a full-text index cost 74 s per million rows of the table). One segment
+    matters before compaction: Lance never merges fragments covered by different segments."""
     stale = [d.name for d in ds.describe_indices()
-             if d.name in names and (len(d.segments) > 1 or _unindexed_fragments(ds, d))]
+             if d.name in names and ((merge and len(d.segments) > 1) or _unindexed_fragments(ds, d))]
     if stale:
-        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS)
+        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS if merge else 0)
     return stale
 
 
@@ -149,11 +151,12 @@ def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, 
 def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
                     storage_options: StorageOptions = None, *, bitmap_columns: Sequence[str] = (),
                     metric: str = "cosine", min_vector_rows: int = MIN_VECTOR_ROWS,
-                    pq_min_rows: int = 100_000) -> IndexReport:
+                    pq_min_rows: int = 100_000, merge: bool = True) -> IndexReport:
     """Create missing INVERTED (full-text), BITMAP (low-cardinality filters) and vector indexes,
     extend existing ones.
 
-    Idempotent: nothing is committed when every fragment is already indexed. The vector column
+    Idempotent: nothing is committed when every fragment is already indexed (and, with `merge`,
+    every index is one segment). The vector column
     must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
     fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
     """
@@ -182,19 +185,21 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
             notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
         else:
             created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
-    optimized = _catch_up_indexes(ds, existing)
+    optimized = _catch_up_indexes(ds, existing, merge)
     latest = require_table(uri, storage_options)
     names = sorted(d.name for d in latest.describe_indices())
     return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)
 
 
-def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None) -> IndexReport:
+def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None,
+                          merge: bool = False) -> IndexReport:
     """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
-    columns). Indexes only speed reads up, so losing a commit race to a concurrent writer is a
-    note, not a failed materialization: the next write or compaction catches them up."""
+    columns), new fragments indexed as a delta segment unless `merge` (compact_corpus merges).
+    Indexes only speed reads up, so losing a commit race to a concurrent writer is a note, not a
+    failed materialization: the next write or compaction catches them up."""
     try:
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
-                               bitmap_columns=PARTITION_COLUMNS.get(table, ()))
+                               bitmap_columns=PARTITION_COLUMNS.get(table, ()), merge=merge)
     except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
         if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
             raise

@@ -3,9 +3,11 @@ and the `rejects` row every stage writes for a sample it refuses."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
+from lance.fragment import FragmentMetadata
 
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
@@ -20,11 +22,27 @@ def rejects_predicate(source: str, stage: str) -> str:
 
 
 def write_partition(storage: Storage, table: str, predicate: str, rows: pa.Table) -> int:
-    """Replace one partition of a per-source table in one commit and catch its indexes up;
-    returns the version readers see."""
+    """Replace one partition of a per-source table with rows held by the caller (small tables)."""
+    fragments = lance_io.write_fragments(storage.lance_uri(table), rows, schemas.TABLES[table],
+                                         storage.lance_storage_options())
+    return commit_partition(storage, table, predicate, fragments)
+
+
+def commit_partition(storage: Storage, table: str, predicate: str, fragments: Sequence[FragmentMetadata]) -> int:
+    """Replace one partition of a per-source table by fragments written elsewhere (by workers), in
+    one commit, and index the new fragments (a delta segment: merging the whole index is
+    compact_corpus's job); returns the version readers see."""
     uri, options = storage.lance_uri(table), storage.lance_storage_options()
-    lance_io.replace_partition(uri, predicate, rows, schemas.TABLES[table], options)
+    lance_io.replace_rows(uri, predicate, fragments, schemas.TABLES[table], options)
     return maintenance.refresh_table_indexes(uri, table, options).version
+
+
+def write_rejects(storage: Storage, rows: pa.Table) -> list[FragmentMetadata]:
+    """A worker's reject rows as uncommitted `rejects` fragments (none for no rows)."""
+    if rows.num_rows == 0:
+        return []
+    return lance_io.write_fragments(storage.lance_uri("rejects"), rows, schemas.REJECTS,
+                                    storage.lance_storage_options())
 
 
 def reject_row(

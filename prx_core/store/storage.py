@@ -54,6 +54,24 @@ def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, s
     return out
 
 
+def put_atomic(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
+    """Atomic for readers: temp file + rename locally, one PUT (all or nothing) remotely."""
+    if is_remote(uri):
+        fs.pipe_file(uri, data)
+        return
+    os.makedirs(os.path.dirname(uri), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(uri), f".{os.path.basename(uri)}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, uri)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 @dataclass(frozen=True)
 class Storage:
     """A corpus root (local folder or object-store prefix) plus its connection options.

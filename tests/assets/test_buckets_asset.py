@@ -53,7 +53,8 @@ def test_buckets_check_and_metadata(corpus: Corpus, source: str) -> None:
     meta = corpus.metadata("buckets", source)
     rows = corpus.rows("buckets", filter=f"source = '{source}'")
     placed = [r for r in rows if r["tier"] is not None]
-    assert check.metadata["buckets_checked"].value == len(placed)
+    assert check.metadata["rows_checked"].value == len(placed)
+    assert check.metadata["buckets_checked"].value == len({(r["tier"], r["bucket"]) for r in placed})
     assert meta["rows"] == len(rows) and meta["bucketed"] == len(placed)
     assert meta["dropped"] == len(rows) - len(placed)
     histogram = Counter(f"{r['tier']}/{r['bucket']}" for r in placed)

@@ -1,0 +1,249 @@
+"""Work units with checkpoints: how a stage runs a partition of any size and resumes after a crash.
+
+A stage cuts its partition into fixed, reproducible units (a group of source files, a row range
+of a pinned Lance version, a chunk of one MDS stream). Each unit runs as one Ray task that writes
+its outputs (uncommitted Lance fragments, MDS chunk folders, scratch files) and then records its
+completion, a small JSON summary, under the corpus root:
+
+    <root>/_runs/<asset>/<partition>/<manifest digest>/run.json        the attempt: manifest, token
+                                                        done/<unit>.json  one per completed unit
+                                                        scratch/          intermediate files
+
+An attempt is identified by its `Manifest` (asset, partition, pinned input versions, code
+version). Opening the same manifest again (a rerun, a Dagster retry) skips every recorded unit;
+opening another one starts over and deletes the earlier attempts with their uncommitted outputs
+(what their records list under `outputs`). The driver holds one summary per unit, never rows;
+after its single commit it calls `UnitRun.finish()`, which forgets the attempt.
+Anchor: LanceDB Geneva checkpoints each batch of a backfill and skips finished ones on resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import resource
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prx_core.compute.faults import pause_point
+from prx_core.compute.parallel import Throttle
+from prx_core.sources.catalog import NAME_PATTERN
+from prx_core.store.storage import Storage, put_atomic
+
+RUNS = "_runs"
+COMMITTED = "committed"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What an attempt computes: the same manifest always yields the same outputs."""
+
+    asset: str
+    partition: str
+    inputs: Mapping[str, Any]  # pinned input versions (Lance versions, a source fingerprint)
+    code_version: str
+    params: Mapping[str, Any] = field(default_factory=dict)  # unit sizes and other knobs that shape units
+
+    def __post_init__(self) -> None:
+        for what, name in (("asset", self.asset), ("partition", self.partition)):
+            if not NAME_PATTERN.match(name):  # both become path segments under the corpus root
+                raise ValueError(f"{what} {name!r} must match [a-z0-9_]+")
+
+    def digest(self) -> str:
+        payload = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One task: a stable id (sorts in plan order), the rows it covers (for rates and ETA), and
+    the JSON-able description its worker function reads."""
+
+    id: str
+    rows: int
+    spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class UnitRun:
+    """One attempt of one manifest; pickles into Ray tasks, which record their own completion."""
+
+    storage: Storage
+    manifest: Manifest
+    token: str  # unique per attempt: names of outputs readers may later see (MDS chunk folders)
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri(RUNS, self.manifest.asset, self.manifest.partition, self.manifest.digest())
+
+    def scratch_uri(self, *parts: str) -> str:
+        return self.storage.uri(RUNS, self.manifest.asset, self.manifest.partition, self.manifest.digest(),
+                                "scratch", *parts)
+
+    @classmethod
+    def open(cls, storage: Storage, manifest: Manifest) -> UnitRun:
+        """Resume the attempt of `manifest`, or start one after removing every other attempt of
+        the same (asset, partition) together with its uncommitted outputs."""
+        fs = storage.filesystem()
+        base = storage.uri(RUNS, manifest.asset, manifest.partition)
+        state = storage.uri(RUNS, manifest.asset, manifest.partition, manifest.digest(), "run.json")
+        fs.invalidate_cache()
+        if fs.exists(state):
+            return cls(storage, manifest, json.loads(fs.cat_file(state))["token"])
+        for other in _children(fs, base):
+            _discard(fs, other)
+        run = cls(storage, manifest, uuid.uuid4().hex[:12])
+        payload = {"manifest": asdict(manifest), "token": run.token, "started": time.time()}
+        put_atomic(fs, state, json.dumps(payload, sort_keys=True, default=str).encode())
+        return run
+
+    def record(self, unit_id: str, summary: Mapping[str, Any]) -> None:
+        put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
+                   json.dumps(summary, sort_keys=True).encode())
+
+    def completed(self) -> dict[str, dict[str, Any]]:
+        """Summaries of the recorded units, by unit id (one listing and one read per unit)."""
+        fs = self.storage.filesystem()
+        paths = [p for p in _children(fs, _join(self.uri, "done")) if p.endswith(".json")]
+        blobs = fs.cat(paths) if paths else {}
+        return {_stem(path): json.loads(data) for path, data in blobs.items()}
+
+    def finish(self) -> None:
+        """After the commit: mark the attempt committed (its outputs are live now), then forget it."""
+        fs = self.storage.filesystem()
+        put_atomic(fs, _join(self.uri, COMMITTED), b"")
+        fs.rm(self.uri, recursive=True)
+
+
+@dataclass
+class UnitResults:
+    """Per-unit summaries of a whole attempt, in plan order, and what this call did."""
+
+    summaries: list[dict[str, Any]]
+    ran: int
+    skipped: int
+    seconds: float
+
+    @property
+    def units(self) -> int:
+        return len(self.summaries)
+
+    def total(self, key: str) -> int:
+        return sum(int(s.get(key) or 0) for s in self.summaries)
+
+    def worker_peak_rss_mb(self) -> float:
+        return max((float(s.get("worker_peak_rss_mb") or 0) for s in self.summaries), default=0.0)
+
+    def nodes(self) -> set[str]:
+        return {s["node"] for s in self.summaries if s.get("node")}
+
+
+UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
+
+
+class UnitFailed(RuntimeError):
+    """A unit still failed after its retries; the units recorded so far are kept for the rerun."""
+
+
+def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Throttle | None = None,
+              num_cpus: float = 1.0, max_retries: int = 2, max_in_flight: int | None = None) -> UnitResults:
+    """Run every unit not yet recorded as one Ray task each (at most `max_in_flight` at once, by
+    default twice the cluster's CPUs), in plan order, completions in any order.
+
+    A task is retried `max_retries` times (a worker that died, a transient storage error), then
+    the run fails naming the unit. With `PRX_PAUSE_AT=<asset>:units:<k>` the driver pauses after
+    the k-th completion of this call (kill tests).
+    """
+    import ray
+
+    start = time.monotonic()
+    ids = {u.id for u in units}
+    if len(ids) != len(units):
+        raise ValueError(f"{run.manifest.asset}: unit ids are not unique")
+    done = {k: v for k, v in run.completed().items() if k in ids}
+    skipped = len(done)
+    rows_done, total_rows = sum(u.rows for u in units if u.id in done), sum(u.rows for u in units)
+    if progress is not None:
+        progress.begin(skipped, rows_done)
+    todo = iter([u for u in units if u.id not in done])
+    ran = 0
+    if skipped < len(units):
+        task = ray.remote(_execute).options(num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=True)
+        limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        pending: dict[Any, Unit] = {}
+        while True:
+            for unit in _take(todo, limit - len(pending)):
+                pending[task.remote(fn, unit, run)] = unit
+            if not pending:
+                break
+            (ready,), _ = ray.wait(list(pending), num_returns=1)
+            unit = pending.pop(ready)
+            try:
+                done[unit.id] = ray.get(ready)
+            except Exception as exc:
+                for ref in pending:
+                    ray.cancel(ref)
+                cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps the worker's exception
+                raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {unit.id} failed after "
+                                 f"{max_retries} retries: {type(cause).__name__}: {cause}"[:2000]) from exc
+            ran += 1
+            rows_done += unit.rows
+            if progress is not None:
+                progress(len(done), len(units), rows_done, total_rows)
+            pause_point(f"{run.manifest.asset}:units:{ran}")
+    return UnitResults([done[u.id] for u in units], ran, skipped, time.monotonic() - start)
+
+
+def _execute(fn: UnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """On the worker: run the unit, then record its completion (outputs first, record last)."""
+    import ray
+
+    began = time.monotonic()
+    summary = dict(fn(unit, run))
+    summary.update(unit=unit.id, rows_planned=unit.rows, seconds=round(time.monotonic() - began, 3),
+                   worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                   node=ray.get_runtime_context().get_node_id())
+    run.record(unit.id, summary)
+    return summary
+
+
+def _take(items: Iterable[Unit], n: int) -> list[Unit]:
+    out: list[Unit] = []
+    for item in items if n > 0 else ():
+        out.append(item)
+        if len(out) >= n:
+            break
+    return out
+
+
+def _join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def _stem(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json")
+
+
+def _children(fs: Any, folder: str) -> list[str]:
+    fs.invalidate_cache()
+    if not fs.exists(folder):
+        return []
+    return sorted(fs.ls(folder, detail=False))
+
+
+def _discard(fs: Any, attempt: str) -> None:
+    """Remove an abandoned attempt: its uncommitted outputs (listed by its records), then itself.
+    A committed attempt's outputs are live: only its folder goes."""
+    if not fs.exists(_join(attempt, COMMITTED)):
+        for path in _children(fs, _join(attempt, "done")):
+            try:
+                outputs = json.loads(fs.cat_file(path)).get("outputs", [])
+            except (ValueError, OSError):
+                continue
+            for uri in outputs:
+                if fs.exists(uri):
+                    fs.rm(uri, recursive=True)
+    fs.rm(attempt, recursive=True)

@@ -1,0 +1,110 @@
+"""Work units and checkpoints (prx_core.compute.units) on a real local Ray and a real corpus root."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.units import Manifest, Unit, UnitFailed, UnitRun, run_units
+from prx_core.store.storage import Storage
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def write_unit(unit: Unit, run: UnitRun) -> dict:
+    """Writes one output file per unit, fails where the spec says so."""
+    if unit.spec.get("fail"):
+        raise ValueError(f"planted failure in {unit.id}")
+    out = run.scratch_uri(f"{unit.id}.txt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    Path(out).write_text(unit.spec["text"])
+    orphan = os.path.join(run.storage.root, "outputs", f"{run.token}-{unit.id}")
+    os.makedirs(orphan, exist_ok=True)
+    return {"rows": unit.rows, "outputs": [orphan], "text": unit.spec["text"]}
+
+
+def units(n: int, fail: set[int] = frozenset()) -> list[Unit]:
+    return [Unit(f"u{i:03d}", 10 + i, {"text": f"unit {i}", "fail": i in fail}) for i in range(n)]
+
+
+def manifest(version: int = 1) -> Manifest:
+    return Manifest("buckets", "photos_a", {"samples": version}, "1")
+
+
+def test_every_unit_runs_once_and_is_recorded(tmp_path: Path) -> None:
+    run = UnitRun.open(Storage(str(tmp_path)), manifest())
+    lines: list[str] = []
+    result = run_units(run, units(5), write_unit, progress=Throttle(lines.append, "buckets[photos_a]", seconds=0))
+    assert (result.ran, result.skipped, result.units) == (5, 0, 5)
+    assert [s["unit"] for s in result.summaries] == [f"u{i:03d}" for i in range(5)]  # plan order
+    assert result.total("rows") == sum(10 + i for i in range(5))
+    assert result.worker_peak_rss_mb() > 0 and len(result.nodes()) == 1
+    assert sorted(run.completed()) == [f"u{i:03d}" for i in range(5)]
+    assert lines[-1].startswith("buckets[photos_a]: 5/5 units, 60/60 rows")
+    assert "ETA" in lines[0] and "ETA" not in lines[-1]
+
+
+def test_a_rerun_of_the_same_manifest_skips_recorded_units(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    run = UnitRun.open(storage, manifest())
+    with pytest.raises(UnitFailed, match=r"unit u002 failed after 0 retries: ValueError: planted failure"):
+        run_units(run, units(4, fail={2}), write_unit, max_retries=0, max_in_flight=1)
+    recorded = set(run.completed())
+    assert recorded >= {"u000", "u001"} and "u002" not in recorded
+    again = UnitRun.open(storage, manifest())
+    assert again.token == run.token  # the same attempt: its output names stay valid
+    lines: list[str] = []
+    result = run_units(again, units(4), write_unit, progress=Throttle(lines.append, "b", seconds=0))
+    assert result.skipped == len(recorded) and result.ran == 4 - len(recorded)
+    assert lines[0] == f"b: resuming, {len(recorded)} units already done ({sum(10 + int(u[1:]) for u in recorded)} rows)"
+    assert [s["text"] for s in result.summaries] == [f"unit {i}" for i in range(4)]
+
+
+def test_another_manifest_discards_the_old_attempt_and_its_outputs(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    old = UnitRun.open(storage, manifest(1))
+    run_units(old, units(2), write_unit)
+    orphans = [o for s in old.completed().values() for o in s["outputs"]]
+    assert all(os.path.isdir(o) for o in orphans)
+    new = UnitRun.open(storage, manifest(2))
+    assert new.token != old.token
+    assert not any(os.path.exists(o) for o in orphans)  # uncommitted outputs of the old attempt
+    assert not os.path.exists(old.uri) and new.completed() == {}
+
+
+def test_finish_forgets_the_attempt_but_keeps_its_outputs(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    run = UnitRun.open(storage, manifest())
+    result = run_units(run, units(2), write_unit)
+    run.finish()
+    assert not os.path.exists(run.uri)
+    assert all(os.path.isdir(o) for s in result.summaries for o in s["outputs"])
+    fresh = UnitRun.open(storage, manifest())  # a later rerun starts over, with new output names
+    assert fresh.token != run.token and fresh.completed() == {}
+
+
+def test_committed_attempt_left_behind_keeps_its_outputs(tmp_path: Path) -> None:
+    """A crash between the commit marker and the folder removal: the outputs are live."""
+    storage = Storage(str(tmp_path))
+    run = UnitRun.open(storage, manifest(1))
+    result = run_units(run, units(1), write_unit)
+    Path(run.uri, "committed").write_bytes(b"")
+    UnitRun.open(storage, manifest(2))
+    assert all(os.path.isdir(o) for s in result.summaries for o in s["outputs"])
+
+
+@pytest.mark.parametrize("partition", ["..", "a/b", "", "A"])
+def test_a_partition_that_is_not_a_source_name_is_refused(partition: str) -> None:
+    with pytest.raises(ValueError, match="must match"):
+        Manifest("buckets", partition, {}, "1")
+
+
+def test_record_is_atomic_json(tmp_path: Path) -> None:
+    run = UnitRun.open(Storage(str(tmp_path)), manifest())
+    run.record("u1", {"rows": 3})
+    files = os.listdir(os.path.join(run.uri, "done"))
+    assert files == ["u1.json"] and json.loads(Path(run.uri, "done", "u1.json").read_text()) == {"rows": 3}
