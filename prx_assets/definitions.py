@@ -32,6 +32,7 @@ from prx_resources import (
     RayCluster,
     SkipPolicyResource,
     StorageResource,
+    UnitsResource,
 )
 from prx_resources.ray import never_cleanup
 
@@ -47,6 +48,7 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "embedder": EmbedderResource(**settings.section("embedder")),
         "policy": SkipPolicyResource(**settings.section("skip_policy")),
         "explorer": ExplorerResource(**settings.section("explorer")),
+        "units": UnitsResource(**settings.section("units")),
         "ray": ray,
     }
 

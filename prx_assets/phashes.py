@@ -6,14 +6,16 @@ from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, lance_versions, progress, units_metadata
 from prx_core.stages.phashes import build_phashes
-from prx_resources import StorageResource
+from prx_resources import StorageResource, UnitsResource
 
 
 @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="1")
-def phashes(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource) -> dg.MaterializeResult:
+def phashes(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
+            units: UnitsResource) -> dg.MaterializeResult:
     """Hashes from a DCT-scaled decode; feeds the global `duplicates`."""
     source = context.partition_key
-    report = build_phashes(source, storage.storage(), storage.max_pixels, progress(context, f"phashes[{source}]"))
+    report = build_phashes(source, storage.storage(), storage.max_pixels, progress(context, f"phashes[{source}]"),
+                           units.phashes_rows)
     return dg.MaterializeResult(
         metadata={"rows": report.rows, "failed": report.failed, "images_per_second": round(report.images_per_second, 1),
                   **units_metadata(report.units),

@@ -2,14 +2,12 @@
 
 
 import dagster as dg
-import pyarrow.compute as pc
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
-from prx_core.stages.samples import build_samples
-from prx_core.store import lance_io, maintenance
-from prx_core.store.partitions import source_predicate
-from prx_resources import CatalogResource, ExplorerResource, StorageResource
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_core.stages.samples import build_samples, count_sample_ids, rejected_files
+from prx_core.store import maintenance
+from prx_resources import CatalogResource, ExplorerResource, StorageResource, UnitsResource
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
@@ -27,35 +25,36 @@ def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
               code_version=f"1-{settings.pixel_cap_version()}")
     def samples(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
-        explorer: ExplorerResource,
+        explorer: ExplorerResource, units: UnitsResource,
     ) -> dg.MaterializeResult:
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
         `rejects` with a reason; replaces this source's rows in one commit."""
         spec = catalog.source(context.partition_key)
         store = storage.storage()
-        report = build_samples(spec, store, storage.max_pixels, progress=progress(context, f"samples[{spec.name}] source fragments"))
-        uri, options = store.lance_uri("samples"), store.lance_storage_options()
-        ids = lance_io.read_table(uri, ["sample_id"], source_predicate(spec.name), options)["sample_id"]
-        unique = pc.count_distinct(ids).as_py() == len(ids)
-        health = maintenance.fragment_health(uri, storage_options=options)
-        total = report.rows + report.rejects.num_rows
+        report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
+                               units.samples_bytes)
+        ids = count_sample_ids(store, spec.name, report.samples_version)
+        health = maintenance.fragment_health(store.lance_uri("samples"), storage_options=store.lance_storage_options())
+        total = report.rows + report.rejected
         checks = [
-            dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=unique,
-                                metadata={"rows": len(ids), "distinct": pc.count_distinct(ids).as_py()}),
+            dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=ids.duplicate_rows == 0,
+                                metadata={"rows": ids.rows, "distinct": ids.distinct,
+                                          "duplicated": dg.MetadataValue.json(ids.examples)}),
             dg.AssetCheckResult(check_name="samples_fragment_health", passed=health.small_fragments <= SMALL_FRAGMENT_BUDGET,
                                 severity=dg.AssetCheckSeverity.WARN,
                                 metadata={"fragments": health.fragments, "rows": health.rows,
                                           "small_fragments": health.small_fragments, "small_ratio": health.small_ratio}),
-            dg.AssetCheckResult(check_name="samples_reject_reasons", passed=report.rejects.num_rows <= total / 2,
+            dg.AssetCheckResult(check_name="samples_reject_reasons", passed=report.rejected <= total / 2,
                                 severity=dg.AssetCheckSeverity.WARN,
-                                metadata={"rejects": report.rejects.num_rows, "reasons": counts_table(report.reasons, "reason", total)}),
+                                metadata={"rejects": report.rejected, "reasons": counts_table(report.reasons, "reason", total)}),
         ]
         return dg.MaterializeResult(
             metadata={
-                "rows": report.rows, "rejects": report.rejects.num_rows, "bytes": report.bytes,
+                "rows": report.rows, "rejects": report.rejected, "bytes": report.bytes,
                 "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
                 "reject_reasons": counts_table(report.reasons, "reason", total),
-                "rejected_files": dg.MetadataValue.json(report.rejects.select(["source_key", "reason", "message"]).to_pylist()[:50]),
+                "rejected_files": dg.MetadataValue.json(rejected_files(store, spec.name)),
+                **units_metadata(report.units),
                 **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
                 **explorer.metadata(spec.name),
             },

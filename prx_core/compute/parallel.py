@@ -109,6 +109,10 @@ class Throttle:
             rate = (rows - self.base_rows) / elapsed
             parts += [f"{rows:,}/{total_rows:,} rows", f"{rate:,.0f} rows/s"]
             left = (total_rows - rows) / rate if rate > 0 else None
+        elif rows is not None:  # rows known only once read: rate in rows, ETA in units
+            parts += [f"{rows:,} rows", f"{(rows - self.base_rows) / elapsed:,.0f} rows/s"]
+            unit_rate = (done - self.base_done) / elapsed
+            left = (total - done) / unit_rate if unit_rate > 0 else None
         else:
             rate = (done - self.base_done) / elapsed
             parts.append(f"{rate:.1f}/s")

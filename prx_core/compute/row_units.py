@@ -17,13 +17,16 @@ from prx_core.store import lance_io
 from prx_core.store.lance_io import StorageOptions
 
 
-def plan_row_units(uri: str, predicate: str, rows_per_unit: int,
-                   storage_options: StorageOptions = None) -> tuple[int, list[Unit]]:
+def plan_row_units(uri: str, predicate: str, rows_per_unit: int, storage_options: StorageOptions = None,
+                   version: int | None = None) -> tuple[int, list[Unit]]:
     """(pinned version, units): per fragment, consecutive ranges of at most `rows_per_unit` rows
-    matching `predicate`, in fragment order. Unit ids sort in plan order."""
+    matching `predicate`, in fragment order, of `version` (default: the latest). Unit ids sort in
+    plan order."""
     if rows_per_unit < 1:
         raise ValueError(f"rows_per_unit must be >= 1, got {rows_per_unit}")
     ds = lance_io.require_table(uri, storage_options)
+    if version is not None:
+        ds = ds.checkout_version(version)
     units = []
     for frag_id, matched in sorted(lance_io.partition_fragments(ds, predicate).items()):
         whole = matched == ds.get_fragment(frag_id).count_rows()

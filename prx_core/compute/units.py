@@ -59,8 +59,9 @@ class Manifest:
 
 @dataclass(frozen=True)
 class Unit:
-    """One task: a stable id (sorts in plan order), the rows it covers (for rates and ETA), and
-    the JSON-able description its worker function reads."""
+    """One task: a stable id (sorts in plan order), the rows it covers (for rates and ETA; 0 when
+    unknown before reading, e.g. a group of tar shards) and the JSON-able description its worker
+    function reads. A worker's summary reports the rows it did under `rows`."""
 
     id: str
     rows: int
@@ -165,7 +166,8 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Thro
         raise ValueError(f"{run.manifest.asset}: unit ids are not unique")
     done = {k: v for k, v in run.completed().items() if k in ids}
     skipped = len(done)
-    rows_done, total_rows = sum(u.rows for u in units if u.id in done), sum(u.rows for u in units)
+    rows_done = sum(int(s.get("rows", 0)) for s in done.values())
+    total_rows = sum(u.rows for u in units)  # 0 when units cannot know their rows before reading
     if progress is not None:
         progress.begin(skipped, rows_done)
     todo = iter([u for u in units if u.id not in done])
@@ -190,7 +192,7 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Thro
                 raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {unit.id} failed after "
                                  f"{max_retries} retries: {type(cause).__name__}: {cause}"[:2000]) from exc
             ran += 1
-            rows_done += unit.rows
+            rows_done += int(done[unit.id].get("rows", unit.rows))
             if progress is not None:
                 progress(len(done), len(units), rows_done, total_rows)
             pause_point(f"{run.manifest.asset}:units:{ran}")

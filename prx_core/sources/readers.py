@@ -10,7 +10,6 @@ empty image bytes, so decoding rejects it with a reason instead of losing it sil
 from __future__ import annotations
 
 import hashlib
-import json
 import posixpath
 import tarfile
 from collections.abc import Iterator
@@ -32,27 +31,33 @@ RECORD_SCHEMA = pa.schema(
 )
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 CAPTION_EXTENSIONS = ("txt", "caption")
-FOLDER_FRAGMENT_FILES = 1000
 BATCH_ROWS = 256
 
 
 def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Stable, sorted fragment ids of a source: the unit of parallel reading."""
+    return [fragment for fragment, _ in fragment_sizes(spec, storage_options)]
+
+
+def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[tuple[str, int]]:
+    """(fragment id, bytes) in id order: parquet files, tar shards, Lance fragments, or the
+    folders of an image folder (each folder's files are listed by the worker that reads it, so the
+    driver holds one entry per folder, never one per image)."""
     if spec.format == "lance":
         import lance
 
         dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
-        return [str(i) for i in sorted(f.fragment_id for f in dataset.get_fragments())]
+        return [(str(f.fragment_id), sum(int(d.file_size_bytes or 0) for d in f.metadata.files))
+                for f in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id)]
     fs = filesystem_for(spec.uri, storage_options)
     if not fs.exists(spec.uri):  # an empty listing would otherwise ingest nothing, silently
         raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
     if spec.format == "parquet":
-        return _glob(fs, spec.uri, ("parquet",))
+        return _glob_sizes(fs, spec.uri, ("parquet",))
     if spec.format == "webdataset":
-        return _glob(fs, spec.uri, ("tar",))
+        return _glob_sizes(fs, spec.uri, ("tar",))
     if spec.format == "imagefolder":
-        pairs = _folder_pairs(fs, spec.uri)
-        return [json.dumps(pairs[i : i + FOLDER_FRAGMENT_FILES]) for i in range(0, len(pairs), FOLDER_FRAGMENT_FILES)]
+        return _folders(fs, spec.uri)
     raise ValueError(f"unknown source format {spec.format!r}")
 
 
@@ -71,11 +76,35 @@ def read_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None)
 
 def _glob(fs: Any, uri: str, extensions: tuple[str, ...]) -> list[str]:
     """Files under `uri` (or `uri` itself) with one of `extensions`, sorted, as full URIs."""
+    return [path for path, _ in _glob_sizes(fs, uri, extensions)]
+
+
+def _glob_sizes(fs: Any, uri: str, extensions: tuple[str, ...]) -> list[tuple[str, int]]:
     prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
     if fs.isfile(uri):
-        return [uri]
-    paths = [p for p in fs.find(uri) if p.rsplit(".", 1)[-1].lower() in extensions]
-    return sorted(prefix + p if prefix and not p.startswith(prefix) else p for p in paths)
+        return [(uri, int(fs.info(uri).get("size") or 0))]
+    found = fs.find(uri, detail=True)
+    return sorted((prefix + p if prefix and not p.startswith(prefix) else p, int(info.get("size") or 0))
+                  for p, info in found.items() if p.rsplit(".", 1)[-1].lower() in extensions)
+
+
+def _folders(fs: Any, uri: str) -> list[tuple[str, int]]:
+    """Every folder under `uri` (itself included) holding image files, with the bytes of its
+    images; one listing per folder, so memory holds one folder's entries at a time."""
+    prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
+    out, todo = [], [uri]
+    while todo:
+        folder = todo.pop()
+        images = 0
+        for entry in fs.ls(folder, detail=True):
+            name = entry["name"]
+            if entry["type"] == "directory":
+                todo.append(prefix + name if prefix and not name.startswith(prefix) else name)
+            elif name.rsplit(".", 1)[-1].lower() in IMAGE_EXTENSIONS:
+                images += int(entry.get("size") or 0) or 1
+        if images:
+            out.append((folder, images))
+    return sorted(out)
 
 
 def _batch(rows: list[dict[str, Any]]) -> pa.RecordBatch:
@@ -155,11 +184,12 @@ def _read_webdataset(spec: SourceSpec, path: str, storage_options: dict[str, Any
         yield _batch(rows)
 
 
-def _folder_pairs(fs: Any, uri: str) -> list[tuple[str, str | None]]:
-    """(image, sidecar caption or None) for every image, from one listing of the folder: a
-    fragment carries its own paths, so readers never list the source again (a LIST per
-    fragment, or a HEAD per image, is what makes object stores slow)."""
-    listing = _glob(fs, uri, IMAGE_EXTENSIONS + CAPTION_EXTENSIONS)
+def _folder_pairs(fs: Any, folder: str) -> list[tuple[str, str | None]]:
+    """(image, sidecar caption or None) for every image directly in `folder`, from one listing of
+    it: a LIST per folder, never a HEAD per image (what makes object stores slow)."""
+    prefix = folder.split("://", 1)[0] + "://" if is_remote(folder) else ""
+    names = [entry["name"] for entry in fs.ls(folder, detail=True) if entry["type"] == "file"]
+    listing = sorted(prefix + p if prefix and not p.startswith(prefix) else p for p in names)
     sidecars = {p for p in listing if p.rsplit(".", 1)[-1].lower() in CAPTION_EXTENSIONS}
     pairs = []
     for path in listing:
@@ -169,12 +199,13 @@ def _folder_pairs(fs: Any, uri: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def _read_folder(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
-    """Image files with sidecar `<stem>.txt` captions; key = path relative to the root, no extension."""
+def _read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+    """Image files of one folder with sidecar `<stem>.txt` captions; key = path relative to the
+    source root, no extension."""
     fs = filesystem_for(spec.uri, storage_options)
     root = spec.uri.split("://", 1)[-1].rstrip("/")
     rows: list[dict[str, Any]] = []
-    for path, sidecar in json.loads(fragment):
+    for path, sidecar in _folder_pairs(fs, folder):
         caption = fs.cat_file(sidecar).decode("utf-8", errors="replace").strip() if sidecar else None
         key = posixpath.relpath(posixpath.splitext(path.split("://", 1)[-1])[0], root)
         rows.append({"source_key": key, "image": fs.cat_file(path), "caption": caption, "embedding": None})

@@ -27,6 +27,8 @@ from prx_core.store.partitions import reject_row, rejects_predicate, source_pred
 from prx_core.store.storage import Storage
 
 ROWS_PER_TASK = 32
+ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
+CHUNK_ROWS = 50_000  # target rows per MDS chunk (one worker task, one sub-folder of a stream)
 NO_CAPTION = "no_caption"
 BUCKET_MISMATCH = "bucket_mismatch"
 _OUT = pa.schema([

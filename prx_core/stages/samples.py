@@ -1,15 +1,19 @@
 """Stage `samples`: ingest one source into the unified table, refusals into `rejects`.
 
-One Ray task per source fragment reads it, validates every image and writes the accepted
-rows straight into uncommitted Lance fragments; the driver then swaps the source's rows in
-one commit, so a crash at any point leaves the previous version whole.
+The source's files (parquet files, tar shards, image folders, Lance fragments) are grouped into
+units of about `unit_bytes`; one Ray task per unit reads them, validates every image and writes
+the accepted rows straight into uncommitted Lance fragments of up to a million rows (so a fresh
+table needs no compaction of its image bytes) and its refusals into `rejects` fragments. The
+driver holds one summary per unit and swaps the source's rows in one commit, so a crash at any
+point leaves the previous version whole, and a rerun resumes from the recorded units.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,20 +21,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.faults import pause_point
-from prx_core.compute.parallel import Progress, map_tasks
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.row_units import plan_row_units
+from prx_core.compute.shuffle import KeyCounts, count_keys
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
-from prx_core.sources.readers import list_fragments, read_fragment
-from prx_core.store import lance_io, maintenance, schemas
-from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
+from prx_core.sources.readers import fragment_sizes, read_fragment
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import (
+    commit_partition,
+    reject_examples,
+    reject_row,
+    rejects_predicate,
+    source_predicate,
+    write_rejects,
+)
 from prx_core.store.storage import Storage
 
 UNREADABLE_FRAGMENT = "unreadable_fragment"
-TASK_SCHEMA = pa.schema(
-    [("fragment", pa.string()), ("lance_fragments", pa.string()), ("rejects", pa.binary()),
-     ("rows", pa.int64()), ("bytes", pa.int64()), ("seconds", pa.float64())]
-)
+UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an hour of one core
+FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
 
 
 @dataclass
@@ -40,91 +52,117 @@ class SamplesReport:
     bytes: int
     fragments_read: int
     seconds: float
-    rejects: pa.Table
+    rejected: int
     samples_version: int
     rejects_version: int
     reasons: dict[str, int] = field(default_factory=dict)
+    units: UnitResults | None = None
 
     @property
     def images_per_second(self) -> float:
-        return (self.rows + self.rejects.num_rows) / max(self.seconds, 1e-9)
+        return (self.rows + self.rejected) / max(self.seconds, 1e-9)
 
 
-def ingest_fragment(task: dict[str, Any]) -> pa.Table:
-    """Ray task: read one source fragment, write its samples as Lance fragments (no commit)."""
-    start = time.monotonic()
-    spec = SourceSpec(**json.loads(task["spec"]))
-    options = json.loads(task["storage_options"])
+def group_fragments(sizes: list[tuple[str, int]], unit_bytes: int) -> list[Unit]:
+    """Consecutive source fragments grouped into units of about `unit_bytes` (a bigger fragment is
+    a unit of its own): the same listing always gives the same units."""
+    units: list[Unit] = []
+    group: list[str] = []
+    size = 0
+    for fragment, nbytes in sizes:
+        if group and size + nbytes > unit_bytes:
+            units.append(Unit(f"u{len(units):06d}", 0, {"fragments": group}))
+            group, size = [], 0
+        group.append(fragment)
+        size += nbytes
+    if group:
+        units.append(Unit(f"u{len(units):06d}", 0, {"fragments": group}))
+    return units
+
+
+def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: read a group of source fragments, write its samples and rejects as Lance fragments
+    (no commit). A corrupt file becomes one reject row for what could not be read."""
+    storage, params = run.storage, run.manifest.params
+    spec = SourceSpec(**params["spec"])
     rejects: list[pa.Table] = []
-    counts = {"rows": 0, "bytes": 0}
+    counts: Counter[str] = Counter()
 
-    def accepted() -> Any:
-        try:
-            for batch in read_fragment(spec, task["fragment"], options):
-                samples, refused = ingest_batch(spec.name, batch, task["max_pixels"])
-                rejects.append(refused)
-                counts["rows"] += samples.num_rows
-                counts["bytes"] += int(pc.sum(samples["num_bytes"]).as_py() or 0)
-                yield from samples.to_batches()
-        except Exception as exc:  # a corrupt file: keep what was read, record the rest as lost
-            rejects.append(unreadable_fragment(spec.name, task["fragment"], counts["rows"], exc))
+    def accepted() -> Iterator[pa.RecordBatch]:
+        for fragment in unit.spec["fragments"]:
+            read = 0
+            try:
+                for batch in read_fragment(spec, fragment, storage.storage_options):
+                    samples, refused = ingest_batch(spec.name, batch, params["max_pixels"])
+                    rejects.append(refused)
+                    read += batch.num_rows
+                    counts.update(rows=samples.num_rows, bytes=int(pc.sum(samples["num_bytes"]).as_py() or 0))
+                    yield from samples.to_batches()
+            except Exception as exc:  # keep what was read, record the rest as lost
+                rejects.append(unreadable_fragment(spec.name, fragment, read, exc))
 
+    uri = storage.lance_uri("samples")
     reader = pa.RecordBatchReader.from_batches(schemas.SAMPLES, accepted())
-    fragments = lance_io.write_fragments(task["samples_uri"], reader, schemas.SAMPLES, task["lance_options"])
+    written = lance_io.write_fragments(uri, reader, schemas.SAMPLES, storage.lance_storage_options(), FRAGMENT_ROWS)
     refused = pa.concat_tables(rejects) if rejects else schemas.REJECTS.empty_table()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schemas.REJECTS) as writer:
-        writer.write_table(refused)
-    row = {
-        "fragment": task["fragment"],
-        "lance_fragments": json.dumps([f.to_json() for f in fragments]),
-        "rejects": sink.getvalue().to_pybytes(),
-        "rows": counts["rows"],
-        "bytes": counts["bytes"],
-        "seconds": time.monotonic() - start,
+    refused_fragments = write_rejects(storage, refused)
+    return {
+        "rows": counts["rows"], "bytes": counts["bytes"], "rejected": refused.num_rows,
+        "reasons": dict(Counter(refused["reason"].to_pylist())), "source_fragments": len(unit.spec["fragments"]),
+        "fragments": [f.to_json() for f in written], "rejects_fragments": [f.to_json() for f in refused_fragments],
+        "outputs": lance_io.fragment_files(uri, written)
+        + lance_io.fragment_files(storage.lance_uri("rejects"), refused_fragments),
     }
-    return pa.Table.from_pylist([row], schema=TASK_SCHEMA)
 
 
 def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception) -> pa.Table:
     """One reject row standing for the unreadable rest of a source fragment (a corrupt parquet
     file or tar shard): the run goes on, and the loss is visible with its cause."""
-    name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."  # image-folder ids are path lists
+    name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."
     message = f"{type(exc).__name__}: {exc}"[:300] + f" (after {rows_read} rows)"
     row = reject_row(f"{source}/{name}", source, name, None, "samples", UNREADABLE_FRAGMENT, message)
     return pa.Table.from_pylist([row], schema=schemas.REJECTS)
 
 
-def build_samples(
-    spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Progress | None = None
-) -> SamplesReport:
-    """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`."""
-    from lance import FragmentMetadata
+def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
+    """Changes when the source's listing does (names and sizes): part of the run manifest."""
+    lines = [spec.format, spec.uri, *(f"{name}\t{size}" for name, size in sizes)]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
+
+def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
+                  progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES) -> SamplesReport:
+    """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`."""
     start = time.monotonic()
-    samples_uri, lance_options = storage.lance_uri("samples"), storage.lance_storage_options()
-    fragments = list_fragments(spec, storage.storage_options)
-    base = {
-        "spec": json.dumps(spec.to_dict()), "storage_options": json.dumps(storage.storage_options),
-        "samples_uri": samples_uri, "lance_options": lance_options, "max_pixels": max_pixels,
-    }
-    tasks = [{**base, "fragment": fragment} for fragment in fragments]
-    written: list[Any] = []
-    rejects: list[pa.Table] = []
-    rows = size = 0
-    for result in map_tasks(tasks, ingest_fragment, progress=progress):
-        for row in result.to_pylist():
-            written += [FragmentMetadata.from_json(json.dumps(f)) for f in json.loads(row["lance_fragments"])]
-            rejects.append(pa.ipc.open_stream(row["rejects"]).read_all())
-            rows, size = rows + row["rows"], size + row["bytes"]
-    refused = pa.concat_tables(rejects) if rejects else schemas.REJECTS.empty_table()
-    refused = refused.sort_by("sample_id")
+    sizes = fragment_sizes(spec, storage.storage_options)
+    units = group_fragments(sizes, unit_bytes)
+    manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "1",
+                        {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes})
+    run = UnitRun.open(storage, manifest)
+    results = run_units(run, units, ingest_unit, progress=progress)
+    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
+    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
     pause_point("samples:before_commit")  # fragments written, nothing committed
-    lance_io.replace_rows(samples_uri, source_predicate(spec.name), written, schemas.SAMPLES, lance_options)
-    samples_version = maintenance.refresh_table_indexes(samples_uri, "samples", lance_options).version
-    rejects_version = write_partition(storage, "rejects", rejects_predicate(spec.name, "samples"), refused)
+    samples_version = commit_partition(storage, "samples", source_predicate(spec.name), fragments)
+    rejects_version = commit_partition(storage, "rejects", rejects_predicate(spec.name, "samples"), refused)
+    run.finish()
+    reasons: Counter[str] = Counter()
+    for summary in results.summaries:
+        reasons.update(summary["reasons"])
     return SamplesReport(
-        source=spec.name, rows=rows, bytes=size, fragments_read=len(fragments), seconds=time.monotonic() - start,
-        rejects=refused, samples_version=samples_version, rejects_version=rejects_version,
-        reasons=dict(Counter(refused.column("reason").to_pylist())),
+        source=spec.name, rows=results.total("rows"), bytes=results.total("bytes"), fragments_read=len(sizes),
+        seconds=time.monotonic() - start, rejected=results.total("rejected"), samples_version=samples_version,
+        rejects_version=rejects_version, reasons=dict(reasons), units=results,
     )
+
+
+def count_sample_ids(storage: Storage, source: str, version: int, unit_rows: int = 1_000_000) -> KeyCounts:
+    """Rows and distinct `sample_id`s of the partition at `version`, counted on workers."""
+    uri, options = storage.lance_uri("samples"), storage.lance_storage_options()
+    predicate = source_predicate(source)
+    _, units = plan_row_units(uri, predicate, unit_rows, options, version=version)
+    return count_keys(uri, version, predicate, "sample_id", units, options)
+
+
+def rejected_files(storage: Storage, source: str, limit: int = 50) -> list[dict[str, Any]]:
+    return reject_examples(storage, source, "samples", limit)

@@ -53,3 +53,12 @@ def reject_row(
         "sample_id": sid, "source": source, "source_key": key, "content_id": cid, "stage": stage,
         "reason": reason, "message": message, "width": width, "height": height,
     }
+
+
+def reject_examples(storage: Storage, source: str, stage: str, limit: int = 50) -> list[dict[str, Any]]:
+    """The first `limit` rejects of a partition and stage (key, reason, message) for metadata."""
+    ds = lance_io.open_table(storage.lance_uri("rejects"), storage.lance_storage_options())
+    if ds is None:
+        return []
+    return ds.to_table(columns=["source_key", "reason", "message"], filter=rejects_predicate(source, stage),
+                       limit=limit).to_pylist()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -113,13 +114,14 @@ def test_skip_policy_version_follows_every_field() -> None:
 
 
 def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
-    import json
     import tarfile
 
-    import lance
-
+    from prx_core.compute.units import Manifest, Unit, UnitRun
     from prx_core.sources.catalog import SourceSpec
-    from prx_core.stages.samples import UNREADABLE_FRAGMENT, ingest_fragment
+    from prx_core.stages.samples import UNREADABLE_FRAGMENT, ingest_unit
+    from prx_core.store import lance_io
+    from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate
+    from prx_core.store.storage import Storage
 
     shards = tmp_path / "wds"
     shards.mkdir()
@@ -132,19 +134,18 @@ def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
             tar.addfile(info, io.BytesIO(data))
     (shards / "001.tar").write_bytes(good.read_bytes()[:700])  # cut inside the first member
     spec = SourceSpec("wds", "webdataset", str(shards))
-    uri = str(tmp_path / "samples.lance")
-    rows, rejects = 0, []
-    for shard in ("000.tar", "001.tar"):
-        task = {"spec": json.dumps(spec.to_dict()), "storage_options": "{}", "samples_uri": uri, "lance_options": {},
-                "max_pixels": 10**8, "fragment": str(shards / shard)}
-        (row,) = ingest_fragment(task).to_pylist()
-        rows += row["rows"]
-        rejects += pa.ipc.open_stream(row["rejects"]).read_all().to_pylist()
-        assert all(isinstance(lance.FragmentMetadata.from_json(json.dumps(f)), lance.FragmentMetadata)
-                   for f in json.loads(row["lance_fragments"]))
-    assert rows == 2
-    assert [r["reason"] for r in rejects] == [UNREADABLE_FRAGMENT]
-    assert rejects[0]["source_key"].endswith("001.tar") and "after 0 rows" in rejects[0]["message"]
+    storage = Storage(str(tmp_path / "corpus"))
+    run = UnitRun(storage, Manifest("samples", "wds", {}, "1", {"spec": spec.to_dict(), "max_pixels": 10**8}), "t")
+    summary = ingest_unit(Unit("u000000", 0, {"fragments": [str(shards / "000.tar"), str(shards / "001.tar")]}), run)
+    assert (summary["rows"], summary["rejected"], summary["reasons"]) == (2, 1, {UNREADABLE_FRAGMENT: 1})
+    assert summary["outputs"] and all(Path(p).is_file() for p in summary["outputs"])  # written, not committed
+    commit_partition(storage, "samples", source_predicate("wds"), lance_io.fragments_from_json(summary["fragments"]))
+    commit_partition(storage, "rejects", rejects_predicate("wds", "samples"),
+                     lance_io.fragments_from_json(summary["rejects_fragments"]))
+    assert lance_io.read_table(storage.lance_uri("samples"), ["source_key"])["source_key"].to_pylist() == ["a", "b"]
+    (reject,) = lance_io.read_table(storage.lance_uri("rejects")).to_pylist()
+    assert reject["reason"] == UNREADABLE_FRAGMENT
+    assert reject["source_key"].endswith("001.tar") and "after 0 rows" in reject["message"]
 
 
 def test_a_missing_source_is_an_error_not_an_empty_source(tmp_path) -> None:
