@@ -2,9 +2,11 @@
 
 
 import dagster as dg
+from pydantic import Field
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE
+from prx_core.shards.mds import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
@@ -34,9 +36,16 @@ def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunR
             for name in context.instance.get_dynamic_partitions(SOURCES.name)]
 
 
+class CompactConfig(dg.Config):
+    mds_retention_hours: float = Field(default=RETENTION_SECONDS / 3600, ge=0,
+                                       description="Superseded MDS chunks outlive the index that dropped them by this much: "
+                                                   "longer than any training job that may still hold an old index.json.")
+
+
 @dg.op(description="Per table: merge small fragments (per source for per-source tables), clean versions "
-                   "older than the retention, refresh indexes")
-def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> None:
+                   "older than the retention, merge index segments; then remove MDS chunks no published "
+                   "index references once older than the retention")
+def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, config: CompactConfig) -> None:
     store = storage.storage()
     options = store.lance_storage_options()
     for table in TABLES:
@@ -49,6 +58,9 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource) -> 
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))
+    pruned = prune_streams(store.root, config.mds_retention_hours * 3600, store.storage_options)
+    context.log.info(f"mds: {pruned.streams} streams, {len(pruned.removed)} superseded chunks removed, "
+                     f"{pruned.kept_recent} kept within the retention")
 
 
 @dg.job(description="Compact every Lance table and clean old versions safely.")

@@ -32,6 +32,7 @@ from prx_resources import (
     RayCluster,
     SkipPolicyResource,
     StorageResource,
+    TrainingResource,
     UnitsResource,
 )
 from prx_resources.ray import never_cleanup
@@ -49,6 +50,7 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "policy": SkipPolicyResource(**settings.section("skip_policy")),
         "explorer": ExplorerResource(**settings.section("explorer")),
         "units": UnitsResource(**settings.section("units")),
+        "training": TrainingResource(**settings.section("training")),
         "ray": ray,
     }
 

@@ -8,6 +8,7 @@ from prx_resources.explorer import ExplorerResource
 from prx_resources.models import CaptionerResource, EmbedderResource, LabelerResource, SkipPolicyResource
 from prx_resources.ray import EmbeddedRay, RayCluster
 from prx_resources.storage import StorageResource
+from prx_resources.training import TrainingResource
 from prx_resources.units import UnitsResource
 
 __all__ = [
@@ -20,5 +21,6 @@ __all__ = [
     "RayCluster",
     "SkipPolicyResource",
     "StorageResource",
+    "TrainingResource",
     "UnitsResource",
 ]

@@ -1,16 +1,15 @@
-"""Run image work as Ray Data pipelines, and cut Lance tables into tasks for them.
+"""Run work on Ray: bounded task fan-out, row reads by address, and progress lines.
 
-Every stage that touches pixels maps a pure `prx_core` function over small task descriptions
-(a source fragment, or a chunk of row addresses of a pinned Lance version), so image bytes
-move from storage to workers and never through the driver, except where the driver must
-write them itself (MDS shards).
+Stages map pure `prx_core` functions over small task descriptions (a work unit, a shard to
+verify), so image bytes move from storage to workers and never through the driver.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,38 +26,40 @@ def quiet_ray_data() -> None:
     context.enable_progress_bars = False
 
 
-def map_tasks(
-    tasks: list[dict[str, Any]],
-    fn: Callable[[dict[str, Any]], pa.Table],
-    *,
-    ordered: bool = False,
-    num_cpus: float = 1.0,
-    progress: Progress | None = None,
-) -> Iterator[pa.Table]:
-    """Apply `fn` to every task on Ray, yielding each task's table as it completes.
+def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_cpus: float = 1.0,
+               max_retries: int = 2, max_in_flight: int | None = None) -> Iterator[tuple[int, Any]]:
+    """`fn(*args)` for every args tuple of `calls` as Ray tasks, yielding (call number, result) in
+    completion order, at most `max_in_flight` at once (default: twice the cluster's CPUs) so the
+    driver holds few results and calls are read lazily. A task is retried `max_retries` times (a
+    dead worker, a transient storage error); then its error is raised as `TaskFailed`."""
+    import ray
 
-    `ordered` keeps the tasks' order in the output (MDS streams must be deterministic).
-    """
-    if not tasks:
-        return
-    import ray.data
+    task = ray.remote(fn).options(num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=max_retries > 0)
+    limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
+    pending: dict[Any, int] = {}
+    numbered = enumerate(calls)
+    while True:
+        for number, args in itertools.islice(numbered, max(0, limit - len(pending))):
+            pending[task.remote(*args)] = number
+        if not pending:
+            return
+        (ready,), _ = ray.wait(list(pending), num_returns=1)
+        number = pending.pop(ready)
+        try:
+            result = ray.get(ready)
+        except Exception as exc:
+            for ref in pending:
+                ray.cancel(ref)
+            raise TaskFailed(number, getattr(exc, "cause", None) or exc) from exc  # RayTaskError wraps the cause
+        yield number, result
 
-    quiet_ray_data()
-    ray.data.DataContext.get_current().execution_options.preserve_order = ordered
-    dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map_batches(
-        _apply, fn_args=(fn,), batch_size=1, batch_format="pyarrow", num_cpus=num_cpus, zero_copy_batch=True
-    )
-    done = 0
-    for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=2):
-        done += 1
-        if progress is not None:
-            progress(done, len(tasks))
-        yield batch
 
+class TaskFailed(RuntimeError):
+    """A task still failed after its retries; `cause` is the worker's exception."""
 
-def _apply(batch: pa.Table, fn: Callable[[dict[str, Any]], pa.Table]) -> pa.Table:
-    (task,) = batch.to_pylist()
-    return fn(task)
+    def __init__(self, number: int, cause: BaseException) -> None:
+        super().__init__(f"task {number}: {type(cause).__name__}: {cause}")
+        self.number, self.cause = number, cause
 
 
 def chunk(items: list[Any], size: int) -> list[list[Any]]:

@@ -24,12 +24,12 @@ import json
 import resource
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prx_core.compute.faults import pause_point
-from prx_core.compute.parallel import Throttle
+from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
 from prx_core.sources.catalog import NAME_PATTERN
 from prx_core.store.storage import Storage, put_atomic
 
@@ -150,16 +150,16 @@ class UnitFailed(RuntimeError):
 
 
 def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Throttle | None = None,
-              num_cpus: float = 1.0, max_retries: int = 2, max_in_flight: int | None = None) -> UnitResults:
+              num_cpus: float = 1.0, max_retries: int = 2, max_in_flight: int | None = None,
+              phase: str = "units") -> UnitResults:
     """Run every unit not yet recorded as one Ray task each (at most `max_in_flight` at once, by
     default twice the cluster's CPUs), in plan order, completions in any order.
 
     A task is retried `max_retries` times (a worker that died, a transient storage error), then
-    the run fails naming the unit. With `PRX_PAUSE_AT=<asset>:units:<k>` the driver pauses after
-    the k-th completion of this call (kill tests).
+    the run fails naming the unit. With `PRX_PAUSE_AT=<asset>:<phase>:<k>` the driver pauses after
+    the k-th completion of this call (kill tests). A stage with several passes runs each as a
+    `phase` with its own unit ids.
     """
-    import ray
-
     start = time.monotonic()
     ids = {u.id for u in units}
     if len(ids) != len(units):
@@ -170,32 +170,21 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Thro
     total_rows = sum(u.rows for u in units)  # 0 when units cannot know their rows before reading
     if progress is not None:
         progress.begin(skipped, rows_done)
-    todo = iter([u for u in units if u.id not in done])
+    todo = [u for u in units if u.id not in done]
+    calls = ((fn, unit, run) for unit in todo)
     ran = 0
-    if skipped < len(units):
-        task = ray.remote(_execute).options(num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=True)
-        limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-        pending: dict[Any, Unit] = {}
-        while True:
-            for unit in _take(todo, limit - len(pending)):
-                pending[task.remote(fn, unit, run)] = unit
-            if not pending:
-                break
-            (ready,), _ = ray.wait(list(pending), num_returns=1)
-            unit = pending.pop(ready)
-            try:
-                done[unit.id] = ray.get(ready)
-            except Exception as exc:
-                for ref in pending:
-                    ray.cancel(ref)
-                cause = getattr(exc, "cause", None) or exc  # a RayTaskError wraps the worker's exception
-                raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {unit.id} failed after "
-                                 f"{max_retries} retries: {type(cause).__name__}: {cause}"[:2000]) from exc
+    try:
+        for number, summary in imap_tasks(_execute, calls, num_cpus=num_cpus, max_retries=max_retries,
+                                          max_in_flight=max_in_flight):
+            done[todo[number].id] = summary
             ran += 1
-            rows_done += int(done[unit.id].get("rows", unit.rows))
+            rows_done += int(summary.get("rows", todo[number].rows))
             if progress is not None:
                 progress(len(done), len(units), rows_done, total_rows)
-            pause_point(f"{run.manifest.asset}:units:{ran}")
+            pause_point(f"{run.manifest.asset}:{phase}:{ran}")
+    except TaskFailed as exc:
+        raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {todo[exc.number].id} failed after "
+                         f"{max_retries} retries: {type(exc.cause).__name__}: {exc.cause}"[:2000]) from exc
     return UnitResults([done[u.id] for u in units], ran, skipped, time.monotonic() - start)
 
 
@@ -210,15 +199,6 @@ def _execute(fn: UnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
                    node=ray.get_runtime_context().get_node_id())
     run.record(unit.id, summary)
     return summary
-
-
-def _take(items: Iterable[Unit], n: int) -> list[Unit]:
-    out: list[Unit] = []
-    for item in items if n > 0 else ():
-        out.append(item)
-        if len(out) >= n:
-            break
-    return out
 
 
 def _join(base: str, *parts: str) -> str:

@@ -24,7 +24,7 @@ from streaming.base.format.mds.encodings import mds_decode
 from streaming.base.hashing import get_hash
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS, list_files
+from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 
@@ -44,14 +44,18 @@ class StreamReport:
 
 @contextmanager
 def _local_copy(uri: str, storage_options: dict | None) -> Iterator[str]:
-    """A local folder holding the stream: itself, or a temporary download of a remote one."""
+    """A local folder holding the stream: itself, or a temporary download of a remote one (its
+    index.json and the shards that index references, chunk folders included)."""
     if not is_remote(uri):
         yield os.path.abspath(uri)
         return
     fs = filesystem_for(uri, storage_options)
     tmp = tempfile.mkdtemp(prefix="prx-mds-read-")
     try:
-        names = [rel for rel in list_files(fs, uri) if "/" not in rel]
+        index = read_index(uri, storage_options)
+        names = [INDEX, *(s["raw_data"]["basename"] for s in index["shards"])]
+        for name in names:
+            os.makedirs(os.path.dirname(os.path.join(tmp, name)), exist_ok=True)
         fs.get([join_uri(uri, n) for n in names], [os.path.join(tmp, n) for n in names])
         yield tmp
     finally:
@@ -86,50 +90,91 @@ def read_stream_rows(uri: str, columns: list[str] | None = None,
         return out
 
 
+@dataclass
+class ShardReport:
+    basename: str
+    count: int
+    hash_ok: bool
+    image_sha256: list[str]
+    problems: list[str] = field(default_factory=list)
+
+
+def verify_shard(stream: str, info: dict, storage_options: dict | None = None, expected_sha256: list[str] | None = None,
+                 expected_quality: int | None = None, max_problems: int = 20) -> ShardReport:
+    """Read one shard of a published stream back (the unit of parallel verification): its xxh64
+    against index.json, its column encodings, every image decoded through the stock `jpeg`
+    decoder to the row's and the folder's size, the JPEG quality, and the SHA-256 of every stored
+    image against `expected_sha256` (byte identity with the pipeline's encode)."""
+    raw = info["raw_data"]
+    report = ShardReport(raw["basename"], 0, True, [])
+    bucket = BUCKET_FOLDER.fullmatch(stream.rstrip("/").rsplit("/", 1)[-1])
+    with _shard_copy(stream, raw["basename"], storage_options) as local:
+        if dict(zip(info["column_names"], info["column_encodings"])) != MDS_COLUMNS:
+            report.problems.append(f"{raw['basename']}: column encodings differ from MDS_COLUMNS")
+        path = os.path.join(local, raw["basename"])
+        data = Path(path).read_bytes() if os.path.isfile(path) else b""
+        if get_hash("xxh64", data) != raw["hashes"].get("xxh64"):
+            report.hash_ok = False
+            report.problems.append(f"{raw['basename']}: xxh64 does not match index.json")
+        try:
+            for _, row in _iter_raw_rows(local, {"shards": [info]}):
+                report.image_sha256.append(hashlib.sha256(row["image"]).hexdigest())
+                problem = _check_image(row, bucket, expected_quality)
+                if problem and len(report.problems) < max_problems:
+                    report.problems.append(f"{raw['basename']} sample {report.count}: {problem}")
+                report.count += 1
+        except Exception as exc:  # a corrupted shard may break the reader itself
+            report.problems.append(f"{raw['basename']}: reading samples failed: {type(exc).__name__}: {exc}")
+    if report.count != info["samples"]:
+        report.problems.append(f"{raw['basename']}: read {report.count} samples, index.json says {info['samples']}")
+    if expected_sha256 is not None and report.image_sha256 != list(expected_sha256):
+        wrong = [i for i, (a, b) in enumerate(zip(report.image_sha256, expected_sha256)) if a != b]
+        report.problems.append(f"{raw['basename']}: stored image bytes differ from expected ({report.count} stored, "
+                               f"{len(expected_sha256)} expected, first mismatches {wrong[:5]})")
+    return report
+
+
+@contextmanager
+def _shard_copy(stream: str, basename: str, storage_options: dict | None) -> Iterator[str]:
+    """A local folder where `basename` (relative to the stream) can be read: the stream itself, or
+    a temporary download of that one shard."""
+    if not is_remote(stream):
+        yield os.path.abspath(stream)
+        return
+    tmp = tempfile.mkdtemp(prefix="prx-shard-")
+    try:
+        os.makedirs(os.path.dirname(os.path.join(tmp, basename)), exist_ok=True)
+        filesystem_for(stream, storage_options).get_file(join_uri(stream, basename), os.path.join(tmp, basename))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def read_index(uri: str, storage_options: dict | None = None) -> dict:
+    fs = filesystem_for(uri, storage_options)
+    fs.invalidate_cache()
+    return json.loads(fs.cat_file(join_uri(uri, INDEX)))
+
+
 def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256: list[str] | None = None,
                   expected_quality: int | None = None) -> StreamReport:
-    """Read a published stream back and check it against index.json and the expected images.
-
-    Checks the xxh64 of every shard (a local `Stream` never does), the column encodings, that each
-    stored image's sha256 is the expected one (byte identity with the pipeline's encode) and that
-    it decodes, through the stock `jpeg` decoder, to the row's and the folder's (width, height).
-    `expected_quality` also checks each image's estimated JPEG quality (a q75 re-encode shows up
-    even without expected hashes); a mismatch is listed in `problems`.
-    """
+    """`verify_shard` over every shard of a stream, in one process (small streams, tests)."""
+    try:
+        index = read_index(uri, storage_options)
+    except (OSError, ValueError) as exc:
+        return StreamReport(uri, 0, False, False if expected_sha256 is not None else None, False,
+                            [f"index.json unreadable: {exc}"])
     report = StreamReport(uri, 0, True, None, True)
-    bucket = BUCKET_FOLDER.fullmatch(uri.rstrip("/").rsplit("/", 1)[-1])
+    if index.get("version") != INDEX_VERSION:
+        report.problems.append(f"index version {index.get('version')} != {INDEX_VERSION}")
     shas: list[str] = []
-    with _local_copy(uri, storage_options) as local:
-        try:
-            with open(os.path.join(local, INDEX)) as handle:
-                index = json.load(handle)
-        except (OSError, ValueError) as exc:
-            return StreamReport(uri, 0, False, False if expected_sha256 is not None else None, False,
-                                [f"index.json unreadable: {exc}"])
-        if index.get("version") != INDEX_VERSION:
-            report.problems.append(f"index version {index.get('version')} != {INDEX_VERSION}")
-        for info in index["shards"]:
-            raw = info["raw_data"]
-            if dict(zip(info["column_names"], info["column_encodings"])) != MDS_COLUMNS:
-                report.problems.append(f"{raw['basename']}: column encodings differ from MDS_COLUMNS")
-            path = os.path.join(local, raw["basename"])
-            data = Path(path).read_bytes() if os.path.isfile(path) else b""
-            if get_hash("xxh64", data) != raw["hashes"].get("xxh64"):
-                report.hashes_ok = False
-                report.problems.append(f"{raw['basename']}: xxh64 does not match index.json")
-        try:
-            for info, row in _iter_raw_rows(local, index):
-                shas.append(hashlib.sha256(row["image"]).hexdigest())
-                problem = _check_image(row, bucket, expected_quality)
-                if problem:
-                    report.decoded_ok = False
-                    report.problems.append(f"sample {len(shas) - 1} ({info['raw_data']['basename']}): {problem}")
-        except Exception as exc:  # a corrupted shard may break the reader itself
-            report.decoded_ok = False
-            report.problems.append(f"reading samples failed: {type(exc).__name__}: {exc}")
-        report.count = len(shas)
-        if report.count != sum(info["samples"] for info in index["shards"]):
-            report.problems.append(f"read {report.count} samples, index.json says otherwise")
+    for info in index["shards"]:
+        shard = verify_shard(uri, info, storage_options, expected_quality=expected_quality)
+        report.hashes_ok &= shard.hash_ok
+        report.decoded_ok &= not any("sample" in p or "reading" in p for p in shard.problems)
+        report.problems += shard.problems
+        shas += shard.image_sha256
+    report.count = len(shas)
     if expected_sha256 is not None:
         report.bytes_identical = shas == list(expected_sha256)
         if not report.bytes_identical:

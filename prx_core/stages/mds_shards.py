@@ -1,9 +1,17 @@
 """Stage `mds_shards`: the source's streams, resized to their buckets, JPEG q92, with captions.
 
-Rows are planned on the driver in a fixed order (tier, bucket, sample_id), images are decoded
-once each by `process_image` on Ray in that order, and `prx_core.shards.mds` writes and publishes
-each stream whole. `mds_index` records every sample's position in its stream (what skip-lists
-refer to) and the SHA-256 of the stored bytes (what the readback check compares).
+Three passes of work units over the pinned `samples` version; the driver holds unit summaries:
+1. route: per row range, bucket every sample from its recorded size (the `buckets` function),
+   sort by (stream, sample_id) and write the rows to scratch parquet; report per-stream counts
+   and a deterministic sample of ids (those whose hash is 0 modulo SAMPLE_EVERY).
+2. chunks: each stream is cut at sampled ids into chunks of about `chunk_rows` (the boundaries
+   depend on the data only, never on the number of workers); per chunk a worker gathers its
+   rows from the route files, sorts them by sample_id, joins their captions, decodes and encodes
+   each image once (`process_image`) and writes the chunk folder (prx_core.shards.mds). A chunk
+   folder is named after the manifest and its position, so a rerun of the same inputs reuses it.
+3. index: the driver publishes each stream's index.json (merged from its chunks); per chunk a
+   worker writes the `mds_index` rows (position = chunk offset + row) and the chunk's rejects;
+   one commit per table.
 """
 
 from __future__ import annotations
@@ -14,130 +22,314 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
 
-from prx_core.compute.faults import pause_point
-from prx_core.compute.parallel import Progress, chunk, map_tasks, scan_partition, take_rows
-from prx_core.image.buckets import TIERS
+from prx_core.compute.parallel import Throttle, take_rows
+from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.shuffle import hash_values
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.image.buckets import TIERS, Bucket, assign_buckets
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.image.imaging import process_image
-from prx_core.shards.mds import StreamSummary, write_source_streams
+from prx_core.shards.mds import (
+    StreamKey,
+    chunk_complete,
+    publish_stream,
+    read_chunk_record,
+    stream_name,
+    stream_uri,
+    unpublish_streams,
+    write_chunk,
+)
 from prx_core.store import lance_io, schemas
-from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate, write_partition
-from prx_core.store.storage import Storage
+from prx_core.store.lookups import caption_texts
+from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, write_rejects
+from prx_core.store.storage import Storage, join_uri
 
-ROWS_PER_TASK = 32
 ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
-CHUNK_ROWS = 50_000  # target rows per MDS chunk (one worker task, one sub-folder of a stream)
+CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
+SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
+TAKE_ROWS = 32  # images read from Lance per request
 NO_CAPTION = "no_caption"
 BUCKET_MISMATCH = "bucket_mismatch"
-_OUT = pa.schema([
-    ("sample_id", pa.string()), ("content_id", pa.string()), ("source", pa.string()), ("source_key", pa.string()),
-    ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("jpeg", pa.large_binary()),
-    ("caption", pa.string()), ("original_caption", pa.string()), ("width", pa.int32()), ("height", pa.int32()),
-    ("original_width", pa.int32()), ("original_height", pa.int32()), ("reason", pa.string()), ("message", pa.string()),
-])
+ROUTE_SCHEMA = pa.schema([
+    ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
+    ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])
+
+
+@dataclass
+class StreamReport:
+    tier: int
+    width: int
+    height: int
+    uri: str
+    samples: int
+    chunks: list[str]
+    shards: int
+    bytes: int
+    rejected: int = 0  # rows routed to this stream that could not be stored (no caption, decode error)
+
+    @property
+    def name(self) -> str:
+        return stream_name(self.tier, self.width, self.height)
 
 
 @dataclass
 class MdsReport:
     source: str
     written: int
-    streams: list[StreamSummary]
+    streams: list[StreamReport]
     rejects: dict[str, int]
     seconds: float
     read_versions: dict[str, int] = field(default_factory=dict)
     mds_index_version: int = 0
+    units: dict[str, UnitResults] = field(default_factory=dict)
 
     @property
     def images_per_second(self) -> float:
         return self.written / max(self.seconds, 1e-9)
 
 
-def render_rows(task: dict[str, Any]) -> pa.Table:
-    """Ray task: one decode per image -> the bucketed JPEG and the row the stream stores."""
-    columns = ["sample_id", "content_id", "source", "source_key", "image", "original_caption"]
-    rows = take_rows(task["uri"], task["version"], task["addresses"], columns, task["lance_options"])
-    out = []
-    for row, plan in zip(rows.to_pylist(), task["plans"]):
-        result = process_image(row["image"], max_pixels=task["max_pixels"], max_tier=task["max_tier"])
-        base = {k: row[k] for k in ("sample_id", "content_id", "source", "source_key")}
-        base["original_caption"] = row["original_caption"] or ""
-        if isinstance(result, Rejection):
-            out.append({**base, "reason": result.reason, "message": result.message})
-        elif (result.bucket.tier, result.bucket.width, result.bucket.height) != tuple(plan["bucket"]):
-            out.append({**base, "reason": BUCKET_MISMATCH, "message": f"{result.bucket} != buckets table {plan['bucket']}"})
-        else:
-            out.append({**base, "tier": result.bucket.tier, "bucket_width": result.bucket.width,
-                        "bucket_height": result.bucket.height, "jpeg": result.jpeg, "caption": plan["caption"],
-                        "width": result.bucket.width, "height": result.bucket.height,
-                        "original_width": result.original_size[0], "original_height": result.original_size[1]})
-    return pa.Table.from_pylist(out, schema=_OUT)
+def stream_label(key: StreamKey) -> str:
+    return stream_name(*key)
 
 
-def plan_rows(source: str, storage: Storage, captioner_version: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
-    """Rows to store, in stream order, and the bucketed rows with no caption (rejected)."""
-    options = storage.lance_storage_options()
-    buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
-    captions = lance_io.open_table(storage.lance_uri("captions"), options)
-    if buckets is None or captions is None:
-        raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
-    placed = buckets.to_table(columns=["sample_id", "tier", "bucket_width", "bucket_height"],
-                              filter=f"{source_predicate(source)} AND tier IS NOT NULL")
-    version, samples = scan_partition(storage.lance_uri("samples"), source_predicate(source),
-                                      ["sample_id", "content_id", "source_key"], options)
-    texts = captions.to_table(columns=["content_id", "caption"],
-                              filter=f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''")
-    text_of = dict(zip(texts["content_id"].to_pylist(), texts["caption"].to_pylist()))
-    sample_of = {r["sample_id"]: r for r in samples.to_pylist()}
-    planned, missing = [], []
-    for row in placed.to_pylist():
-        sample = sample_of.get(row["sample_id"])
-        if sample is None:
-            continue  # buckets older than samples: the freshness of `buckets` is Dagster's concern
-        caption = text_of.get(sample["content_id"])
-        if caption is None:
-            missing.append(reject_row(row["sample_id"], source, sample["source_key"], sample["content_id"], "mds_shards",
-                                      NO_CAPTION, f"no caption for captioner version {captioner_version}"))
-            continue
-        planned.append({"sample_id": row["sample_id"], "address": sample["_rowaddr"], "caption": caption,
-                        "bucket": (row["tier"], row["bucket_width"], row["bucket_height"])})
-    planned.sort(key=lambda p: (p["bucket"], p["sample_id"]))
-    return planned, missing, {"samples": version, "buckets": buckets.version, "captions": captions.version}
+def route_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: bucket one row range and write it, sorted by stream and sample_id, to scratch."""
+    storage, params = run.storage, run.manifest.params
+    rows = read_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec,
+                         ["sample_id", "content_id", "source_key", "width", "height"],
+                         source_predicate(run.manifest.partition), storage.lance_storage_options(),
+                         with_row_address=True)
+    decisions = assign_buckets(rows["width"].to_numpy(), rows["height"].to_numpy(), params["max_tier"])
+    kept = np.array([isinstance(d, Bucket) for d in decisions], bool)
+    buckets = [d for d in decisions if isinstance(d, Bucket)]
+    rows = rows.filter(pa.array(kept))
+    routed = pa.table({
+        "tier": pa.array([b.tier for b in buckets], pa.int32()),
+        "bucket_width": pa.array([b.width for b in buckets], pa.int32()),
+        "bucket_height": pa.array([b.height for b in buckets], pa.int32()),
+        "sample_id": rows["sample_id"], "content_id": rows["content_id"], "source_key": rows["source_key"],
+        "address": rows["_rowaddr"]}, schema=ROUTE_SCHEMA)
+    routed = routed.sort_by([("tier", "ascending"), ("bucket_width", "ascending"), ("bucket_height", "ascending"),
+                             ("sample_id", "ascending")])
+    fs = storage.filesystem()
+    path = run.scratch_uri("route", f"{unit.id}.parquet")
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as handle:
+        pq.write_table(routed, handle, row_group_size=1 << 14)
+    labels = [stream_label((b.tier, b.width, b.height)) for b in buckets]
+    every = params["sample_every"]
+    picked = hash_values(rows["sample_id"]) % np.uint64(every) == 0
+    sampled: dict[str, list[str]] = {}
+    for label, sid, hit in zip(labels, rows["sample_id"].to_pylist(), picked):
+        if hit:
+            sampled.setdefault(label, []).append(sid)
+    return {"rows": routed.num_rows, "streams": dict(Counter(labels)), "sampled": sampled}
+
+
+def plan_chunks(route: UnitResults, chunk_rows: int, digest: str) -> list[Unit]:
+    """Cut every stream at sampled ids into chunks of about `chunk_rows` rows; chunk i holds the
+    sample_ids in [lo, hi). Units sort by (stream, chunk): plan order is stream order."""
+    counts: Counter[str] = Counter()
+    sampled: dict[str, list[str]] = {}
+    for summary in route.summaries:
+        counts.update(summary["streams"])
+        for label, ids in summary["sampled"].items():
+            sampled.setdefault(label, []).extend(ids)
+    units = []
+    for label in sorted(counts, key=_label_key):
+        ids = sorted(set(sampled.get(label, [])))
+        parts = max(1, min(round(counts[label] / chunk_rows), len(ids) + 1))
+        bounds = sorted({ids[(i * len(ids)) // parts] for i in range(1, parts)})
+        edges = [None, *bounds, None]
+        tier, width, height = _label_key(label)
+        for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
+            spec = {"stream": [tier, width, height], "lo": lo, "hi": hi, "name": f"c-{digest[:12]}-{i:05d}"}
+            units.append(Unit(f"chunk-{tier:04d}-{width:05d}x{height:05d}-{i:05d}", counts[label] // len(edges[1:]), spec))
+    return units
+
+
+def _label_key(label: str) -> StreamKey:
+    tier, size = label.split("/")
+    width, height = size.split("x")
+    return int(tier), int(width), int(height)
+
+
+def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: write one chunk folder of a stream (or reuse the complete one of an earlier run of
+    the same manifest), and report what it holds."""
+    storage, source = run.storage, run.manifest.partition
+    tier, width, height = unit.spec["stream"]
+    folder = join_uri(stream_uri(storage.root, source, tier, width, height), unit.spec["name"])
+    reused = chunk_complete(folder, storage.storage_options)
+    if not reused:
+        rows, refused = chunk_rows(unit, run), []
+        write_chunk(render(rows, run, refused), folder, storage.storage_options, refused)
+    record = read_chunk_record(folder, storage.storage_options)
+    stored = record.filter(pc.field("reason").is_null())
+    return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": reused,
+            "reasons": dict(Counter(record["reason"].drop_null().to_pylist())),
+            "outputs": [] if reused else [folder]}  # a reused folder may be live: never an orphan
+
+
+def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
+    """The chunk's routed rows, gathered from every route file (row groups pruned by their
+    statistics: route files are sorted the same way), sorted by sample_id."""
+    tier, width, height = unit.spec["stream"]
+    fs = run.storage.filesystem()
+    folder = run.scratch_uri("route")
+    paths = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".parquet"))
+    condition = (pc.field("tier") == tier) & (pc.field("bucket_width") == width) & (pc.field("bucket_height") == height)
+    if unit.spec["lo"] is not None:
+        condition &= pc.field("sample_id") >= unit.spec["lo"]
+    if unit.spec["hi"] is not None:
+        condition &= pc.field("sample_id") < unit.spec["hi"]
+    dataset = pads.dataset(paths, schema=ROUTE_SCHEMA, format="parquet", filesystem=fs)
+    return dataset.to_table(filter=condition).sort_by("sample_id")
+
+
+def render(rows: pa.Table, run: UnitRun, refused: list[dict]) -> Iterator[dict[str, Any]]:
+    """The chunk's MDS rows in order: captions joined for its contents, each image decoded and
+    encoded once; what cannot be stored goes to `refused` with a reason."""
+    storage, params, source = run.storage, run.manifest.params, run.manifest.partition
+    captions = caption_texts(storage, params["captioner_version"], rows["content_id"].to_pylist(),
+                             run.manifest.inputs["captions"])
+    for start in range(0, rows.num_rows, TAKE_ROWS):
+        part = rows.slice(start, TAKE_ROWS).to_pylist()
+        images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
+                           ["image", "original_caption"], storage.lance_storage_options()).to_pylist()
+        for row, stored in zip(part, images):
+            base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
+            caption = captions.get(row["content_id"])
+            if caption is None:
+                refused.append({**base, "reason": NO_CAPTION,
+                                "message": f"no caption for captioner version {params['captioner_version']}"})
+                continue
+            result = process_image(stored["image"], max_pixels=params["max_pixels"], max_tier=params["max_tier"])
+            if isinstance(result, Rejection):
+                refused.append({**base, "reason": result.reason, "message": result.message})
+                continue
+            got = (result.bucket.tier, result.bucket.width, result.bucket.height)
+            if got != (row["tier"], row["bucket_width"], row["bucket_height"]):
+                refused.append({**base, "reason": BUCKET_MISMATCH, "message": f"{result.bucket} != routed {got}"})
+                continue
+            yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
+                   "original_caption": stored["original_caption"] or "", "width": result.bucket.width,
+                   "height": result.bucket.height, "original_width": result.original_size[0],
+                   "original_height": result.original_size[1]}
+
+
+def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: the chunk's `mds_index` rows (global positions from its offset) and rejects, as
+    uncommitted fragments."""
+    storage, source = run.storage, run.manifest.partition
+    tier, width, height = unit.spec["stream"]
+    folder = join_uri(stream_uri(storage.root, source, tier, width, height), unit.spec["name"])
+    record = read_chunk_record(folder, storage.storage_options)
+    stored = record.filter(pc.field("reason").is_null())
+    refused = record.filter(pc.field("reason").is_valid())
+    n = stored.num_rows
+    index = pa.table({
+        "sample_id": stored["sample_id"], "source": pa.array([source] * n, pa.string()),
+        "content_id": stored["content_id"], "tier": pa.array([tier] * n, pa.int32()),
+        "bucket": pa.array([f"{width}x{height}"] * n, pa.string()),
+        "index": pa.array(np.arange(unit.spec["offset"], unit.spec["offset"] + n), pa.int64()),
+        "image_sha256": stored["image_sha256"],
+        "captioner_version": pa.array([run.manifest.params["captioner_version"]] * n, pa.string())},
+        schema=schemas.MDS_INDEX)
+    rejects = pa.table({
+        "sample_id": refused["sample_id"], "source": pa.array([source] * refused.num_rows, pa.string()),
+        "source_key": refused["source_key"], "content_id": refused["content_id"],
+        "stage": pa.array(["mds_shards"] * refused.num_rows, pa.string()), "reason": refused["reason"],
+        "message": refused["message"], "width": pa.nulls(refused.num_rows, pa.int32()),
+        "height": pa.nulls(refused.num_rows, pa.int32())}, schema=schemas.REJECTS)
+    uri = storage.lance_uri("mds_index")
+    written = lance_io.write_fragments(uri, index, schemas.MDS_INDEX, storage.lance_storage_options()) if n else []
+    refused_fragments = write_rejects(storage, rejects)
+    return {"rows": n, "fragments": [f.to_json() for f in written],
+            "rejects_fragments": [f.to_json() for f in refused_fragments],
+            "outputs": lance_io.fragment_files(uri, written)
+            + lance_io.fragment_files(storage.lance_uri("rejects"), refused_fragments)}
 
 
 def build_mds(
     source: str, storage: Storage, captioner_version: str, max_tier: int = TIERS[-1],
-    max_pixels: int = DEFAULT_MAX_PIXELS, progress: Progress | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
+    route_rows: int = ROUTE_ROWS, chunk_rows: int = CHUNK_ROWS,
 ) -> MdsReport:
     start = time.monotonic()
     options = storage.lance_storage_options()
-    planned, rejects, versions = plan_rows(source, storage, captioner_version)
-    base = {"uri": storage.lance_uri("samples"), "version": versions["samples"], "lance_options": options, "max_tier": max_tier,
-            "max_pixels": max_pixels}
-    tasks = [{**base, "addresses": [p["address"] for p in part], "plans": [{"caption": p["caption"], "bucket": list(p["bucket"])} for p in part]}
-             for part in chunk(planned, ROWS_PER_TASK)]
-    content_of: dict[str, tuple[str, int]] = {}
+    if not lance_io.table_exists(storage.lance_uri("captions"), options):
+        raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
+    version, route = plan_row_units(storage.lance_uri("samples"), source_predicate(source), route_rows, options)
+    captions_version = lance_io.table_version(storage.lance_uri("captions"), options)
+    params = {"captioner_version": captioner_version, "max_tier": max_tier, "max_pixels": max_pixels,
+              "route_rows": route_rows, "chunk_rows": chunk_rows,
+              "sample_every": max(1, chunk_rows // SAMPLES_PER_CHUNK)}
+    manifest = Manifest("mds_shards", source, {"samples": version, "captions": captions_version}, "2", params)
+    run = UnitRun.open(storage, manifest)
+    routed = run_units(run, [Unit(f"route-{u.id}", u.rows, u.spec) for u in route], route_unit,
+                       progress=_phase(progress, "route"), phase="route")
+    chunks = plan_chunks(routed, chunk_rows, manifest.digest())
+    written = run_units(run, chunks, chunk_unit, progress=progress, phase="chunks")
+    streams = publish(storage, source, chunks, written)
+    offsets = _offsets(chunks, written)
+    indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id]}) for c in chunks],
+                        index_unit, progress=_phase(progress, "index"), phase="index")
+    fragments = lance_io.fragments_from_json(f for s in indexed.summaries for f in s["fragments"])
+    refused = lance_io.fragments_from_json(f for s in indexed.summaries for f in s["rejects_fragments"])
+    index_version = commit_partition(storage, "mds_index", source_predicate(source), fragments)
+    commit_partition(storage, "rejects", rejects_predicate(source, "mds_shards"), refused)
+    run.finish()
+    reasons: Counter[str] = Counter()
+    for summary in written.summaries:
+        reasons.update(summary["reasons"])
+    return MdsReport(source, written.total("rows"), streams, dict(reasons), time.monotonic() - start,
+                     {"samples": version, "captions": captions_version}, index_version,
+                     {"route": routed, "chunks": written, "index": indexed})
 
-    def rows() -> Iterator[dict[str, Any]]:
-        for table in map_tasks(tasks, render_rows, ordered=True, progress=progress):
-            for row in table.to_pylist():
-                if row["reason"]:
-                    rejects.append(reject_row(row["sample_id"], source, row["source_key"], row["content_id"],
-                                              "mds_shards", row["reason"], row["message"]))
-                    continue
-                content_of[row["sample_id"]] = (row["content_id"], row["tier"])
-                yield row
-                if len(content_of) == len(planned) // 2:
-                    pause_point("mds_shards:writing")  # half the rows staged, nothing published
 
-    streams = write_source_streams(rows(), storage.root, source, storage.storage_options, grouped=True)
-    index = [{"sample_id": sid, "source": source, "content_id": content_of[sid][0], "tier": s.tier,
-              "bucket": f"{s.width}x{s.height}", "index": i, "image_sha256": sha, "captioner_version": captioner_version}
-             for s in streams for i, (sid, sha) in enumerate(zip(s.sample_ids, s.image_sha256))]
-    version = write_partition(storage, "mds_index", source_predicate(source), pa.Table.from_pylist(index, schema=schemas.MDS_INDEX))
-    refused = pa.Table.from_pylist(rejects, schema=schemas.REJECTS).sort_by("sample_id")
-    write_partition(storage, "rejects", rejects_predicate(source, "mds_shards"), refused)
-    return MdsReport(source, len(index), streams, dict(Counter(refused["reason"].to_pylist())),
-                     time.monotonic() - start, versions, version)
+def publish(storage: Storage, source: str, chunks: list[Unit], written: UnitResults) -> list[StreamReport]:
+    """Write each stream's index.json from its non-empty chunks, in chunk order; unpublish the
+    source's streams that no longer have a sample."""
+    by_stream: dict[StreamKey, list[str]] = {}
+    rejected: Counter[StreamKey] = Counter()
+    for chunk, summary in zip(chunks, written.summaries):
+        key: StreamKey = tuple(chunk.spec["stream"])  # type: ignore[assignment]
+        rejected[key] += summary["rejected"]
+        if summary["rows"]:
+            by_stream.setdefault(key, []).append(chunk.spec["name"])
+    reports = []
+    for key in sorted(by_stream):
+        uri = stream_uri(storage.root, source, *key)
+        samples = publish_stream(uri, by_stream[key], storage.storage_options)
+        reports.append(StreamReport(*key, uri, samples, by_stream[key], *_index_totals(storage, uri), rejected[key]))
+    unpublish_streams(storage.root, source, set(by_stream), storage.storage_options)
+    return reports
 
+
+def _index_totals(storage: Storage, uri: str) -> tuple[int, int]:
+    import json
+
+    index = json.loads(storage.filesystem().cat_file(join_uri(uri, "index.json")))
+    return len(index["shards"]), sum(int(s["raw_data"]["bytes"]) for s in index["shards"])
+
+
+def _offsets(chunks: list[Unit], written: UnitResults) -> dict[str, int]:
+    """Each chunk's first position in its stream: the rows stored by the chunks before it."""
+    offsets, running = {}, Counter()
+    for chunk, summary in zip(chunks, written.summaries):
+        key = tuple(chunk.spec["stream"])
+        offsets[chunk.id] = running[key]
+        running[key] += summary["rows"]
+    return offsets
+
+
+def _phase(progress: Throttle | None, name: str) -> Throttle | None:
+    return None if progress is None else Throttle(progress.report, f"{progress.label} {name}", progress.seconds,
+                                                   progress.unit)

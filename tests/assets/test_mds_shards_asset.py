@@ -48,7 +48,7 @@ def test_mds_shards_check_passes_with_counts_equal_to_buckets(corpus: Corpus, so
     index = corpus.rows("mds_index", filter=f"source = '{source}'")
     assert Counter(f"{r['tier']}/{r['bucket']}" for r in index) == expected
     assert not corpus.rows("rejects", filter=f"source = '{source}' AND stage = 'mds_shards'")
-    assert not (corpus.root / "mds" / ".staging").exists()
+    assert not list((corpus.root / "_runs").rglob("run.json"))  # no attempt left behind
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -122,4 +122,4 @@ def test_rerun_gives_byte_identical_shards(corpus: Corpus, tmp_path: Path) -> No
     assert tree_digest(root / "mds" / source) == before
     assert read(root, "mds_index", filter=f"source = '{source}'").sort_by("sample_id").to_pylist() == index_before
     assert {s: tree_digest(root / "mds" / s) for s in others} == others
-    assert not (root / "mds" / ".staging").exists()
+    assert not list((root / "_runs").rglob("run.json"))  # no attempt left behind

@@ -28,8 +28,11 @@ from prx_core.shards.mds import (
     MDS_COLUMNS,
     SIZE_LIMIT,
     list_streams,
+    prune_streams,
+    publish_stream,
     stream_name,
     stream_uri,
+    write_chunk,
     write_source_streams,
 )
 from prx_core.shards.mds_read import read_stream_rows, verify_stream
@@ -156,7 +159,7 @@ def test_rerun_is_byte_identical(photos, tmp_path) -> None:
     assert snapshot(tmp_path) == first and any(k.endswith("index.json") for k in first)
 
 
-def test_rerun_with_fewer_buckets_removes_stale_streams_only_of_that_source(photos, tmp_path) -> None:
+def test_rerun_with_fewer_buckets_unpublishes_stale_streams_only_of_that_source(photos, tmp_path) -> None:
     root = str(tmp_path)
     write_source_streams(make_rows(photos, [B512, B448], source="beta"), root, "beta")
     beta = snapshot(tmp_path / "mds" / "beta")
@@ -164,12 +167,32 @@ def test_rerun_with_fewer_buckets_removes_stale_streams_only_of_that_source(phot
     summaries = write_source_streams(make_rows(photos, [B512, B576, B512]), root, "alpha")
     assert list_streams(root, "alpha") == [s.uri for s in summaries]
     assert [(s.tier, s.width, s.height, s.count) for s in summaries] == [(*B512, 2), (*B576, 1)]
-    assert not (tmp_path / "mds" / "alpha" / "1024").exists()
-    assert not (tmp_path / "mds" / "alpha" / "512" / "448x576").exists()
+    assert not (tmp_path / "mds" / "alpha" / "1024" / "1024x1024" / "index.json").exists()  # unpublished...
+    assert list((tmp_path / "mds" / "alpha" / "1024" / "1024x1024").iterdir())  # ...its chunks kept for old readers
     assert snapshot(tmp_path / "mds" / "beta") == beta
     assert write_source_streams([], root, "alpha") == []
-    assert list_streams(root, "alpha") == [] and not (tmp_path / "mds" / "alpha").exists()
-    assert snapshot(tmp_path / "mds" / "beta") == beta and len(list_streams(root)) == 2
+    assert list_streams(root, "alpha") == [] and snapshot(tmp_path / "mds" / "beta") == beta
+    assert len(list_streams(root)) == 2
+    report = prune_streams(root, retention_seconds=0)  # compact_corpus with the retention over
+    assert not (tmp_path / "mds" / "alpha").exists() or not any(p.is_file() for p in (tmp_path / "mds" / "alpha").rglob("*"))
+    assert snapshot(tmp_path / "mds" / "beta") == beta and report.removed
+
+
+def test_prune_keeps_what_an_index_references_and_what_is_recent(photos, tmp_path) -> None:
+    root = str(tmp_path)
+    write_source_streams(make_rows(photos, [B512, B512]), root, "alpha")
+    old = snapshot(tmp_path)
+    summaries = write_source_streams(make_rows(photos, [B512, B512, B512]), root, "alpha")  # republished
+    (stream,) = summaries
+    chunks = sorted(p.name for p in Path(stream.uri).iterdir() if p.is_dir())
+    assert len(chunks) == 2 and stream.chunks[0] in chunks  # the superseded chunk is still there
+    assert prune_streams(root).kept_recent == 1  # within the default retention: kept
+    assert all(snapshot(tmp_path).get(k) == v for k, v in old.items() if not k.endswith("index.json"))
+    Path(stream.uri, "shard.00000.mds").write_bytes(b"pre-chunk layout leftover")
+    report = prune_streams(root, retention_seconds=0)
+    assert sorted(Path(r).name for r in report.removed) == sorted([*(set(chunks) - set(stream.chunks)), "shard.00000.mds"])
+    assert sorted(p.name for p in Path(stream.uri).iterdir()) == sorted([*stream.chunks, "index.json"])
+    assert verify_stream(stream.uri, expected_sha256=stream.image_sha256).ok
 
 
 def test_many_shards_keep_order_and_verify(photos, tmp_path, monkeypatch) -> None:
@@ -182,7 +205,7 @@ def test_many_shards_keep_order_and_verify(photos, tmp_path, monkeypatch) -> Non
     assert report.ok and report.count == 10
 
 
-def test_failed_write_leaves_published_streams_untouched(photos, tmp_path, monkeypatch) -> None:
+def test_failed_write_leaves_published_streams_untouched(photos, tmp_path) -> None:
     root = str(tmp_path)
     write_source_streams(make_rows(photos, [B512, B576]), root, "alpha")
     before = snapshot(tmp_path)
@@ -190,27 +213,47 @@ def test_failed_write_leaves_published_streams_untouched(photos, tmp_path, monke
     rows[2]["width"] = 500  # does not match its bucket: the write must fail before publishing
     with pytest.raises(ValueError, match="does not match"):
         write_source_streams(rows, root, "alpha")
-    assert snapshot(tmp_path) == before and not (tmp_path / "mds" / ".staging").exists()
-    monkeypatch.setattr("prx_core.shards.mds._exchange", lambda a, b: False)  # rename-aside fallback
+    assert snapshot(tmp_path) == before
+    rows[2]["jpeg"] = "not bytes"
     rows[2]["width"] = 512
+    with pytest.raises(TypeError, match="must be the encoded bytes"):
+        write_source_streams(rows, root, "alpha")
+    published = {k: v for k, v in snapshot(tmp_path).items() if k in before}
+    assert published == before  # a chunk may have been written, nothing published changed
+    assert not [p for p in Path(tmp_path).rglob(".*") if p.name.startswith(".c-")]  # no temp folder left
+    rows[2]["jpeg"] = make_rows(photos, [B512, B448, B512])[2]["jpeg"]
     write_source_streams(rows, root, "alpha")
     assert [sha(r["image"]) for r in parse_shards(stream_uri(root, "alpha", *B512))] == \
         [sha(rows[0]["jpeg"]), sha(rows[2]["jpeg"])]
     assert list_streams(root) == [stream_uri(root, "alpha", *k) for k in (B448, B512)]
 
 
-def test_crashed_staging_of_the_same_source_is_cleaned(photos, tmp_path) -> None:
-    staging = tmp_path / "mds" / ".staging"
-    mine = staging / f"alpha-{'ab' * 16}" / "512" / "512x512"
-    theirs = staging / f"alpha-beta-{'cd' * 16}" / "512" / "512x512"
-    for leftover in (mine, theirs):
-        leftover.mkdir(parents=True)
-        (leftover / "shard.00000.mds").write_bytes(b"half written")
-        (leftover / "index.json").write_text('{"version": 2, "shards": []}')  # never listed
-    write_source_streams(make_rows(photos, [B512]), str(tmp_path), "alpha")
-    assert not mine.parent.parent.exists()
-    assert (theirs / "shard.00000.mds").exists()  # another source's write may still be running
-    assert list_streams(str(tmp_path)) == [stream_uri(str(tmp_path), "alpha", *B512)]
+def test_an_incomplete_chunk_folder_is_rewritten_and_a_complete_one_reused(photos, tmp_path) -> None:
+    root = str(tmp_path)
+    rows = make_rows(photos, [B512, B512])
+    (first,) = write_source_streams(rows, root, "alpha")
+    folder = Path(first.uri, first.chunks[0])
+    (folder / "index.json").unlink()  # a writer that died before its last step
+    (folder / "shard.00000.mds").write_bytes(b"half written")
+    (again,) = write_source_streams(rows, root, "alpha")
+    assert again.chunks == first.chunks and verify_stream(again.uri, expected_sha256=again.image_sha256).ok
+    mtime = (folder / "shard.00000.mds").stat().st_mtime_ns
+    write_source_streams(rows, root, "alpha")
+    assert (folder / "shard.00000.mds").stat().st_mtime_ns == mtime  # complete: reused, never rewritten
+
+
+def test_merged_index_is_what_streamings_merge_index_writes(photos, tmp_path) -> None:
+    from streaming.base.util import merge_index
+
+    rows = make_rows(photos, [B512] * 4)
+    stream = tmp_path / "s"
+    write_chunk(rows[:2], str(stream / "c-a"))
+    write_chunk(rows[2:], str(stream / "c-b"))
+    merge_index([str(stream / "c-a" / "index.json"), str(stream / "c-b" / "index.json")], str(tmp_path / "ref"))
+    reference = json.loads((tmp_path / "ref" / "index.json").read_text())
+    assert publish_stream(str(stream), ["c-a", "c-b"]) == 4
+    assert json.loads((stream / "index.json").read_text()) == reference
+    assert [r["sample_id"] for r in read_stream_rows(str(stream))] == [r["sample_id"] for r in rows]
 
 
 def test_trainer_style_loader_reads_every_sample(photos, tmp_path) -> None:
@@ -247,7 +290,7 @@ def test_verify_stream_passes_then_catches_corruption_and_wrong_hashes(photos, t
     wrong = verify_stream(summary.uri, expected_sha256=[sha(r["jpeg"]) for r in reversed(rows)])
     assert wrong.hashes_ok and wrong.decoded_ok and wrong.bytes_identical is False and wrong.problems
 
-    shard = Path(summary.uri, "shard.00000.mds")
+    shard = Path(summary.uri, summary.chunks[0], "shard.00000.mds")
     blob = bytearray(shard.read_bytes())
     blob[len(blob) - 5000] ^= 0xFF  # inside the last image's entropy-coded data
     shard.write_bytes(bytes(blob))

@@ -657,27 +657,45 @@ def test_sigkill_during_samples_loses_and_duplicates_nothing(ok_build: Built, tm
 
 # -- 8. SIGKILL in the middle of `mds_shards` ------------------------------------------------------
 
+def stream_contents(streams: list[Path]) -> dict[str, list[tuple[str, str, str]]]:
+    """stream folder -> (sample_id, SHA-256 of the stored image, caption) in index order: what a
+    trainer reads, whatever the chunk folders are called."""
+    from prx_core.shards.mds_read import read_stream_rows
+
+    return {f"{s.parent.parent.name}/{s.parent.name}/{s.name}": [
+        (r["sample_id"], hashlib.sha256(r["image"]).hexdigest(), r["caption"]) for r in read_stream_rows(str(s))]
+        for s in streams}
+
+
 def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Built, tmp_path: Path) -> None:
+    """Another chunk size (a new manifest: every chunk is written anew), killed after one chunk:
+    the published streams never change until the rerun publishes complete new ones."""
     source = "web_images"
     root = copy_root(ok_build, tmp_path)
-    mds, staging = root / "mds", root / "mds" / ".staging"
+    mds = root / "mds"
     before = hash_tree(mds / source)
     assert before == {k[len(source) + 1:]: v for k, v in ok_build.mds.items() if k.startswith(source + "/")}
+    contents = stream_contents(published_streams(mds, source))
     expected = {s.relative_to(mds).as_posix(): index_count(s) for s in published_streams(mds, source)}
-    args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select", "mds_shards")
+    config = tmp_path / "chunks.yaml"
+    config.write_text("units: {mds_chunk_rows: 7}\n")
+    args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
+                      "mds_shards", "--config", str(config))
 
     def assert_published_streams_whole(label: str, n: int) -> None:
-        assert hash_tree(mds / source) == before, f"{label}: published streams of {source} changed"
-        reads, iterated = load_streams(published_streams(mds, source), mds, tmp_path / f"read-{n}" / "mds")
+        published = published_streams(mds, source)
+        assert {s.relative_to(mds).as_posix(): index_count(s) for s in published} == expected, label
+        assert stream_contents(published) == contents, f"{label}: published streams of {source} changed"
+        reads, iterated = load_streams(published, mds, tmp_path / f"read-{n}" / "mds")
         assert {rel: len(r.by_index) for rel, r in reads.items()} == expected, label
         assert len(iterated) == sum(expected.values()), label
 
     clock = Clock("mds_shards kill")
-    paused = Paused(args, "mds_shards:writing", tmp_path / "kill")
+    paused = Paused(args, "mds_shards:chunks:1", tmp_path / "kill")
     paused.wait_for_marker()
     clock("paused")
-    staged = [p for p in staging.iterdir() if p.name.startswith(f"{source}-")] if staging.exists() else []
-    assert staged and any(f for _, _, fs in os.walk(staged[0]) for f in fs), "paused before anything was staged"
+    written = set(hash_tree(mds / source)) - set(before)
+    assert written, "paused before any new chunk was written"
     assert_published_streams_whole("while paused", 1)
     clock("loaded while paused")
     survivors = paused.kill()
@@ -689,9 +707,8 @@ def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Buil
     result = run_cli(*args)
     clock("rerun")
     assert result.returncode == 0, result.explain()
-    assert hash_tree(mds) == ok_build.mds, "MDS differs from the original build after kill + rerun"
-    leftovers = [p.name for p in staging.iterdir() if p.name.startswith(f"{source}-")] if staging.exists() else []
-    assert not leftovers, f"staging leftovers of {source}: {leftovers}"
+    assert stream_contents(published_streams(mds, source)) == contents, "streams differ after kill + rerun"
+    assert not list((root / "_runs").rglob("run.json")), "an attempt was left behind"
 
 
 # -- 9 and 10: runs independent of the demo build, started together ----------------------------------

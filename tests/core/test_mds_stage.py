@@ -1,0 +1,179 @@
+"""`mds_shards` as work units (route, chunks, index) on a real local Ray, real Lance and real MDS
+read back by mosaicml-streaming: the same samples, order, bytes and positions as a single-process
+reference for any chunk size; reruns reuse complete chunks; a SIGKILL resumes; a republish never
+breaks a reader holding the old index."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import streaming
+from streaming.base.util import clean_stale_shared_memory
+from test_row_stages import make_samples
+
+from prx_core.compute.faults import MARKER
+from prx_core.compute.units import RUNS
+from prx_core.image.imaging import process_image
+from prx_core.shards.mds import list_streams, prune_streams, write_source_streams
+from prx_core.shards.mds_read import read_stream_rows
+from prx_core.shards.verify import verify_streams
+from prx_core.stages.mds_shards import NO_CAPTION, build_mds
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import rejects_predicate, source_predicate
+from prx_core.store.storage import Storage
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+CAPTIONER = "cap-v1"
+
+
+def add_captions(storage: Storage, skip: int = 1) -> None:
+    """A caption for every content of the corpus but the first `skip` of `photos` (no_caption)."""
+    samples = lance_io.read_table(storage.lance_uri("samples"), ["sample_id", "content_id"])
+    missing = set(sorted(r["content_id"] for r in samples.to_pylist() if r["sample_id"].startswith("photos/"))[:skip])
+    rows = [{"content_id": c, "captioner_version": CAPTIONER, "captioner_id": "source", "prompt_version": "p",
+             "caption": f"a picture {c[:8]}", "word_count": 3, "error": ""}
+            for c in sorted(set(samples["content_id"].to_pylist()) - missing)]
+    lance_io.upsert(storage.lance_uri("captions"), pa.Table.from_pylist(rows, schema=schemas.CAPTIONS),
+                    ["content_id", "captioner_version"])
+
+
+@pytest.fixture()
+def storage(tmp_path: Path) -> Storage:
+    storage = Storage(str(tmp_path / "corpus"))
+    make_samples(storage, "other", 4, 1)
+    make_samples(storage, "photos", 40, 3)
+    add_captions(storage)
+    return storage
+
+
+def reference(storage: Storage, root: str) -> dict[str, list[tuple[str, str, str]]]:
+    """The single-process reference: every bucketed, captioned sample, encoded in-process and
+    written with one writer per stream, in sample_id order. stream -> [(id, sha256, caption)]."""
+    samples = lance_io.read_table(storage.lance_uri("samples"), filter=source_predicate("photos")).to_pylist()
+    captions = {r["content_id"]: r["caption"] for r in lance_io.read_table(storage.lance_uri("captions")).to_pylist()}
+    rows = []
+    for sample in sorted(samples, key=lambda s: s["sample_id"]):
+        result = process_image(sample["image"])
+        if hasattr(result, "reason") or sample["content_id"] not in captions:
+            continue
+        b = result.bucket
+        rows.append({"tier": b.tier, "bucket_width": b.width, "bucket_height": b.height, "jpeg": result.jpeg,
+                     "caption": captions[sample["content_id"]], "original_caption": sample["original_caption"] or "",
+                     "width": b.width, "height": b.height, "original_width": result.original_size[0],
+                     "original_height": result.original_size[1], "sample_id": sample["sample_id"], "source": "photos",
+                     "content_id": sample["content_id"]})
+    rows.sort(key=lambda r: (r["tier"], r["bucket_width"], r["bucket_height"], r["sample_id"]))
+    return {s.uri[len(root):]: list(zip(s.sample_ids, s.image_sha256, [r["caption"] for r in rows
+                                                                          if r["sample_id"] in set(s.sample_ids)]))
+            for s in write_source_streams(rows, root, "photos")}
+
+
+def streams(root: str) -> dict[str, list[tuple[str, str, str]]]:
+    return {uri[len(root):]: [(r["sample_id"], hashlib.sha256(r["image"]).hexdigest(), r["caption"])
+                              for r in read_stream_rows(uri)] for uri in list_streams(root, "photos")}
+
+
+@pytest.mark.parametrize("chunk_rows", [2, 1000])
+def test_chunked_streams_equal_the_single_process_reference(storage: Storage, tmp_path: Path, chunk_rows: int) -> None:
+    report = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=chunk_rows)
+    expected = reference(storage, str(tmp_path / "ref"))
+    assert streams(storage.root) == {k: v for k, v in expected.items()}
+    chunks = report.units["chunks"]
+    assert chunks.units > len(report.streams) if chunk_rows == 2 else chunks.units == len(report.streams)
+    assert report.units["route"].units == 9  # 3 fragments of 14 rows, 5 rows per unit
+    index = lance_io.read_table(storage.lance_uri("mds_index"), filter=source_predicate("photos")).to_pylist()
+    for stream in report.streams:  # positions are the order in the published stream
+        mine = sorted((r for r in index if (r["tier"], r["bucket"]) == (stream.tier, f"{stream.width}x{stream.height}")),
+                      key=lambda r: r["index"])
+        assert [r["index"] for r in mine] == list(range(stream.samples))
+        assert [(r["sample_id"], r["image_sha256"]) for r in mine] == \
+            [(sid, sha) for sid, sha, _ in expected[stream.uri[len(storage.root):]]]
+    rejected = lance_io.read_table(storage.lance_uri("rejects"), filter=rejects_predicate("photos", "mds_shards"))
+    assert NO_CAPTION in rejected["reason"].to_pylist() and report.rejects[NO_CAPTION] >= 1
+    verified = verify_streams([s.uri for s in report.streams])
+    assert verified.ok and verified.samples == report.written == len(index)
+    assert not list(Path(storage.root, RUNS, "mds_shards", "photos").iterdir())
+
+
+def test_a_rerun_reuses_complete_chunks_and_changes_no_byte(storage: Storage) -> None:
+    build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    before = {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()}
+    again = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    assert all(s["reused"] for s in again.units["chunks"].summaries)
+    assert {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()} == before
+
+
+def test_a_reader_holding_the_old_index_keeps_reading_while_the_stream_is_republished(storage: Storage,
+                                                                                        tmp_path: Path) -> None:
+    first = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    stream = max(first.streams, key=lambda s: s.samples)
+    old_rows = [(r["sample_id"], hashlib.sha256(r["image"]).hexdigest()) for r in read_stream_rows(stream.uri)]
+    clean_stale_shared_memory()
+    local = tmp_path / "trainer-cache"
+    reader = streaming.StreamingDataset(remote=stream.uri, local=str(local), shuffle=False, batch_size=1)
+    add_captions(storage, skip=0)  # captions change: a new manifest, new chunk folders
+    second = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    assert set(second.streams[0].chunks).isdisjoint(first.streams[0].chunks)
+    read = [(reader[i]["sample_id"], hashlib.sha256(_raw_jpeg(reader, i)).hexdigest()) for i in range(reader.num_samples)]
+    assert read == old_rows  # the old index's shards are all still there, byte for byte
+    del reader
+    report = prune_streams(storage.root, retention_seconds=0)  # the retention passed: now they go
+    assert report.removed and verify_streams([s.uri for s in second.streams]).ok
+
+
+def _raw_jpeg(dataset: streaming.StreamingDataset, index: int) -> bytes:
+    """The stored bytes of a sample's image (the decoded PIL image would hide a re-encode)."""
+    dataset[index]  # makes streaming fetch the shard into its cache
+    shard_id, offset = dataset.spanner[index]
+    shard = dataset.shards[shard_id]
+    data = shard.get_sample_data(offset)
+    sizes, pos = [], 0
+    for size in shard.column_sizes:
+        if size is None:
+            size, pos = int.from_bytes(data[pos:pos + 4], "little"), pos + 4
+        sizes.append(size)
+    start = pos + sum(sizes[:shard.column_names.index("image")])
+    return data[start:start + sizes[shard.column_names.index("image")]]
+
+
+KILL_SCRIPT = """
+import ray, sys
+from prx_core.stages.mds_shards import build_mds
+from prx_core.store.storage import Storage
+ray.init(address=sys.argv[2], log_to_driver=False)
+build_mds("photos", Storage(sys.argv[1]), "cap-v1", route_rows=5, chunk_rows=2)
+"""
+
+
+def test_a_sigkilled_mds_run_resumes_and_never_exposes_a_partial_stream(storage: Storage, ray_cluster, tmp_path) -> None:
+    build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)
+    published = {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")}
+    add_captions(storage, skip=0)  # new inputs: the killed run writes new chunks
+    env = {**os.environ, "PRX_PAUSE_AT": "mds_shards:chunks:4"}
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address],
+                            env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:
+        if line.startswith(f"{MARKER} mds_shards:chunks:4") or time.monotonic() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")} == published
+    (attempt,) = Path(storage.root, RUNS, "mds_shards", "photos").iterdir()
+    recorded = [n for n in os.listdir(attempt / "done") if n.startswith("chunk-")]
+    assert len(recorded) >= 4
+    report = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=2)
+    chunks = report.units["chunks"]
+    assert chunks.skipped == len(recorded) and chunks.ran == chunks.units - len(recorded)
+    assert report.units["route"].ran == 0  # every routing unit was recorded before the kill
+    assert streams(storage.root) == reference(storage, str(tmp_path / "ref"))
+    assert json.loads(Path(report.streams[0].uri, "index.json").read_text())["version"] == 2
