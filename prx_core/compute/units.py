@@ -6,6 +6,7 @@ its outputs (uncommitted Lance fragments, MDS chunk folders, scratch files) and 
 completion, a small JSON summary, under the corpus root:
 
     <root>/_runs/<asset>/<partition>/<manifest digest>/run.json        the attempt: manifest, token
+                                                        started/<unit>    one per unit begun
                                                         done/<unit>.json  one per completed unit
                                                         scratch/          intermediate files
 
@@ -105,6 +106,13 @@ class UnitRun:
         put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
                    json.dumps(summary, sort_keys=True).encode())
 
+    def mark_started(self, unit_id: str) -> None:
+        """An empty marker: which units were running when a run died (the work a resume redoes)."""
+        put_atomic(self.storage.filesystem(), _join(self.uri, "started", unit_id), b"")
+
+    def started(self) -> set[str]:
+        return {_stem(p) for p in _children(self.storage.filesystem(), _join(self.uri, "started"))}
+
     def completed(self) -> dict[str, dict[str, Any]]:
         """Summaries of the recorded units, by unit id (one listing and one read per unit)."""
         fs = self.storage.filesystem()
@@ -193,6 +201,7 @@ def _execute(fn: UnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
     import ray
 
     began = time.monotonic()
+    run.mark_started(unit.id)
     summary = dict(fn(unit, run))
     summary.update(unit=unit.id, rows_planned=unit.rows, seconds=round(time.monotonic() - began, 3),
                    worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
