@@ -37,7 +37,7 @@ from benchmarks.image_path import _cpu_name, one_core
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.mds import StreamSummary, list_streams, write_source_streams
-from prx_core.shards.skiplists import SkipList, write_skip_lists
+from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
 
 BUCKETS = ((512, 512, 0.34), (576, 448, 0.22), (448, 576, 0.18), (640, 384, 0.14), (384, 640, 0.12))
 SOURCES = (("photos", 0.6), ("scans", 0.4))
@@ -80,7 +80,8 @@ def write_skips(root: str, summaries: list[StreamSummary], fraction: float, seed
     for s in summaries:
         idx = sorted(rng.choice(s.count, int(round(s.count * fraction)), replace=False).tolist())
         by_source.setdefault(s.source, []).append(
-            SkipList(s.source, s.tier, s.width, s.height, "duplicate", "bench", idx, [s.sample_ids[i] for i in idx], s.count))
+            SkipList(s.source, s.tier, s.width, s.height, "duplicate", "bench", idx, [s.sample_ids[i] for i in idx], s.count,
+                     index_digest(s.uri)))
         skipped |= {s.sample_ids[i] for i in idx}
     for source, lists in by_source.items():
         write_skip_lists(root, source, lists)

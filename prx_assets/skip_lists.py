@@ -2,9 +2,10 @@
 
 
 import dagster as dg
+from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, lance_versions, md_table
+from prx_assets.common import GROUP, SOURCES, lance_versions, md_table, progress, units_metadata
 from prx_core.stages.skip_lists import build_skip_lists
 from prx_resources import CaptionerResource, LabelerResource, SkipPolicyResource, StorageResource
 
@@ -17,14 +18,15 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
     version = f"{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
-              check_specs=CHECKS, kinds={"json"}, code_version=version, automation_condition=CHEAP)
+              check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP)
     def skip_lists(
         context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        labeler: LabelerResource, policy: SkipPolicyResource,
+        labeler: LabelerResource, policy: SkipPolicyResource, ray: RayResource,
     ) -> dg.MaterializeResult:
         rules = policy.policy()
-        report = build_skip_lists(context.partition_key, storage.storage(), captioner.config().version(),
-                                  labeler.config().version(), rules)
+        source = context.partition_key
+        report = build_skip_lists(source, storage.storage(), captioner.config().version(),
+                                  labeler.config().version(), rules, progress(context, f"skip_lists[{source}]", unit="chunks"))
         table = [{"stream": s.stream, "samples": s.size, "skipped": s.skipped, "fraction": round(s.fraction, 3),
                   **s.by_reason} for s in report.streams]
         heavy = [s.stream for s in report.streams if s.fraction > REWRITE_ABOVE]
@@ -33,6 +35,7 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
             metadata={"policy_version": rules.version(), "samples": report.samples, "skipped": report.skipped,
                       "skip_fraction": round(report.skipped / max(report.samples, 1), 4), "files": len(report.files),
                       "streams": md_table(table, ["stream", "samples", "skipped", "fraction", *reasons]),
+                      **{f"{phase}_{k}": v for phase, r in report.units.items() for k, v in units_metadata(r).items()},
                       **lance_versions(**report.read_versions)},
             check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,
                                                severity=dg.AssetCheckSeverity.WARN,

@@ -9,9 +9,10 @@ Streaming's sample-id plan (resampling, partitioning over ranks and workers, per
 `state_dict` resumption) comes from the stored sample counts and never sees the skip-lists, so
 every rank keeps the epoch length and a resumed run reads exactly what an uninterrupted one would.
 
-Operational notes (mosaicml-streaming 0.13): skip-lists are read once, at construction; a
-skip-list is checked against its stream's size only (a republished stream of the same size needs
-re-materialized skip-lists). Resuming under changed skip-lists keeps the plan but not the
+Operational notes (mosaicml-streaming 0.13): skip-lists are read once, at construction, only the
+requested tier's, memory-mapped and shared by a node's ranks; a skip-list that was computed for
+another version of its stream (its index.json digest differs) fails the construction with a clear
+error rather than skipping the wrong samples. Resuming under changed skip-lists keeps the plan but not the
 substitutes, and a stream that became fully skipped changes the plan. `len()` counts the batches
 per_stream later drops. Batches for `StreamingDataLoader` must be dicts of columns (`collate`).
 A remote root caches under `cache_dir`: one live dataset per cache folder (streaming's registry).
@@ -21,13 +22,15 @@ Trainers import only this package: no dagster, no Ray.
 from __future__ import annotations
 
 import bisect
+import fcntl
 import hashlib
 import json
 import os
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -38,7 +41,7 @@ from streaming.base.util import number_abbrev_to_int
 from streaming.base.world import World
 
 from prx_core.shards.mds import INDEX, list_streams
-from prx_core.shards.skiplists import read_skip_lists, stream_key
+from prx_core.shards.skiplists import list_skip_files, open_indices, stream_key
 from prx_core.store.storage import filesystem_for, is_remote
 
 _STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
@@ -63,20 +66,25 @@ class StreamPlan:
         return stream_key(self.source, self.tier, self.width, self.height)
 
 
-def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None,
-                 storage_options: dict | None = None) -> list[StreamPlan]:
+def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, storage_options: dict | None = None,
+                 cache_dir: str | None = None) -> list[StreamPlan]:
     """The tier's published streams of `sources` (default: every source), skip-lists unioned.
 
-    Raises ValueError for a skip-list whose `stream_size` differs from the stream's count: it was
-    computed for another version of the stream and would skip the wrong samples.
+    Only the tier's skip-lists are read, once per node: they are memory-mapped from the root (a
+    local one) or from a copy under `cache_dir` shared by the node's ranks (a remote one), and a
+    stream's union of reasons is cached there too. Fails closed: a skip-list computed for another
+    version of its stream (its `index_digest` or size differs) raises ValueError naming it, since
+    training on it would skip the wrong samples and keep the ones it was meant to skip.
     """
     root = root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
     fs = filesystem_for(root, storage_options)
+    cache = cache_dir or default_cache_dir(root)
     plans = []
     for source in sources if sources is not None else [None]:
-        skips: dict[str, list] = {}
-        for skip in read_skip_lists(root, source, storage_options):
-            skips.setdefault(skip.stream, []).append(skip)
+        skips: dict[str, list[str]] = {}
+        for uri in list_skip_files(root, source, tier, storage_options):
+            src, t, w, h = _STREAM.fullmatch(uri.rsplit("/", 1)[0]).groups()  # type: ignore[union-attr]
+            skips.setdefault(stream_key(src, int(t), int(w), int(h)), []).append(uri)
         found = []
         for uri in list_streams(root, source, storage_options):  # sorted by (source, tier, w, h)
             src, t, w, h = _STREAM.fullmatch(uri).groups()  # type: ignore[union-attr]
@@ -85,17 +93,70 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None,
             index = fs.cat_file(f"{uri}/{INDEX}")
             count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
             name = stream_key(src, int(t), int(w), int(h))
-            for skip in skips.get(name, []):
-                if skip.stream_size != count:
-                    raise ValueError(f"skip-list {name} {skip.reason!r} is for a stream of {skip.stream_size} "
-                                     f"samples, the stream has {count}: re-materialize the skip-lists")
-            indices = [np.asarray(s.indices, np.int64) for s in skips.get(name, [])]
-            skipped = np.unique(np.concatenate(indices)) if indices else np.empty(0, np.int64)
+            digest = hashlib.sha256(index).hexdigest()
+            skipped = _union(fs, skips.get(name, []), name, count, digest, cache)
             found.append(StreamPlan(src, int(t), int(w), int(h), uri, count, skipped, index))
         if source is not None and not found:
             warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
         plans += found
     return plans
+
+
+def default_cache_dir(root: str) -> str:
+    return os.path.join(tempfile.gettempdir(), "prx-loader", hashlib.blake2s(root.encode(), digest_size=8).hexdigest())
+
+
+def _union(fs: Any, uris: list[str], name: str, count: int, digest: str, cache: str) -> np.ndarray:
+    """The sorted union of a stream's skip-lists, memory-mapped (one file per node)."""
+    arrays, keys = [], []
+    for uri in uris:
+        header, indices = open_indices(_local(fs, uri, cache), uri)
+        if header["stream_size"] != count or header.get("index_digest") != digest:
+            raise ValueError(f"skip-list {uri} was computed for another version of stream {name} "
+                             f"({header['stream_size']} samples, index {header.get('index_digest', '?')[:12]}; the "
+                             f"stream has {count}, index {digest[:12]}): re-materialize skip_lists for {name.split('/')[0]}")
+        arrays.append(indices)
+        keys.append(f"{header['reason']}:{header['policy_version']}:{header['count']}:{_fingerprint(fs, uri)}")
+    if len(arrays) <= 1:
+        return arrays[0] if arrays else np.empty(0, np.int64)
+    path = os.path.join(cache, "skip-unions", name, hashlib.sha256("|".join([digest, *keys]).encode()).hexdigest()[:24] + ".npy")
+    with _node_lock(path):
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp.npy"
+            np.save(tmp, np.unique(np.concatenate(arrays)))
+            os.replace(tmp, path)
+    return np.load(path, mmap_mode="r")
+
+
+def _fingerprint(fs: Any, uri: str) -> str:
+    info = fs.info(uri)
+    return str(info.get("ETag") or f"{info.get('size')}-{info.get('mtime') or info.get('LastModified')}")
+
+
+def _local(fs: Any, uri: str, cache: str) -> str:
+    """A local path of a `.skip` file: itself for a local root, else a per-node cached copy keyed by
+    the object's fingerprint (a rewritten list gets a new copy)."""
+    if not is_remote(uri):
+        return uri
+    key = hashlib.sha256(f"{uri}|{_fingerprint(fs, uri)}".encode()).hexdigest()[:24]
+    path = os.path.join(cache, "skiplists", f"{key}.skip")
+    with _node_lock(path):
+        if not os.path.exists(path):
+            fs.get_file(uri, f"{path}.tmp")
+            os.replace(f"{path}.tmp", path)
+    return path
+
+
+@contextmanager
+def _node_lock(path: str) -> Iterator[None]:
+    """Ranks of one node take turns on a cache file: the first writes it, the others map it."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _Substitutes:
@@ -216,7 +277,7 @@ class CorpusDataset(StreamingDataset):
             missing = [s for s in sources if s not in proportions]
             if missing:
                 raise ValueError(f"proportions give no weight for sources {missing}")
-        plans = plan_streams(root, tier, sources, storage_options)
+        plans = plan_streams(root, tier, sources, storage_options, cache_dir)
         self.left_out: dict[str, str] = {}
         for p in plans:
             if len(p.skipped) == p.count:
@@ -241,8 +302,7 @@ class CorpusDataset(StreamingDataset):
         if remote:
             streaming_kwargs.setdefault("validate_hash", "xxh64")
             _set_s3_endpoint(storage_options)
-            cache_dir = cache_dir or os.path.join(tempfile.gettempdir(), "prx-loader",
-                                                  hashlib.blake2s(root.encode(), digest_size=8).hexdigest())
+            cache_dir = cache_dir or default_cache_dir(root)
         weights = _weights(plans, proportions)
         streams = [self._stream(p, cache_dir if remote else None, None if weights is None else weights[i])
                    for i, p in enumerate(plans)]

@@ -1,24 +1,41 @@
 """Skip-lists: which samples of an MDS stream training must skip, and why.
 
-Shards are never rewritten to drop a sample; a changed filter policy rewrites only these small
-files, one per (stream, reason) at `<root>/skiplists/<source>/<tier>/<w>x<h>/<reason>.json`.
-The training loader unions a stream's reasons (`skipped_indices`). Files carry no timestamp so a
-rerun with the same policy rewrites identical bytes.
+Shards are never rewritten to drop a sample; a changed filter policy rewrites only these files,
+per (stream, reason) under `<root>/skiplists/<source>/<tier>/<w>x<h>/`:
+
+- `<reason>.skip`: the sorted stream indices to skip, a compact binary array a loader can
+  memory-map: `PRXSKIP2`, a little-endian u32 header length, a JSON header (reason, policy
+  version, stream, its size, count, and `index_digest`, the SHA-256 of the stream's index.json
+  it was computed for), padded to 8 bytes, then `count` little-endian int64 indices.
+- `<reason>.ids.parquet`: the same samples' `sample_id`s, aligned, for audits (never read by the
+  training loader).
+
+The training loader unions a stream's reasons and refuses a list whose `index_digest` is not
+its stream's. Files carry no timestamp: a rerun with the same policy writes identical bytes.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import fsspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out")
 CREATED_BY = "prx-corpus"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+MAGIC = b"PRXSKIP2"
+SUFFIX = ".skip"
+IDS_SUFFIX = ".ids.parquet"
 
 
 def stream_key(source: str, tier: int, width: int, height: int) -> str:
@@ -39,9 +56,10 @@ class SkipList:
     indices: tuple[int, ...]
     sample_ids: tuple[str, ...]
     stream_size: int
+    index_digest: str = ""  # SHA-256 of the stream's index.json the indices refer to
 
-    def __post_init__(self) -> None:  # accept lists, keep the value hashable
-        object.__setattr__(self, "indices", tuple(self.indices))
+    def __post_init__(self) -> None:  # accept lists and arrays, keep the value hashable
+        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
         object.__setattr__(self, "sample_ids", tuple(self.sample_ids))
 
     @property
@@ -53,151 +71,215 @@ class SkipList:
         """Share of the stream skipped for this reason (the loader over-samples by this much)."""
         return len(self.indices) / self.stream_size if self.stream_size else 0.0
 
+    def header(self) -> dict:
+        return {"format_version": FORMAT_VERSION, "created_by": CREATED_BY, "reason": self.reason,
+                "policy_version": self.policy_version, "stream": self.stream, "source": self.source,
+                "tier": self.tier, "width": self.width, "height": self.height, "stream_size": self.stream_size,
+                "count": len(self.indices), "index_digest": self.index_digest}
+
     def validate(self) -> None:
         """Raise ValueError naming the stream and reason when the list is not usable as is."""
-        where = f"skip-list {self.stream} {self.reason!r}"
-        if self.reason not in REASONS:
-            raise ValueError(f"{where}: unknown reason; known reasons are {REASONS}")
-        if not isinstance(self.policy_version, str) or not self.policy_version:
-            raise ValueError(f"{where}: policy_version must be a non-empty string")
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                   for v in (self.tier, self.width, self.height)):
-            raise ValueError(f"{where}: tier, width and height must be positive integers")
-        if not isinstance(self.stream_size, int) or self.stream_size < 0:
-            raise ValueError(f"{where}: stream_size must be a non-negative integer")
+        validate_header(self.header(), np.asarray(self.indices, np.int64), f"skip-list {self.stream} {self.reason!r}")
         if len(self.indices) != len(self.sample_ids):
-            raise ValueError(f"{where}: {len(self.indices)} indices but {len(self.sample_ids)} sample_ids")
-        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.indices):
-            raise ValueError(f"{where}: indices must be integers")
-        if any(b <= a for a, b in zip(self.indices, self.indices[1:])):
-            raise ValueError(f"{where}: indices must be sorted and unique")
-        if self.indices and (self.indices[0] < 0 or self.indices[-1] >= self.stream_size):
-            raise ValueError(f"{where}: indices must lie in [0, {self.stream_size})")
+            raise ValueError(f"skip-list {self.stream} {self.reason!r}: {len(self.indices)} indices but "
+                             f"{len(self.sample_ids)} sample_ids")
+
+
+def validate_header(header: dict, indices: np.ndarray, where: str) -> None:
+    if header.get("reason") not in REASONS:
+        raise ValueError(f"{where}: unknown reason; known reasons are {REASONS}")
+    if not isinstance(header.get("policy_version"), str) or not header["policy_version"]:
+        raise ValueError(f"{where}: policy_version must be a non-empty string")
+    if not all(isinstance(header.get(k), int) and not isinstance(header[k], bool) and header[k] > 0
+               for k in ("tier", "width", "height")):
+        raise ValueError(f"{where}: tier, width and height must be positive integers")
+    size = header.get("stream_size")
+    if not isinstance(size, int) or size < 0:
+        raise ValueError(f"{where}: stream_size must be a non-negative integer")
+    if header.get("count") != len(indices):
+        raise ValueError(f"{where}: header count {header.get('count')} != {len(indices)} indices")
+    if len(indices) and (np.any(np.diff(indices) <= 0) or indices[0] < 0 or indices[-1] >= size):
+        raise ValueError(f"{where}: indices must be sorted, unique and lie in [0, {size})")
+
+
+def encode(header: dict, indices: np.ndarray) -> bytes:
+    """The `.skip` bytes: magic, header length, JSON header padded to 8 bytes, int64 indices."""
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-(len(MAGIC) + 4 + len(text)) % 8)
+    return MAGIC + struct.pack("<I", len(text)) + text + np.ascontiguousarray(indices, "<i8").tobytes()
+
+
+def decode_header(data: bytes, where: str) -> tuple[dict, int]:
+    """(header, byte offset of the indices) from the start of a `.skip` file."""
+    if data[:len(MAGIC)] != MAGIC:
+        raise ValueError(f"{where}: not a skip-list file (no {MAGIC!r} magic)")
+    (length,) = struct.unpack("<I", data[len(MAGIC):len(MAGIC) + 4])
+    try:
+        header = json.loads(data[len(MAGIC) + 4:len(MAGIC) + 4 + length])
+    except ValueError as exc:
+        raise ValueError(f"{where}: unreadable skip-list header: {exc}") from exc
+    return header, len(MAGIC) + 4 + length
+
+
+def decode(data: bytes, where: str) -> tuple[dict, np.ndarray]:
+    header, offset = decode_header(data, where)
+    indices = np.frombuffer(data, "<i8", offset=offset)
+    validate_header(header, indices, where)
+    return header, indices
+
+
+def open_indices(path: str, where: str | None = None) -> tuple[dict, np.ndarray]:
+    """A local `.skip` file, its indices memory-mapped: every process reading it shares the pages."""
+    with open(path, "rb") as handle:
+        head = handle.read(4096)
+        header, offset = decode_header(head, where or path)
+        if offset > len(head):
+            handle.seek(0)
+            header, offset = decode_header(handle.read(offset), where or path)
+    count = int(header.get("count", 0))
+    indices = np.memmap(path, "<i8", "r", offset=offset, shape=(count,)) if count else np.empty(0, np.int64)
+    validate_header(header, indices, where or path)
+    return header, indices
 
 
 def skiplist_uri(root: str, source: str, tier: int, width: int, height: int, reason: str) -> str:
-    return join_uri(_normalize(root), "skiplists", source, str(int(tier)), f"{int(width)}x{int(height)}",
-                    f"{reason}.json")
+    return join_uri(stream_folder(root, source, tier, width, height), f"{reason}{SUFFIX}")
+
+
+def stream_folder(root: str, source: str, tier: int, width: int, height: int) -> str:
+    return join_uri(_normalize(root), "skiplists", source, str(int(tier)), f"{int(width)}x{int(height)}")
 
 
 def _normalize(root: str) -> str:
     return root if is_remote(root) else os.path.abspath(os.path.expanduser(root))
 
 
-def _encode(skip: SkipList) -> bytes:
-    header = {
-        "format_version": FORMAT_VERSION, "created_by": CREATED_BY, "reason": skip.reason,
-        "policy_version": skip.policy_version, "stream": skip.stream, "source": skip.source,
-        "tier": skip.tier, "width": skip.width, "height": skip.height,
-        "stream_size": skip.stream_size, "count": len(skip.indices),
-    }
-    body = {"header": header, "indices": list(skip.indices), "sample_ids": list(skip.sample_ids)}
-    return (json.dumps(body, separators=(",", ":")) + "\n").encode()
-
-
-def _decode(data: bytes, where: str) -> SkipList:
-    try:
-        obj = json.loads(data)
-        header = obj["header"]
-        skip = SkipList(header["source"], header["tier"], header["width"], header["height"],
-                        header["reason"], header["policy_version"], obj["indices"], obj["sample_ids"],
-                        header["stream_size"])
-        count = header["count"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{where}: not a skip-list file ({type(exc).__name__}: {exc})") from exc
-    skip.validate()
-    if count != len(skip.indices):
-        raise ValueError(f"{where}: header count {count} != {len(skip.indices)} indices")
-    return skip
-
-
-def _source_files(fs: fsspec.AbstractFileSystem, root: str, source: str) -> list[str]:
-    """Every file under the source's skip-list folder, as URIs (temp leftovers included)."""
-    base = join_uri(root, "skiplists", source)
+def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
+                       lists: dict[str, tuple[np.ndarray, pa.Array]]) -> list[str]:
+    """Replace every skip-list of one stream folder: `lists` maps a reason to its sorted indices and
+    aligned sample ids; `header` holds the stream's fields. Reasons absent (or empty) lose their
+    files. Each file is replaced atomically; returns the `.skip` URIs written."""
+    written = []
+    for reason, (indices, sample_ids) in sorted(lists.items()):
+        if not len(indices):
+            continue
+        full = {**header, "format_version": FORMAT_VERSION, "created_by": CREATED_BY, "reason": reason,
+                "count": len(indices)}
+        validate_header(full, indices, f"skip-list {header['stream']} {reason!r}")
+        uri = join_uri(folder, f"{reason}{SUFFIX}")
+        buffer = io.BytesIO()
+        pq.write_table(pa.table({"index": pa.array(indices, pa.int64()), "sample_id": sample_ids}), buffer)
+        put_atomic(fs, join_uri(folder, f"{reason}{IDS_SUFFIX}"), buffer.getvalue())
+        put_atomic(fs, uri, encode(full, indices))
+        written.append(uri)
+    keep = {w[: -len(SUFFIX)] for w in written}
     fs.invalidate_cache()
-    if not fs.exists(base):
-        return []
-    prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    return [join_uri(base, p[len(prefix):]) for p in fs.find(base)]
+    for path in fs.ls(folder, detail=False) if fs.exists(folder) else []:
+        uri = join_uri(folder, path.rstrip("/").rsplit("/", 1)[-1])
+        if uri.removesuffix(SUFFIX).removesuffix(IDS_SUFFIX) not in keep:
+            fs.rm(uri, recursive=True)
+    return written
 
 
-def write_skip_lists(root: str, source: str, skip_lists: list[SkipList],
+def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
                      storage_options: dict | None = None) -> list[str]:
-    """Replace all skip-lists of `source`; returns the URIs written, by (tier, w, h, reason).
-
-    Everything is validated before anything is written. Empty lists are not written, so a reason
-    that became empty (or a stream that disappeared) simply loses its file. Each file is replaced
-    atomically; the set of files is not (a reader between two files may mix policy versions,
-    which the header's policy_version makes visible).
-    """
+    """Replace all skip-lists of `source` (small corpora, tests; the stage writes stream by stream
+    on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs."""
     root = _normalize(root)
     seen: set[tuple[int, int, int, str]] = set()
+    by_stream: dict[tuple[int, int, int], list[SkipList]] = {}
     for skip in skip_lists:
         skip.validate()
         if skip.source != source:
             raise ValueError(f"skip-list {skip.stream} {skip.reason!r}: source is not {source!r}")
-        key = (skip.tier, skip.width, skip.height, skip.reason)
-        if key in seen:
+        if (skip.tier, skip.width, skip.height, skip.reason) in seen:
             raise ValueError(f"skip-list {skip.stream} {skip.reason!r}: given twice")
-        seen.add(key)
+        seen.add((skip.tier, skip.width, skip.height, skip.reason))
+        by_stream.setdefault((skip.tier, skip.width, skip.height), []).append(skip)
     fs = filesystem_for(root, storage_options)
     written = []
-    for skip in sorted(skip_lists, key=lambda s: (s.tier, s.width, s.height, s.reason)):
-        if skip.indices:
-            uri = skiplist_uri(root, source, skip.tier, skip.width, skip.height, skip.reason)
-            put_atomic(fs, uri, _encode(skip))
-            written.append(uri)
-    keep = set(written)
-    for uri in _source_files(fs, root, source):
-        if uri not in keep:
-            fs.rm_file(uri)
-    if not is_remote(root):
-        _remove_empty_dirs(join_uri(root, "skiplists", source))
-    fs.invalidate_cache()
+    for key in sorted(by_stream):
+        first = by_stream[key][0]
+        header = {k: v for k, v in first.header().items() if k not in ("reason", "count")}
+        lists = {s.reason: (np.asarray(s.indices, np.int64), pa.array(s.sample_ids, pa.string())) for s in by_stream[key]}
+        written += write_stream_lists(fs, stream_folder(root, source, *key), header, lists)
+    remove_stale_streams(fs, root, source, set(by_stream))
     return written
 
 
-def _remove_empty_dirs(base: str) -> None:
-    if not os.path.isdir(base):
+def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
+                         keep: set[tuple[int, int, int]]) -> None:
+    """Delete the skip-lists of the source's streams not in `keep` (and any leftover file)."""
+    base = join_uri(_normalize(root), "skiplists", source)
+    fs.invalidate_cache()
+    if not fs.exists(base):
         return
-    for dirpath, _, _ in sorted(os.walk(base), key=lambda w: -len(w[0])):
-        if not os.listdir(dirpath):
-            os.rmdir(dirpath)
-
-
-def _read_glob(fs: fsspec.AbstractFileSystem, pattern: str, root: str) -> list[SkipList]:
-    base = join_uri(root, "skiplists")
     prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    out = []
-    for path in sorted(fs.glob(pattern)):
-        rel = path[len(prefix):]
-        if rel.split("/")[0].startswith("."):
-            continue
-        uri = join_uri(base, rel)
-        skip = _decode(fs.cat_file(path), uri)
-        if uri != skiplist_uri(root, skip.source, skip.tier, skip.width, skip.height, skip.reason):
-            raise ValueError(f"{uri}: header says {skip.stream} {skip.reason!r}, file is misplaced")
-        out.append(skip)
-    return sorted(out, key=lambda s: (s.source, s.tier, s.width, s.height, s.reason))
+    for path in fs.find(base):
+        parts = path[len(prefix):].split("/")
+        size = parts[1].split("x") if len(parts) == 3 else []
+        if len(size) != 2 or not parts[0].isdigit() or (int(parts[0]), int(size[0]), int(size[1])) not in keep:
+            fs.rm_file(join_uri(base, path[len(prefix):]))
+    if not is_remote(base):
+        for dirpath, _, _ in sorted(os.walk(base), key=lambda w: -len(w[0])):
+            if not os.listdir(dirpath):
+                os.rmdir(dirpath)
+    fs.invalidate_cache()
 
 
-def read_skip_lists(root: str, source: str | None = None,
-                    storage_options: dict | None = None) -> list[SkipList]:
-    """All skip-lists (of one source, or of every source), validated, in a stable order."""
+def list_skip_files(root: str, source: str | None = None, tier: int | None = None,
+                    storage_options: dict | None = None) -> list[str]:
+    """`.skip` URIs of one source (or all) and one tier (or all), sorted: one glob, no reads."""
     root = _normalize(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
-    return _read_glob(fs, join_uri(root, "skiplists", source or "*", "*", "*", "*.json"), root)
+    base = join_uri(root, "skiplists")
+    prefix = fs._strip_protocol(base).rstrip("/") + "/"
+    pattern = join_uri(base, source or "*", "*" if tier is None else str(int(tier)), "*", f"*{SUFFIX}")
+    return sorted(join_uri(base, p[len(prefix):]) for p in fs.glob(pattern)
+                  if not p[len(prefix):].startswith("."))
+
+
+def read_skip_lists(root: str, source: str | None = None, storage_options: dict | None = None,
+                    tier: int | None = None, with_sample_ids: bool = True) -> list[SkipList]:
+    """All skip-lists (of one source or every source, one tier or all), validated, in a stable
+    order. For audits and small corpora: this holds every index in memory."""
+    root = _normalize(root)
+    fs = filesystem_for(root, storage_options)
+    out = []
+    for uri in list_skip_files(root, source, tier, storage_options):
+        header, indices = decode(fs.cat_file(uri), uri)
+        skip = SkipList(header["source"], header["tier"], header["width"], header["height"], header["reason"],
+                        header["policy_version"], indices.tolist(), [], header["stream_size"],
+                        header.get("index_digest", ""))
+        if uri != skiplist_uri(root, skip.source, skip.tier, skip.width, skip.height, skip.reason):
+            raise ValueError(f"{uri}: header says {skip.stream} {skip.reason!r}, file is misplaced")
+        if with_sample_ids:
+            with fs.open(uri.removesuffix(SUFFIX) + IDS_SUFFIX, "rb") as handle:
+                ids = pq.read_table(handle)
+            if ids["index"].to_pylist() != list(skip.indices):
+                raise ValueError(f"{uri}: its sample ids file does not list the same indices")
+            object.__setattr__(skip, "sample_ids", tuple(ids["sample_id"].to_pylist()))
+        out.append(skip)
+    return sorted(out, key=lambda s: (s.source, s.tier, s.width, s.height, s.reason))
 
 
 def skipped_indices(root: str, source: str, tier: int, width: int, height: int,
                     storage_options: dict | None = None) -> set[int]:
     """Union over reasons of the stream's indices to skip (empty when it has no skip-list)."""
-    root = _normalize(root)
-    fs = filesystem_for(root, storage_options)
+    fs = filesystem_for(_normalize(root), storage_options)
+    folder = stream_folder(root, source, tier, width, height)
     fs.invalidate_cache()
-    folder = join_uri(root, "skiplists", source, str(int(tier)), f"{int(width)}x{int(height)}")
     out: set[int] = set()
-    for skip in _read_glob(fs, join_uri(folder, "*.json"), root):
-        out.update(skip.indices)
+    for path in fs.glob(join_uri(folder, f"*{SUFFIX}")) if fs.exists(folder) else []:
+        out.update(decode(fs.cat_file(path), path)[1].tolist())
     return out
+
+
+def index_digest(stream_uri: str, storage_options: dict | None = None) -> str:
+    """What a skip-list of the stream must carry as `index_digest`: the SHA-256 of its index.json."""
+    import hashlib
+
+    fs = filesystem_for(stream_uri, storage_options)
+    fs.invalidate_cache()
+    return hashlib.sha256(fs.cat_file(join_uri(stream_uri, "index.json"))).hexdigest()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from prx_core.store import lance_io, schemas
+from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 
 
@@ -60,7 +60,8 @@ def build_duplicates(storage: Storage) -> DuplicatesReport:
         raise RuntimeError("the phashes table does not exist yet: materialize `phashes` first")
     table = phashes.to_table(columns=["sample_id", "source", "phash", "pixels", "jpeg_quality", "num_bytes"])
     duplicates = find_duplicates(table)
-    version = lance_io.overwrite(storage.lance_uri("duplicates"), duplicates, options)
+    lance_io.overwrite(storage.lance_uri("duplicates"), duplicates, options)
+    version = maintenance.refresh_table_indexes(storage.lance_uri("duplicates"), "duplicates", options).version
     losers = int(duplicates.num_rows - sum(duplicates["keeper"].to_pylist()))
     groups = len(set(duplicates["group_id"].to_pylist()))
     return DuplicatesReport(table.num_rows, groups, losers, phashes.version, version)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from prx_core.compute.parallel import Progress, quiet_ray_data
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.store import lance_io
+from prx_core.store import lance_io, maintenance
 from prx_core.store.lookups import pending_captions, read_labels
 from prx_core.store.storage import Storage
 
@@ -65,7 +65,8 @@ def build_labels(
         report.labels_version = lance_io.upsert_stream(uri, rows, LABEL_KEYS, options, commit_every)
         if config.backend == "llm" and config.transport == "vllm":
             report.gpu_hours = (time.monotonic() - generation_start) * config.replicas * config.tensor_parallel_size / 3600
-    report.labels_version = report.labels_version or lance_io.table_version(uri, options)
+    if lance_io.table_exists(uri, options):  # new labels get their content_id index (a delta segment)
+        report.labels_version = maintenance.refresh_table_indexes(uri, "caption_labels", options).version
     current = read_labels(storage, captioner_version, config.version())
     current = current.filter(pc.is_in(current["content_id"], captions["content_id"]))
     report.distribution = dict(Counter(current["label"].to_pylist()))

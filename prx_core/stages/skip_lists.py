@@ -1,24 +1,37 @@
 """Stage `skip_lists`: what training should not see, per stream and reason, without rewriting
 shards. Changing the policy re-materializes only this stage.
+
+Two passes of work units over the source's published streams; the driver holds one entry per
+stream and per chunk. Per chunk (the chunk's own record lists its samples in stream order) a
+worker looks up the chunk's losing duplicates by sample_id and its labels by content_id (batched
+IN-list lookups on the shared tables), matches opt-outs, and writes the chunk's skipped
+positions to scratch; per stream a worker concatenates them in chunk order and writes the
+stream's skip-lists, bound to the digest of the index.json they were computed for.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections import defaultdict
+from collections import Counter
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
-from prx_core.shards.skiplists import SkipList, write_skip_lists
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
+from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.store import lance_io
-from prx_core.store.lookups import read_labels
-from prx_core.store.partitions import source_predicate
-from prx_core.store.storage import Storage
+from prx_core.store.lookups import lookup_keys
+from prx_core.store.storage import Storage, join_uri
 
 SKIP_LABELS = ("text", "nsfw")
+SCRATCH_SCHEMA = pa.schema([("index", pa.int64()), ("sample_id", pa.string()), ("reason", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class SkipReport:
     streams: list[StreamSkips]
     files: list[str]
     read_versions: dict[str, int] = field(default_factory=dict)
+    units: dict[str, UnitResults] = field(default_factory=dict)
 
     @property
     def samples(self) -> int:
@@ -62,51 +76,114 @@ class SkipReport:
         return sum(s.skipped for s in self.streams)
 
 
+def skip_chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: the skipped positions of one chunk, by reason, written to scratch."""
+    storage, params, inputs = run.storage, run.manifest.params, run.manifest.inputs
+    options = storage.lance_storage_options()
+    record = read_chunk_record(join_uri(unit.spec["stream_uri"], unit.spec["chunk"]), storage.storage_options)
+    record = record.filter(pc.field("reason").is_null())
+    ids, contents = record["sample_id"].to_pylist(), record["content_id"].to_pylist()
+    reasons: list[tuple[str, set[str], list[str]]] = []  # (reason, hits, the column they match)
+    if params["duplicates"] and inputs.get("duplicates") is not None:
+        losers = lookup_keys(storage.lance_uri("duplicates"), "sample_id", ids, ["sample_id"], "NOT keeper",
+                             options, inputs["duplicates"])
+        reasons.append(("duplicate", set(losers["sample_id"].to_pylist()), ids))
+    if params["labels"] and inputs.get("caption_labels") is not None:
+        where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} AND labeler_version = "
+                 f"{lance_io.sql_literal(params['labeler_version'])} AND label IN "
+                 f"({', '.join(lance_io.sql_literal(label) for label in params['labels'])})")
+        labels = lookup_keys(storage.lance_uri("caption_labels"), "content_id", contents, ["content_id", "label"],
+                             where, options, inputs["caption_labels"])
+        for label in params["labels"]:
+            hit = labels.filter(pc.field("label") == label)["content_id"].to_pylist()
+            reasons.append((label, set(hit), contents))
+    if params["opt_out"]:
+        wanted = set(params["opt_out"])
+        keys = [sid if sid in wanted else sid.split("/", 1)[1] for sid in ids]  # a sample_id or a source_key
+        reasons.append(("opt_out", wanted, keys))
+    rows: dict[str, list] = {"index": [], "sample_id": [], "reason": []}
+    counts: Counter[str] = Counter()
+    for reason, hits, column in reasons:
+        for position, (sid, value) in enumerate(zip(ids, column)):
+            if value in hits:
+                rows["index"].append(unit.spec["offset"] + position)
+                rows["sample_id"].append(sid)
+                rows["reason"].append(reason)
+                counts[reason] += 1
+    fs = storage.filesystem()
+    path = run.scratch_uri("skips", unit.spec["label"].replace("/", "_"), f"{unit.spec['chunk']}.parquet")
+    fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(path, "wb") as handle:
+        pq.write_table(pa.table(rows, schema=SCRATCH_SCHEMA), handle)
+    return {"rows": len(ids), "skipped": dict(counts)}
+
+
+def skip_stream_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: one stream's skip-lists from its chunks' scratch files, in chunk order."""
+    storage, spec = run.storage, unit.spec
+    fs = storage.filesystem()
+    parts = []
+    for chunk in spec["chunks"]:
+        with fs.open(run.scratch_uri("skips", spec["label"].replace("/", "_"), f"{chunk}.parquet"), "rb") as handle:
+            parts.append(pq.read_table(handle))
+    table = pa.concat_tables(parts) if parts else SCRATCH_SCHEMA.empty_table()
+    lists = {}
+    for reason in sorted(set(table["reason"].to_pylist())):
+        part = table.filter(pc.field("reason") == reason).sort_by("index")
+        lists[reason] = (part["index"].to_numpy(), part["sample_id"])
+    tier, width, height = spec["stream"]
+    header = {"source": run.manifest.partition, "tier": tier, "width": width, "height": height,
+              "stream": stream_key(run.manifest.partition, tier, width, height), "stream_size": spec["size"],
+              "policy_version": run.manifest.params["policy_version"], "index_digest": spec["digest"]}
+    written = write_stream_lists(fs, stream_folder(storage.root, run.manifest.partition, tier, width, height),
+                                 header, lists)
+    union = len(np.unique(table["index"].to_numpy())) if table.num_rows else 0
+    return {"rows": spec["size"], "skipped": union, "by_reason": {r: len(v[0]) for r, v in lists.items()},
+            "files": written}
+
+
+def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
+    """Per published stream: key, size, index digest, and its chunks with their first position."""
+    fs = storage.filesystem()
+    plans = []
+    for uri in list_streams(storage.root, source, storage.storage_options):
+        tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
+        size = BUCKET_FOLDER.fullmatch(bucket)
+        data = fs.cat_file(join_uri(uri, INDEX))
+        chunks: dict[str, int] = {}
+        for shard in json.loads(data)["shards"]:
+            chunk = shard["raw_data"]["basename"].split("/", 1)[0]
+            chunks[chunk] = chunks.get(chunk, 0) + int(shard["samples"])
+        plans.append({"uri": uri, "stream": [int(tier), int(size[1]), int(size[2])], "label": f"{tier}/{bucket}",
+                      "digest": hashlib.sha256(data).hexdigest(), "chunks": chunks})
+    return plans
+
+
 def build_skip_lists(
-    source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy
+    source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,
+    progress: Throttle | None = None,
 ) -> SkipReport:
     options = storage.lance_storage_options()
-    index_table = lance_io.open_table(storage.lance_uri("mds_index"), options)
-    if index_table is None:
-        raise RuntimeError("the mds_index table does not exist yet: materialize `mds_shards` first")
-    index = index_table.to_table(filter=source_predicate(source))
-    versions = {"mds_index": index_table.version}
-    reasons: dict[str, set[str]] = defaultdict(set)  # reason -> sample_ids
-    if policy.duplicates:
-        duplicates = lance_io.open_table(storage.lance_uri("duplicates"), options)
-        if duplicates is not None:
-            losers = duplicates.to_table(columns=["sample_id"], filter=f"{source_predicate(source)} AND NOT keeper")
-            reasons["duplicate"] = set(losers["sample_id"].to_pylist())
-            versions["duplicates"] = duplicates.version
-    if policy.labels:
-        labels = read_labels(storage, captioner_version, labeler_version)
-        versions["caption_labels"] = lance_io.table_version(storage.lance_uri("caption_labels"), options) or 0
-        labels = labels.filter(pc.is_in(labels["label"], pa.array(list(policy.labels))))
-        by_content = dict(zip(labels["content_id"].to_pylist(), labels["label"].to_pylist()))
-        for sid, cid in zip(index["sample_id"].to_pylist(), index["content_id"].to_pylist()):
-            if cid in by_content:
-                reasons[by_content[cid]].add(sid)
-    if policy.opt_out:
-        wanted = set(policy.opt_out)
-        reasons["opt_out"] = {sid for sid in index["sample_id"].to_pylist()
-                              if sid in wanted or sid.split("/", 1)[1] in wanted}
-    lists, streams = [], []
-    by_stream: dict[tuple[int, str], list[dict]] = defaultdict(list)
-    for row in index.to_pylist():
-        by_stream[(row["tier"], row["bucket"])].append(row)
-    for (tier, bucket), rows in sorted(by_stream.items()):
-        width, height = (int(v) for v in bucket.split("x"))
-        rows.sort(key=lambda r: r["index"])
-        union: set[int] = set()
-        counts: dict[str, int] = {}
-        for reason, ids in sorted(reasons.items()):
-            hits = [r for r in rows if r["sample_id"] in ids]
-            if not hits:
-                continue
-            lists.append(SkipList(source, tier, width, height, reason, policy.version(),
-                                  tuple(r["index"] for r in hits), tuple(r["sample_id"] for r in hits), len(rows)))
-            counts[reason] = len(hits)
-            union.update(r["index"] for r in hits)
-        streams.append(StreamSkips(f"{tier}/{bucket}", len(rows), len(union), counts))
-    files = write_skip_lists(storage.root, source, lists, storage.storage_options)
-    return SkipReport(source, streams, files, versions)
+    streams = plan_streams(storage, source)
+    versions = {t: lance_io.table_version(storage.lance_uri(t), options) for t in ("duplicates", "caption_labels")}
+    inputs = {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest()}
+    params = {**asdict(policy), "policy_version": policy.version(), "captioner_version": captioner_version,
+              "labeler_version": labeler_version}
+    run = UnitRun.open(storage, Manifest("skip_lists", source, inputs, "2", params))
+    chunk_units, stream_units = [], []
+    for plan in streams:
+        offset = 0
+        for chunk, count in plan["chunks"].items():
+            spec = {"stream_uri": plan["uri"], "label": plan["label"], "chunk": chunk, "offset": offset}
+            chunk_units.append(Unit(f"chunk-{plan['label'].replace('/', '-')}-{chunk}", count, spec))
+            offset += count
+        spec = {**{k: plan[k] for k in ("stream", "label", "digest")}, "chunks": list(plan["chunks"]), "size": offset}
+        stream_units.append(Unit(f"stream-{plan['label'].replace('/', '-')}", offset, spec))
+    chunks = run_units(run, chunk_units, skip_chunk_unit, progress=progress, phase="chunks")
+    written = run_units(run, stream_units, skip_stream_unit, phase="streams")
+    remove_stale_streams(storage.filesystem(), storage.root, source, {tuple(p["stream"]) for p in streams})
+    run.finish()
+    report = [StreamSkips(p["label"], s["rows"], s["skipped"], s["by_reason"]) for p, s in zip(streams, written.summaries)]
+    files = [f for s in written.summaries for f in s["files"]]
+    read = {k: v for k, v in versions.items() if v is not None}
+    return SkipReport(source, report, files, read, {"chunks": chunks, "streams": written})

@@ -19,7 +19,7 @@ from lance.commit import CommitConflictError
 
 from prx_core.store.compaction import compact_partitions
 from prx_core.store.lance_io import StorageOptions, require_table
-from prx_core.store.schemas import FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
+from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ALL_SEGMENTS = 1 << 16
@@ -150,10 +150,11 @@ def _create_vector_index(ds: LanceDataset, column: str, rows: int, metric: str, 
 
 def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: str | None = None,
                     storage_options: StorageOptions = None, *, bitmap_columns: Sequence[str] = (),
+                    btree_columns: Sequence[str] = (),
                     metric: str = "cosine", min_vector_rows: int = MIN_VECTOR_ROWS,
                     pq_min_rows: int = 100_000, merge: bool = True) -> IndexReport:
-    """Create missing INVERTED (full-text), BITMAP (low-cardinality filters) and vector indexes,
-    extend existing ones.
+    """Create missing INVERTED (full-text), BITMAP (low-cardinality filters), BTREE (key lookups)
+    and vector indexes, extend existing ones.
 
     Idempotent: nothing is committed when every fragment is already indexed (and, with `merge`,
     every index is one segment). The vector column
@@ -166,7 +167,8 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     notes: list[str] = []
     rows = ds.count_rows()
     for columns, kind, kinds, suffix in ((fts_columns, "INVERTED", FTS_TYPES, "fts"),
-                                         (bitmap_columns, "BITMAP", {"bitmap"}, "bitmap")):
+                                         (bitmap_columns, "BITMAP", {"bitmap"}, "bitmap"),
+                                         (btree_columns, "BTREE", {"btree"}, "btree")):
         for column in columns:
             if (desc := _find_index(ds, column, kinds)) is not None:
                 existing.append(desc.name)
@@ -199,7 +201,8 @@ def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions 
     failed materialization: the next write or compaction catches them up."""
     try:
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
-                               bitmap_columns=PARTITION_COLUMNS.get(table, ()), merge=merge)
+                               bitmap_columns=PARTITION_COLUMNS.get(table, ()),
+                               btree_columns=BTREE_COLUMNS.get(table, ()), merge=merge)
     except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
         if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
             raise

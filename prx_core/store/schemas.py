@@ -171,6 +171,11 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
 # columns get BITMAP indexes, so a partition's rows are found without scanning the table: 40 ms
 # -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
 FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"]}
+# BTREE indexes on the keys other stages look rows up by, a batch of keys at a time (IN-lists in
+# prx_core.store.lookups): a partition's captions and labels by content_id, its losing duplicates
+# by sample_id, without scanning the shared table.
+BTREE_COLUMNS: dict[str, list[str]] = {"captions": ["content_id"], "caption_labels": ["content_id"],
+                                       "duplicates": ["sample_id"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
 

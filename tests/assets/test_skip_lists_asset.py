@@ -126,7 +126,7 @@ def test_policy_change_rewrites_only_the_skip_lists(corpus: Corpus, tmp_path: Pa
         assert actual_skips(root, source) == expected_skips(root, source, policy)
     lists = read_skip_lists(str(root))
     assert not [s for s in lists if s.reason == "text"]
-    assert not list((root / "skiplists").rglob("text.json"))
+    assert not list((root / "skiplists").rglob("text.skip"))
     assert {s.policy_version for s in lists} == {policy.version()}
     opted = {sid for s in lists if s.reason == "opt_out" for sid in s.sample_ids}
     index_ids = {r["sample_id"] for r in read(root, "mds_index", ["sample_id"]).to_pylist()}

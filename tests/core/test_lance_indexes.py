@@ -68,7 +68,7 @@ def test_partition_tables_find_a_partition_through_a_bitmap_index(tmp_path: Path
     lio.replace_partition(uri, where("b"), rows("b", 5, "v2"), SCHEMA)  # unindexed fragment: caught up
     assert maint.refresh_table_indexes(uri, "buckets").optimized == ["source_bitmap"]
     assert content(uri, "b") == content_of(rows("b", 5, "v2"))
-    assert maint.refresh_table_indexes(uri, "duplicates").indexes == ["source_bitmap"]  # not a partition table: nothing added
+    assert maint.refresh_table_indexes(uri, "duplicates").indexes == ["sample_id_btree", "source_bitmap"]  # no partition bitmap added
 
 
 def test_an_index_refresh_that_loses_a_race_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

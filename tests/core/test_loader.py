@@ -25,7 +25,7 @@ from streaming import Stream, StreamingDataLoader, StreamingDataset
 import prx_core.shards.mds as mds
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset, StreamPlan, _Substitutes, collate
-from prx_core.shards.skiplists import SkipList, write_skip_lists
+from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
 
 REPO = Path(__file__).resolve().parents[2]
 # (source, tier, w, h, count): counts of the main streams are multiples of 8 (two ranks x batch 4)
@@ -54,12 +54,12 @@ def make_rows(source: str) -> list[dict]:
     return rows
 
 
-def skip_lists(source: str, summaries: list[mds.StreamSummary]) -> list[SkipList]:
+def skip_lists(source: str, summaries: list[mds.StreamSummary], options: dict | None = None) -> list[SkipList]:
     out = []
     for s in summaries:
         for reason, indices in SKIPS.get((source, s.tier, s.width, s.height), {}).items():
             out.append(SkipList(source, s.tier, s.width, s.height, reason, "p1", indices,
-                                [s.sample_ids[i] for i in indices], s.count))
+                                [s.sample_ids[i] for i in indices], s.count, index_digest(s.uri, options)))
     return out
 
 
@@ -119,8 +119,14 @@ def test_fully_skipped_stream_is_left_out_and_stale_skip_lists_are_refused(corpu
     assert ds.stream_names == ["beta/512/512x512"] and ds.num_samples == 24
     del ds
     shutil.copytree(Path(corpus["plain"], "mds", "beta"), tmp_path / "mds" / "beta")
-    write_skip_lists(str(tmp_path), "beta", [SkipList("beta", 512, 512, 512, "nsfw", "p2", [0], ["x"], 25)])
-    with pytest.raises(ValueError, match="stream of 25 samples, the stream has 24"):
+    stream = str(tmp_path / "mds" / "beta" / "512" / "512x512")
+    write_skip_lists(str(tmp_path), "beta", [SkipList("beta", 512, 512, 512, "nsfw", "p2", [0], ["x"], 25,
+                                                      index_digest(stream))])
+    with pytest.raises(ValueError, match=r"another version of stream beta/512/512x512 \(25 samples"):
+        CorpusDataset(str(tmp_path), 512, batch_size=4)
+    # same size, but computed for another index.json (a republished stream): refused too
+    write_skip_lists(str(tmp_path), "beta", [SkipList("beta", 512, 512, 512, "nsfw", "p2", [0], ["x"], 24, "0" * 64)])
+    with pytest.raises(ValueError, match="re-materialize skip_lists for beta"):
         CorpusDataset(str(tmp_path), 512, batch_size=4)
 
 
@@ -298,7 +304,7 @@ def test_s3_root_reads_the_same_sequence(corpus, s3_endpoint, tmp_path, monkeypa
         mp.setattr(mds, "SIZE_LIMIT", 150_000)
         for source in MAIN:
             summaries = mds.write_source_streams(corpus["rows"][source], root, source, options)
-            write_skip_lists(root, source, skip_lists(source, summaries), options)
+            write_skip_lists(root, source, skip_lists(source, summaries, options), options)
     monkeypatch.delenv("S3_ENDPOINT_URL", raising=False)
     remote = epochs(load(root, storage_options=options, cache_dir=str(tmp_path / "cache")))
     assert os.environ["S3_ENDPOINT_URL"] == s3_endpoint["endpoint"]

@@ -223,14 +223,24 @@ def index_count(stream: Path) -> int:
 
 
 def read_skip_files(root: Path) -> list[dict[str, Any]]:
-    """Every skip-list file as (source, tier, bucket, reason, indices, sample_ids, header)."""
+    """Every skip-list as (source, tier, bucket, reason, indices, sample_ids, header), parsed by hand
+    from the documented format: magic, u32 header length, JSON header, int64 indices; the sample
+    ids from the `.ids.parquet` beside it."""
+    import pyarrow.parquet as pq
+
     out = []
     base = root / "skiplists"
-    for path in sorted(base.rglob("*.json")) if base.exists() else []:
+    for path in sorted(base.rglob("*.skip")) if base.exists() else []:
         source, tier, bucket, name = path.relative_to(base).parts
-        body = json.loads(path.read_text())
-        out.append({"source": source, "tier": int(tier), "bucket": bucket, "reason": name[:-len(".json")],
-                    "indices": body["indices"], "sample_ids": body["sample_ids"], "header": body["header"]})
+        data = path.read_bytes()
+        assert data[:8] == b"PRXSKIP2", path
+        length = int.from_bytes(data[8:12], "little")
+        header = json.loads(data[12:12 + length])
+        ids = pq.read_table(path.with_name(name[:-len(".skip")] + ".ids.parquet")).to_pylist()
+        indices = np.frombuffer(data[12 + length:], "<i8").tolist()
+        assert [r["index"] for r in ids] == indices, path
+        out.append({"source": source, "tier": int(tier), "bucket": bucket, "reason": name[:-len(".skip")],
+                    "indices": indices, "sample_ids": [r["sample_id"] for r in ids], "header": header})
     return out
 
 
