@@ -2,6 +2,7 @@
 
 
 import dagster as dg
+from dagster_ray import RayResource
 from pydantic import Field
 
 from prx_assets.common import SOURCES
@@ -45,7 +46,7 @@ class CompactConfig(dg.Config):
 @dg.op(description="Per table: merge small fragments (per source for per-source tables), clean versions "
                    "older than the retention, merge index segments; then remove MDS chunks no published "
                    "index references once older than the retention")
-def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, config: CompactConfig) -> None:
+def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray: RayResource, config: CompactConfig) -> None:
     store = storage.storage()
     options = store.lance_storage_options()
     for table in TABLES:

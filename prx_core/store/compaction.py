@@ -15,12 +15,19 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
-from prx_core.store.lance_io import StorageOptions, backoff, require_table, sql_literal, write_fragments
+from prx_core.compute.parallel import imap_tasks
+from prx_core.store.lance_io import (
+    StorageOptions,
+    backoff,
+    fragments_from_json,
+    require_table,
+    sql_literal,
+    write_fragments,
+)
 
 log = logging.getLogger(__name__)
 Key = tuple[object, ...]
@@ -44,12 +51,7 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, 
     A partition is rewritten when it has two or more small fragments, a fragment with more than
     `deleted_fraction` of its rows deleted (Lance's own threshold), or rows in a mixed fragment;
     a lone healthy fragment is left alone."""
-    scan = ds.to_table(columns=list(columns), with_row_address=True)
-    fragment_of = pa.array((scan["_rowaddr"].to_numpy() >> np.uint64(32)).astype(np.int64))
-    pairs = pa.table({"fragment": fragment_of, **{c: scan[c] for c in columns}}).group_by(["fragment", *columns]).aggregate([])
-    keys_of: dict[int, set[Key]] = defaultdict(set)  # distinct (fragment, key) pairs: few, even for a billion rows
-    for fragment_id, *key in zip(*(pairs[name].to_pylist() for name in ["fragment", *columns])):
-        keys_of[fragment_id].add(tuple(key))
+    keys_of = {f.fragment_id: fragment_keys(ds, f.fragment_id, columns) for f in ds.get_fragments()}
     pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
     shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
     for fragment_id, keys in keys_of.items():
@@ -66,13 +68,41 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, 
     return plan, sum(1 for keys in keys_of.values() if len(keys) > 1)
 
 
+def fragment_keys(ds: LanceDataset, fragment_id: int, columns: Sequence[str]) -> set[Key]:
+    """The partition keys in one fragment. Almost every fragment holds one partition: its first
+    row's key and one indexed count prove it; only a mixed fragment is scanned (by batches)."""
+    fragment = ds.get_fragment(fragment_id)
+    first = fragment.to_table(columns=list(columns), limit=1).to_pylist()
+    if not first:
+        return set()
+    key = tuple(first[0][c] for c in columns)
+    if fragment.count_rows(partition_predicate(columns, key)) == fragment.count_rows():
+        return {key}
+    keys: set[Key] = set()
+    for batch in fragment.scanner(columns=list(columns), batch_size=1 << 16).to_batches():
+        distinct = pa.Table.from_batches([batch]).group_by(list(columns)).aggregate([])
+        keys |= set(zip(*(distinct[c].to_pylist() for c in columns)))
+    return keys
+
+
 def partition_predicate(columns: Sequence[str], key: Key) -> str:
     return " AND ".join(f"{c} IS NULL" if v is None else f"{c} = {sql_literal(str(v))}" for c, v in zip(columns, key))
+
+
+def rewrite_partition(uri: str, version: int, fragment_ids: list[int], predicate: str, target_rows: int,
+                      storage_options: StorageOptions) -> list[dict]:
+    """Ray task: one partition's rows of the given fragments, rewritten into new fragments of up to
+    `target_rows` rows (no commit); the rows, image bytes included, never pass through the driver."""
+    ds = require_table(uri, storage_options).checkout_version(version)
+    scanner = ds.scanner(fragments=[ds.get_fragment(i) for i in fragment_ids], filter=predicate)
+    written = write_fragments(uri, scanner.to_reader(), ds.schema, storage_options, max_rows_per_file=target_rows)
+    return [f.to_json() for f in written]
 
 
 def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_000_000,
                        storage_options: StorageOptions = None, max_retries: int = 3) -> PartitionCompaction:
     """Merge each partition's small fragments, split mixed ones, in one commit; rows unchanged.
+    The driver plans from fragment metadata and indexed counts; one Ray task per partition rewrites.
 
     On a conflict (a partition replace committed meanwhile) the plan is made again from the new
     version; fragments written for the lost attempt are never referenced and go with the
@@ -82,11 +112,9 @@ def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_00
         plan, mixed = plan_compaction(ds, columns, target_rows)
         if not plan:
             return PartitionCompaction(0, 0, 0, 0, ds.version)
-        new = []
-        for key, fragment_ids in sorted(plan.items(), key=lambda item: repr(item[0])):
-            scanner = ds.scanner(fragments=[ds.get_fragment(i) for i in fragment_ids],
-                                 filter=partition_predicate(columns, key))
-            new += write_fragments(uri, scanner.to_reader(), ds.schema, storage_options, max_rows_per_file=target_rows)
+        calls = ((uri, ds.version, ids, partition_predicate(columns, key), target_rows, storage_options)
+                 for key, ids in sorted(plan.items(), key=lambda item: repr(item[0])))
+        new = [f for _, written in imap_tasks(rewrite_partition, calls) for f in fragments_from_json(written)]
         removed = sorted({i for ids in plan.values() for i in ids})
         try:
             op = LanceOperation.Update(removed_fragment_ids=removed, new_fragments=new)

@@ -15,6 +15,8 @@ from prx_core.store import compaction as lc
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
 
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # partitions are rewritten by Ray tasks
+
 
 def sources_per_fragment(uri: str, column: str = "source") -> list[set]:
     return [set(f.to_table(columns=[column])[column].to_pylist()) for f in lance.dataset(uri).get_fragments()]
@@ -104,13 +106,14 @@ def test_a_replace_committed_mid_compaction_lands_whole(tmp_path: Path, monkeypa
     the rerun's rows are all there, once, with no old row of that partition back."""
     uri = str(tmp_path / "race.lance")
     build(uri, "ab")
-    real = lc.write_fragments
+    real = lc.imap_tasks
     raced: list[int] = []
 
-    def write_then_race(*args, **kwargs):
+    def write_then_race(*args, **kwargs):  # the rewrite tasks run while the rerun commits
+        results = list(real(*args, **kwargs))
         if not raced:
             raced.append(lio.replace_partition(uri, where("a"), rows("a", 7, "rerun"), SCHEMA))
-        return real(*args, **kwargs)
+        return iter(results)
 
     plans: list[dict] = []
     real_plan = lc.plan_compaction
@@ -119,7 +122,7 @@ def test_a_replace_committed_mid_compaction_lands_whole(tmp_path: Path, monkeypa
         plans.append(real_plan(*args, **kwargs)[0])
         return real_plan(*args, **kwargs)
 
-    monkeypatch.setattr(lc, "write_fragments", write_then_race)
+    monkeypatch.setattr(lc, "imap_tasks", write_then_race)
     monkeypatch.setattr(lc, "plan_compaction", counted_plan)
     lc.compact_partitions(uri, ["source"], target_rows=1000)
     assert raced and len(plans) == 2  # the first commit conflicted with the rerun and was planned again
