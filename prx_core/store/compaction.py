@@ -2,7 +2,7 @@
 
 Lance's `compact_files` merges any small fragments, so afterwards a fragment mixes sources and
 replacing one source has to put deletion vectors on every fragment it shares with the others
-(DESIGN.md: plan compaction per source). Here the small fragments and the fragments with deleted
+(plan compaction per source: docs/architecture.md). Here the small fragments and the fragments with deleted
 rows of each partition (a source, or a (source, stage) pair for `rejects`) are merged among
 themselves and fragments that already mix partitions are split back, in one `Update` commit: the operation a partition replace makes, so the
 same conflict rules hold between the two. Pure library: never imports dagster.

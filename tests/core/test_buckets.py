@@ -1,4 +1,4 @@
-"""Bucket math against DESIGN.md: tiers, the 13 sizes per tier, boundaries, crops."""
+"""Bucket math against the PRX trainer's rules (docs/architecture.md): tiers, the 13 sizes per tier, boundaries, crops."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from prx_core.image.buckets import (
     crop_box,
 )
 
-# Patch grids (w, h) of a 16x16 budget, derived by hand from DESIGN.md's enumeration.
+# Patch grids (w, h) of a 16x16 budget, derived by hand from the PRX enumeration.
 GRIDS = [(11, 22), (12, 21), (12, 20), (13, 19), (14, 18), (15, 17), (16, 16),
          (17, 15), (18, 14), (19, 13), (20, 12), (21, 12), (22, 11)]
 

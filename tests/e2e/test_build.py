@@ -39,7 +39,7 @@ MDS_COLUMNS = {"image", "caption", "original_caption", "width", "height", "origi
                "sample_id", "source"}
 TABLES = ("samples", "rejects", "captions", "caption_labels", "caption_embeddings", "source_embeddings", "phashes",
           "duplicates", "buckets", "mds_index")
-# unique keys per table (DESIGN.md): sample_id tables, rejects per stage, content tables per model version
+# unique keys per table (docs/architecture.md): sample_id tables, rejects per stage, content tables per model version
 TABLE_KEYS = {
     "samples": ("sample_id",), "phashes": ("sample_id",), "buckets": ("sample_id",), "duplicates": ("sample_id",),
     "mds_index": ("sample_id",), "rejects": ("sample_id", "stage"),
