@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader.
+"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader, bench-scale.
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -156,6 +156,22 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
+def _cmd_bench_scale(args: argparse.Namespace) -> int:
+    import os
+
+    from benchmarks.scale import format_table, run
+
+    os.environ.setdefault("LANCE_LOG", "error")
+    sizes = tuple(int(n) for n in args.rows.split(",") if n.strip())
+    resume = tuple(s.strip() for s in args.resume.split(",") if s.strip())
+    started = time.time()
+    print(f"scale benchmark: the CPU graph (source captions) at {', '.join(map(str, sizes))} rows, then a resume "
+          f"after SIGKILL ...", flush=True)
+    results = run(sizes=sizes, unit_rows=args.unit_rows, cpus=args.cpus, cache=args.cache, workdir=args.workdir,
+                  resume_rows=args.resume_rows, resume=resume, fresh_ray=not args.reuse_ray)
+    return _report(results, format_table(results), started, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from prx_core.compute.doctor import default_root
 
@@ -198,6 +214,21 @@ def build_parser() -> argparse.ArgumentParser:
     bench_loader.add_argument("--repeats", type=int, default=5, help="alternated runs per loader (default 5)")
     bench_loader.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench_loader.set_defaults(func=_cmd_bench_loader)
+    scale = sub.add_parser("bench-scale", help="the CPU graph at 10k and 100k rows: rows/s, peak RSS, Lance versions; "
+                                               "resume after SIGKILL")
+    scale.add_argument("--rows", default="10000,100000", help="comma-separated sizes (default 10000,100000)")
+    scale.add_argument("--unit-rows", type=int, default=5000,
+                       help="rows per work unit at every size (default 5000; source files and MDS chunks of half)")
+    scale.add_argument("--cpus", type=int, help="CPUs of the benchmark's Ray (default: all cores)")
+    scale.add_argument("--resume", default="samples,buckets,phashes,mds_shards",
+                       help="stages given a SIGKILL resume trial (comma-separated; empty for none)")
+    scale.add_argument("--resume-rows", type=int, help="size of the resume trials (default: the largest)")
+    scale.add_argument("--cache", help="synthetic photos cache (default $XDG_CACHE_HOME/prx-bench-scale)")
+    scale.add_argument("--workdir", help="where the corpora are built (default: a temporary folder, removed)")
+    scale.add_argument("--reuse-ray", action="store_true",
+                       help="one Ray cluster for every stage (faster; by default a fresh one per stage)")
+    scale.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    scale.set_defaults(func=_cmd_bench_scale)
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("bench-explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")

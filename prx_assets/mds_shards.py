@@ -40,7 +40,8 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
                            units.mds_chunk_rows)
         verified = verify_streams([s.uri for s in report.streams], store.storage_options)
         rows, problems = [], list(verified.problems)
-        for stream, (name, expected, bucketed) in zip(report.streams, stream_expectations(store, source, report)):
+        expectations, buckets_version = stream_expectations(store, source, report)
+        for stream, (name, expected, bucketed) in zip(report.streams, expectations):
             read = verified.counts.get(stream.uri, 0)
             if read != expected:
                 problems.append(f"{name}: {read} samples read back, {expected} expected")
@@ -57,7 +58,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
                       "rejects": counts_table(report.rejects, "reason"), "shards_verified": verified.shards,
                       "streams_below_batch": dg.MetadataValue.json(small),
                       **{f"{phase}_{k}": v for phase, r in report.units.items() for k, v in units_metadata(r).items()},
-                      **lance_versions(**report.read_versions, mds_index=report.mds_index_version)},
+                      **lance_versions(**report.read_versions, buckets=buckets_version, mds_index=report.mds_index_version)},
             check_results=[
                 dg.AssetCheckResult(check_name="mds_shards_readable", passed=not problems,
                                     metadata={"streams": len(rows), "shards": verified.shards,
@@ -73,9 +74,9 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
     return mds_shards
 
 
-def stream_expectations(store: Storage, source: str, report: MdsReport) -> list[tuple[str, int, int | None]]:
+def stream_expectations(store: Storage, source: str, report: MdsReport) -> tuple[list[tuple[str, int, int | None]], int | None]:
     """Per stream: (name, samples it must hold, rows `buckets` has for it), the last counted by
-    the table's index per stream, never read row by row."""
+    the table's index per stream, never read row by row; and the `buckets` version counted."""
     buckets = lance_io.open_table(store.lance_uri("buckets"), store.lance_storage_options())
     out = []
     for stream in report.streams:
@@ -83,4 +84,4 @@ def stream_expectations(store: Storage, source: str, report: MdsReport) -> list[
                  f"AND bucket = {lance_io.sql_literal(f'{stream.width}x{stream.height}')}")
         bucketed = None if buckets is None else buckets.count_rows(filter=where)
         out.append((stream.name, stream.samples, bucketed))
-    return out
+    return out, None if buckets is None else buckets.version
