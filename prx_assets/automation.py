@@ -7,7 +7,7 @@ from pydantic import Field
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE
-from prx_core.shards.mds import RETENTION_SECONDS, prune_streams
+from prx_core.shards.publish import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource

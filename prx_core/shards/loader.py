@@ -22,15 +22,12 @@ Trainers import only this package: no dagster, no Ray.
 from __future__ import annotations
 
 import bisect
-import fcntl
 import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -41,7 +38,8 @@ from streaming.base.util import number_abbrev_to_int
 from streaming.base.world import World
 
 from prx_core.shards.mds import INDEX, list_streams
-from prx_core.shards.skiplists import list_skip_files, open_indices, stream_key
+from prx_core.shards.node_cache import default_cache_dir, skip_union
+from prx_core.shards.skiplists import list_skip_files, stream_key
 from prx_core.store.storage import filesystem_for, is_remote
 
 _STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
@@ -94,69 +92,12 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, sto
             count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
             name = stream_key(src, int(t), int(w), int(h))
             digest = hashlib.sha256(index).hexdigest()
-            skipped = _union(fs, skips.get(name, []), name, count, digest, cache)
+            skipped = skip_union(fs, skips.get(name, []), name, count, digest, cache)
             found.append(StreamPlan(src, int(t), int(w), int(h), uri, count, skipped, index))
         if source is not None and not found:
             warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
         plans += found
     return plans
-
-
-def default_cache_dir(root: str) -> str:
-    return os.path.join(tempfile.gettempdir(), "prx-loader", hashlib.blake2s(root.encode(), digest_size=8).hexdigest())
-
-
-def _union(fs: Any, uris: list[str], name: str, count: int, digest: str, cache: str) -> np.ndarray:
-    """The sorted union of a stream's skip-lists, memory-mapped (one file per node)."""
-    arrays, keys = [], []
-    for uri in uris:
-        header, indices = open_indices(_local(fs, uri, cache), uri)
-        if header["stream_size"] != count or header.get("index_digest") != digest:
-            raise ValueError(f"skip-list {uri} was computed for another version of stream {name} "
-                             f"({header['stream_size']} samples, index {header.get('index_digest', '?')[:12]}; the "
-                             f"stream has {count}, index {digest[:12]}): re-materialize skip_lists for {name.split('/')[0]}")
-        arrays.append(indices)
-        keys.append(f"{header['reason']}:{header['policy_version']}:{header['count']}:{_fingerprint(fs, uri)}")
-    if len(arrays) <= 1:
-        return arrays[0] if arrays else np.empty(0, np.int64)
-    path = os.path.join(cache, "skip-unions", name, hashlib.sha256("|".join([digest, *keys]).encode()).hexdigest()[:24] + ".npy")
-    with _node_lock(path):
-        if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.tmp.npy"
-            np.save(tmp, np.unique(np.concatenate(arrays)))
-            os.replace(tmp, path)
-    return np.load(path, mmap_mode="r")
-
-
-def _fingerprint(fs: Any, uri: str) -> str:
-    info = fs.info(uri)
-    return str(info.get("ETag") or f"{info.get('size')}-{info.get('mtime') or info.get('LastModified')}")
-
-
-def _local(fs: Any, uri: str, cache: str) -> str:
-    """A local path of a `.skip` file: itself for a local root, else a per-node cached copy keyed by
-    the object's fingerprint (a rewritten list gets a new copy)."""
-    if not is_remote(uri):
-        return uri
-    key = hashlib.sha256(f"{uri}|{_fingerprint(fs, uri)}".encode()).hexdigest()[:24]
-    path = os.path.join(cache, "skiplists", f"{key}.skip")
-    with _node_lock(path):
-        if not os.path.exists(path):
-            fs.get_file(uri, f"{path}.tmp")
-            os.replace(f"{path}.tmp", path)
-    return path
-
-
-@contextmanager
-def _node_lock(path: str) -> Iterator[None]:
-    """Ranks of one node take turns on a cache file: the first writes it, the others map it."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(f"{path}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class _Substitutes:

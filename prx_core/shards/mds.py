@@ -17,25 +17,22 @@ Reading back and verifying streams lives in `prx_core.shards.mds_read`.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from streaming import MDSWriter
 from streaming.base.format.mds.encodings import mds_encode
 
-from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 MDS_COLUMNS: dict[str, str] = {
     "image": "jpeg", "caption": "str", "original_caption": "str", "width": "int", "height": "int",
@@ -49,7 +46,6 @@ CHUNK_RECORD = "prx-chunk.parquet"  # what a chunk holds, in order: ignored by s
 CHUNK_RECORD_SCHEMA = pa.schema([  # the stored samples in stream order (reason null), then the refused ones
     ("sample_id", pa.string()), ("content_id", pa.string()), ("source_key", pa.string()),
     ("image_sha256", pa.string()), ("reason", pa.string()), ("message", pa.string())])
-RETENTION_SECONDS = 7 * 24 * 3600  # superseded chunks outlive the index that dropped them by this much
 BUCKET_FOLDER = re.compile(r"(\d+)x(\d+)")
 StreamKey = tuple[int, int, int]  # (tier, width, height)
 
@@ -92,21 +88,6 @@ class ChunkSummary:
     samples: int
     shards: int
     bytes: int  # shard bytes
-
-
-@dataclass
-class StreamSummary:
-    source: str
-    tier: int
-    width: int
-    height: int
-    uri: str
-    count: int
-    sample_ids: list[str]  # in index order
-    image_sha256: list[str]  # of the exact stored bytes, aligned with sample_ids
-    shards: int
-    bytes: int  # shard bytes, index.json excluded
-    chunks: list[str] = field(default_factory=list)
 
 
 def stream_name(tier: int, width: int, height: int) -> str:
@@ -203,158 +184,6 @@ def _check_jpeg(row: dict) -> None:
     if not isinstance(row["jpeg"], (bytes, bytearray, memoryview)):
         raise TypeError(f"row {row['sample_id']!r}: `jpeg` must be the encoded bytes, "
                         "a PIL image would be re-encoded at quality 75")
-
-
-def merge_chunk_indexes(chunks: Sequence[tuple[str, dict]]) -> dict:
-    """The stream's index.json from its chunks' (folder name, index.json) in order: streaming's
-    `merge_index` rule, every basename prefixed by its chunk folder."""
-    shards = []
-    for name, index in chunks:
-        for shard in index["shards"]:
-            shard = json.loads(json.dumps(shard))
-            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
-                if shard.get(key):
-                    shard[key]["basename"] = f"{name}/{shard[key]['basename']}"
-            shards.append(shard)
-    return {"version": INDEX_VERSION, "shards": shards}
-
-
-def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None = None) -> int:
-    """Make the stream at `uri` the concatenation of its complete chunk folders `chunks` (names, in
-    order) by writing its index.json in one atomic step; returns its sample count."""
-    fs = filesystem_for(uri, storage_options)
-    fs.invalidate_cache()
-    indexes = [(name, json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks]
-    merged = merge_chunk_indexes(indexes)
-    put_atomic(fs, join_uri(uri, INDEX), json.dumps(merged, sort_keys=True).encode())
-    fs.invalidate_cache()
-    return sum(int(s["samples"]) for s in merged["shards"])
-
-
-def unpublish_streams(root: str, source: str, keep: set[StreamKey], storage_options: dict | None = None) -> list[str]:
-    """Remove the index.json of every published stream of `source` not in `keep` (a bucket that
-    lost all its samples); its chunks stay for readers that hold the index until `prune_streams`."""
-    fs = filesystem_for(_normalize(root), storage_options)
-    gone = []
-    for uri in list_streams(root, source, storage_options):
-        tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-        size = BUCKET_FOLDER.fullmatch(bucket)
-        if size and (int(tier), int(size[1]), int(size[2])) not in keep:
-            fs.rm_file(join_uri(uri, INDEX))
-            gone.append(uri)
-    fs.invalidate_cache()
-    return gone
-
-
-def chunk_name(stream_key: StreamKey, digest: str) -> str:
-    """A name no other content will ever get: derived from what the chunk holds."""
-    return "c-" + hashlib.sha256(f"{stream_name(*stream_key)}\n{digest}".encode()).hexdigest()[:20]
-
-
-def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_options: dict | None = None,
-                         grouped: bool = False) -> list[StreamSummary]:
-    """Replace all MDS streams of `source` with `rows`, in one process: each stream becomes one
-    chunk (named after its content, so a rerun of the same rows writes nothing), published once
-    all are written; streams of the source absent from `rows` are unpublished. What the small
-    corpora of tests and scripts use, and the reference the distributed stage is checked against.
-    `grouped` declares rows arrive stream after stream (refused otherwise)."""
-    if not source or "/" in source or source.startswith("."):
-        raise ValueError(f"invalid source name {source!r}")
-    root = _normalize(root)
-    by_stream: dict[StreamKey, list[dict]] = {}
-    last: StreamKey | None = None
-    for row in rows:
-        key = (int(row["tier"]), int(row["bucket_width"]), int(row["bucket_height"]))
-        if grouped and key != last and key in by_stream:
-            raise ValueError(f"rows are not grouped by stream: {stream_name(*key)} came back")
-        if row["source"] != source or (row["width"], row["height"]) != key[1:]:
-            raise ValueError(f"row {row.get('sample_id')!r}: source {row['source']!r} size "
-                             f"{row['width']}x{row['height']} does not match {source}/{stream_name(*key)}")
-        _check_jpeg(row)
-        by_stream.setdefault(key, []).append(row)
-        last = key
-    summaries = []
-    for key in sorted(by_stream):
-        stream = by_stream[key]
-        uri = stream_uri(root, source, *key)
-        content = hashlib.sha256()
-        for row in stream:
-            content.update(f"{row['sample_id']}\t{hashlib.sha256(bytes(row['jpeg'])).hexdigest()}\t{row['caption']}\n".encode())
-        name = chunk_name(key, content.hexdigest())
-        folder = join_uri(uri, name)
-        if not chunk_complete(folder, storage_options):
-            write_chunk(stream, folder, storage_options)
-        record = read_chunk_record(folder, storage_options).filter(pc.field("reason").is_null())
-        info = json.loads(filesystem_for(folder, storage_options).cat_file(join_uri(folder, INDEX)))
-        summaries.append(StreamSummary(source, *key, uri, record.num_rows, record["sample_id"].to_pylist(),
-                                       record["image_sha256"].to_pylist(), len(info["shards"]),
-                                       sum(s["raw_data"]["bytes"] for s in info["shards"]), [name]))
-    for s in summaries:
-        publish_stream(s.uri, s.chunks, storage_options)
-    unpublish_streams(root, source, {(s.tier, s.width, s.height) for s in summaries}, storage_options)
-    return summaries
-
-
-@dataclass
-class PruneReport:
-    streams: int = 0
-    removed: list[str] = field(default_factory=list)  # chunk folders and loose files, as URIs
-    kept_recent: int = 0  # unreferenced, but younger than the retention
-
-
-def prune_streams(root: str, retention_seconds: float = RETENTION_SECONDS, storage_options: dict | None = None,
-                  source: str | None = None, now: float | None = None) -> PruneReport:
-    """Delete what no published index.json references (superseded chunks, crashed writers'
-    leftovers, pre-chunk shards) once it is older than `retention_seconds`. Never touches what an
-    index references, so only readers older than the retention can lose their shards."""
-    root = _normalize(root)
-    fs = filesystem_for(root, storage_options)
-    now = time.time() if now is None else now
-    report = PruneReport()
-    for stream in _stream_folders(fs, root, source):
-        report.streams += 1
-        referenced = set()
-        if fs.exists(join_uri(stream, INDEX)):
-            for shard in json.loads(fs.cat_file(join_uri(stream, INDEX)))["shards"]:
-                referenced.add(shard["raw_data"]["basename"].split("/", 1)[0])
-        newest: dict[str, float] = {}
-        for path, info in fs.find(stream, detail=True).items():
-            rel = path[len(fs._strip_protocol(stream).rstrip("/")) + 1:]
-            if rel == INDEX:
-                continue
-            top = rel.split("/", 1)[0]
-            newest[top] = max(newest.get(top, 0.0), _mtime(info))
-        for top, mtime in sorted(newest.items()):
-            if top in referenced:
-                continue
-            if now - mtime < retention_seconds:
-                report.kept_recent += 1
-                continue
-            fs.rm(join_uri(stream, top), recursive=True)
-            report.removed.append(join_uri(stream, top))
-    fs.invalidate_cache()
-    return report
-
-
-def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None) -> list[str]:
-    base = join_uri(root, "mds")
-    fs.invalidate_cache()
-    if not fs.exists(base):
-        return []
-    prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    found = set()
-    for path in fs.find(join_uri(base, source) if source else base):
-        parts = path[len(prefix):].split("/")
-        if len(parts) >= 4 and not parts[0].startswith(".") and parts[1].isdigit() and BUCKET_FOLDER.fullmatch(parts[2]):
-            found.add(join_uri(base, *parts[:3]))
-    return sorted(found)
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    value = info.get("mtime", info.get("LastModified", info.get("created")))
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    return float(value or 0.0)
 
 
 def list_streams(root: str, source: str | None = None, storage_options: dict | None = None) -> list[str]:

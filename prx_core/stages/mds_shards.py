@@ -35,16 +35,8 @@ from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_uni
 from prx_core.image.buckets import TIERS, Bucket, assign_buckets
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.image.imaging import process_image
-from prx_core.shards.mds import (
-    StreamKey,
-    chunk_complete,
-    publish_stream,
-    read_chunk_record,
-    stream_name,
-    stream_uri,
-    unpublish_streams,
-    write_chunk,
-)
+from prx_core.shards.mds import StreamKey, chunk_complete, read_chunk_record, stream_name, stream_uri, write_chunk
+from prx_core.shards.publish import StreamReport, publish_source
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import caption_texts
 from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, write_rejects
@@ -59,23 +51,6 @@ BUCKET_MISMATCH = "bucket_mismatch"
 ROUTE_SCHEMA = pa.schema([
     ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
     ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])
-
-
-@dataclass
-class StreamReport:
-    tier: int
-    width: int
-    height: int
-    uri: str
-    samples: int
-    chunks: list[str]
-    shards: int
-    bytes: int
-    rejected: int = 0  # rows routed to this stream that could not be stored (no caption, decode error)
-
-    @property
-    def name(self) -> str:
-        return stream_name(self.tier, self.width, self.height)
 
 
 @dataclass
@@ -277,7 +252,8 @@ def build_mds(
                        progress=_phase(progress, "route"), phase="route")
     chunks = plan_chunks(routed, chunk_rows, manifest.digest())
     written = run_units(run, chunks, chunk_unit, progress=progress, phase="chunks")
-    streams = publish(storage, source, chunks, written)
+    streams = publish_source(storage.root, source, [(tuple(c.spec["stream"]), c.spec["name"], s["rows"], s["rejected"])
+                                                    for c, s in zip(chunks, written.summaries)], storage.storage_options)
     offsets = _offsets(chunks, written)
     indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id]}) for c in chunks],
                         index_unit, progress=_phase(progress, "index"), phase="index")
@@ -292,32 +268,6 @@ def build_mds(
     return MdsReport(source, written.total("rows"), streams, dict(reasons), time.monotonic() - start,
                      {"samples": version, "captions": captions_version}, index_version,
                      {"route": routed, "chunks": written, "index": indexed})
-
-
-def publish(storage: Storage, source: str, chunks: list[Unit], written: UnitResults) -> list[StreamReport]:
-    """Write each stream's index.json from its non-empty chunks, in chunk order; unpublish the
-    source's streams that no longer have a sample."""
-    by_stream: dict[StreamKey, list[str]] = {}
-    rejected: Counter[StreamKey] = Counter()
-    for chunk, summary in zip(chunks, written.summaries):
-        key: StreamKey = tuple(chunk.spec["stream"])  # type: ignore[assignment]
-        rejected[key] += summary["rejected"]
-        if summary["rows"]:
-            by_stream.setdefault(key, []).append(chunk.spec["name"])
-    reports = []
-    for key in sorted(by_stream):
-        uri = stream_uri(storage.root, source, *key)
-        samples = publish_stream(uri, by_stream[key], storage.storage_options)
-        reports.append(StreamReport(*key, uri, samples, by_stream[key], *_index_totals(storage, uri), rejected[key]))
-    unpublish_streams(storage.root, source, set(by_stream), storage.storage_options)
-    return reports
-
-
-def _index_totals(storage: Storage, uri: str) -> tuple[int, int]:
-    import json
-
-    index = json.loads(storage.filesystem().cat_file(join_uri(uri, "index.json")))
-    return len(index["shards"]), sum(int(s["raw_data"]["bytes"]) for s in index["shards"])
 
 
 def _offsets(chunks: list[Unit], written: UnitResults) -> dict[str, int]:

@@ -23,6 +23,7 @@ from skimage import data as skdata
 from streaming import Stream, StreamingDataLoader, StreamingDataset
 
 import prx_core.shards.mds as mds
+import prx_core.shards.publish as publish
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset, StreamPlan, _Substitutes, collate
 from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
@@ -54,7 +55,7 @@ def make_rows(source: str) -> list[dict]:
     return rows
 
 
-def skip_lists(source: str, summaries: list[mds.StreamSummary], options: dict | None = None) -> list[SkipList]:
+def skip_lists(source: str, summaries: list[publish.StreamSummary], options: dict | None = None) -> list[SkipList]:
     out = []
     for s in summaries:
         for reason, indices in SKIPS.get((source, s.tier, s.width, s.height), {}).items():
@@ -73,7 +74,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
         mp.setattr(mds, "SIZE_LIMIT", 150_000)  # ~2-4 samples per shard
         for source in ("alpha", "beta", "gamma"):
             rows[source] = make_rows(source)
-            summaries = mds.write_source_streams(rows[source], plain, source)
+            summaries = publish.write_source_streams(rows[source], plain, source)
             for s in summaries:
                 streams[f"{source}/{s.tier}/{s.width}x{s.height}"] = s
             lists = skip_lists(source, summaries)
@@ -303,7 +304,7 @@ def test_s3_root_reads_the_same_sequence(corpus, s3_endpoint, tmp_path, monkeypa
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mds, "SIZE_LIMIT", 150_000)
         for source in MAIN:
-            summaries = mds.write_source_streams(corpus["rows"][source], root, source, options)
+            summaries = publish.write_source_streams(corpus["rows"][source], root, source, options)
             write_skip_lists(root, source, skip_lists(source, summaries, options), options)
     monkeypatch.delenv("S3_ENDPOINT_URL", raising=False)
     remote = epochs(load(root, storage_options=options, cache_dir=str(tmp_path / "cache")))
