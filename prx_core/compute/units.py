@@ -25,6 +25,7 @@ import json
 import resource
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -142,6 +143,13 @@ class UnitResults:
 
     def total(self, key: str) -> int:
         return sum(int(s.get(key) or 0) for s in self.summaries)
+
+    def counts(self, key: str) -> dict[str, int]:
+        """The units' `key` counters (e.g. rejects by reason) added up."""
+        total: Counter[str] = Counter()
+        for summary in self.summaries:
+            total.update(summary.get(key) or {})
+        return dict(sorted(total.items()))
 
     def worker_peak_rss_mb(self) -> float:
         return max((float(s.get("worker_peak_rss_mb") or 0) for s in self.summaries), default=0.0)

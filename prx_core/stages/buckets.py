@@ -19,7 +19,7 @@ from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.buckets import TIERS, Drop, assign_buckets
 from prx_core.store import lance_io, schemas
-from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, write_rejects
+from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
 UNIT_ROWS = 1_000_000  # sizes only: a unit of a million rows takes seconds and writes one fragment
@@ -78,9 +78,7 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {
         "rows": buckets.num_rows, "bucketed": len(placed), "histogram": dict(Counter(placed)),
         "dropped": dict(Counter(rejects["reason"].to_pylist())),
-        "fragments": [f.to_json() for f in written], "rejects_fragments": [f.to_json() for f in refused],
-        "outputs": lance_io.fragment_files(storage.lance_uri("buckets"), written)
-        + lance_io.fragment_files(storage.lance_uri("rejects"), refused),
+        **unit_outputs(storage, "buckets", written, refused),
     }
 
 
@@ -94,18 +92,11 @@ def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1], prog
     manifest = Manifest("buckets", source, {"samples": version}, "1", {"max_tier": max_tier, "unit_rows": unit_rows})
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, bucket_unit, progress=progress)
-    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
-    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
-    buckets_version = commit_partition(storage, "buckets", source_predicate(source), fragments)
-    commit_partition(storage, "rejects", rejects_predicate(source, "buckets"), refused)
+    buckets_version, _ = commit_unit_outputs(storage, "buckets", source, "buckets", results.summaries)
     run.finish()
-    histogram: Counter[str] = Counter()
-    dropped: Counter[str] = Counter()
-    for summary in results.summaries:
-        histogram.update(summary["histogram"])
-        dropped.update(summary["dropped"])
+    histogram, dropped = results.counts("histogram"), results.counts("dropped")
     return BucketsReport(
-        source=source, rows=results.total("rows"), bucketed=results.total("bucketed"), dropped=dict(dropped),
-        histogram=dict(sorted(histogram.items())), samples_version=version, buckets_version=buckets_version,
+        source=source, rows=results.total("rows"), bucketed=results.total("bucketed"), dropped=dropped,
+        histogram=histogram, samples_version=version, buckets_version=buckets_version,
         units=results,
     )

@@ -39,7 +39,7 @@ from prx_core.shards.mds import StreamKey, chunk_complete, read_chunk_record, st
 from prx_core.shards.publish import StreamReport, publish_source
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import caption_texts
-from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, write_rejects
+from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
 
 ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
@@ -226,10 +226,7 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     uri = storage.lance_uri("mds_index")
     written = lance_io.write_fragments(uri, index, schemas.MDS_INDEX, storage.lance_storage_options()) if n else []
     refused_fragments = write_rejects(storage, rejects)
-    return {"rows": n, "fragments": [f.to_json() for f in written],
-            "rejects_fragments": [f.to_json() for f in refused_fragments],
-            "outputs": lance_io.fragment_files(uri, written)
-            + lance_io.fragment_files(storage.lance_uri("rejects"), refused_fragments)}
+    return {"rows": n, **unit_outputs(storage, "mds_index", written, refused_fragments)}
 
 
 def build_mds(
@@ -257,15 +254,9 @@ def build_mds(
     offsets = _offsets(chunks, written)
     indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id]}) for c in chunks],
                         index_unit, progress=_phase(progress, "index"), phase="index")
-    fragments = lance_io.fragments_from_json(f for s in indexed.summaries for f in s["fragments"])
-    refused = lance_io.fragments_from_json(f for s in indexed.summaries for f in s["rejects_fragments"])
-    index_version = commit_partition(storage, "mds_index", source_predicate(source), fragments)
-    commit_partition(storage, "rejects", rejects_predicate(source, "mds_shards"), refused)
+    index_version, _ = commit_unit_outputs(storage, "mds_index", source, "mds_shards", indexed.summaries)
     run.finish()
-    reasons: Counter[str] = Counter()
-    for summary in written.summaries:
-        reasons.update(summary["reasons"])
-    return MdsReport(source, written.total("rows"), streams, dict(reasons), time.monotonic() - start,
+    return MdsReport(source, written.total("rows"), streams, written.counts("reasons"), time.monotonic() - start,
                      {"samples": version, "captions": captions_version}, index_version,
                      {"route": routed, "chunks": written, "index": indexed})
 

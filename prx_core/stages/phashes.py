@@ -21,7 +21,7 @@ from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_uni
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.image.phash import phash
 from prx_core.store import lance_io, schemas
-from prx_core.store.partitions import commit_partition, reject_row, rejects_predicate, source_predicate, write_rejects
+from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
 PHASH_DECODE_SIZE = (128, 128)
@@ -75,9 +75,7 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     written = lance_io.write_fragments(uri, pa.Table.from_pylist(hashes, schema=schemas.PHASHES), schemas.PHASHES,
                                        options) if hashes else []
     refused = write_rejects(storage, pa.Table.from_pylist(rejects, schema=schemas.REJECTS))
-    return {"rows": len(hashes), "failed": len(rejects), "fragments": [f.to_json() for f in written],
-            "rejects_fragments": [f.to_json() for f in refused],
-            "outputs": lance_io.fragment_files(uri, written) + lance_io.fragment_files(storage.lance_uri("rejects"), refused)}
+    return {"rows": len(hashes), "failed": len(rejects), **unit_outputs(storage, "phashes", written, refused)}
 
 
 def build_phashes(source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
@@ -88,10 +86,7 @@ def build_phashes(source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_P
     manifest = Manifest("phashes", source, {"samples": version}, "1", {"max_pixels": max_pixels, "unit_rows": unit_rows})
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, phash_unit, progress=progress)
-    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
-    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
-    written = commit_partition(storage, "phashes", source_predicate(source), fragments)
-    commit_partition(storage, "rejects", rejects_predicate(source, "phashes"), refused)
+    written, _ = commit_unit_outputs(storage, "phashes", source, "phashes", results.summaries)
     run.finish()
     return PhashesReport(source, results.total("rows"), results.total("failed"), time.monotonic() - start, version,
                          written, results)

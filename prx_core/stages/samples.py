@@ -31,11 +31,11 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import (
-    commit_partition,
+    commit_unit_outputs,
     reject_examples,
     reject_row,
-    rejects_predicate,
     source_predicate,
+    unit_outputs,
     write_rejects,
 )
 from prx_core.store.storage import Storage
@@ -109,9 +109,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {
         "rows": counts["rows"], "bytes": counts["bytes"], "rejected": refused.num_rows,
         "reasons": dict(Counter(refused["reason"].to_pylist())), "source_fragments": len(unit.spec["fragments"]),
-        "fragments": [f.to_json() for f in written], "rejects_fragments": [f.to_json() for f in refused_fragments],
-        "outputs": lance_io.fragment_files(uri, written)
-        + lance_io.fragment_files(storage.lance_uri("rejects"), refused_fragments),
+        **unit_outputs(storage, "samples", written, refused_fragments),
     }
 
 
@@ -140,19 +138,14 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
                         {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes})
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, ingest_unit, progress=progress)
-    fragments = lance_io.fragments_from_json(f for s in results.summaries for f in s["fragments"])
-    refused = lance_io.fragments_from_json(f for s in results.summaries for f in s["rejects_fragments"])
     pause_point("samples:before_commit")  # fragments written, nothing committed
-    samples_version = commit_partition(storage, "samples", source_predicate(spec.name), fragments)
-    rejects_version = commit_partition(storage, "rejects", rejects_predicate(spec.name, "samples"), refused)
+    samples_version, rejects_version = commit_unit_outputs(storage, "samples", spec.name, "samples", results.summaries)
     run.finish()
-    reasons: Counter[str] = Counter()
-    for summary in results.summaries:
-        reasons.update(summary["reasons"])
+    reasons = results.counts("reasons")
     return SamplesReport(
         source=spec.name, rows=results.total("rows"), bytes=results.total("bytes"), fragments_read=len(sizes),
         seconds=time.monotonic() - start, rejected=results.total("rejected"), samples_version=samples_version,
-        rejects_version=rejects_version, reasons=dict(reasons), units=results,
+        rejects_version=rejects_version, reasons=reasons, units=results,
     )
 
 

@@ -62,3 +62,22 @@ def reject_examples(storage: Storage, source: str, stage: str, limit: int = 50) 
         return []
     return ds.to_table(columns=["source_key", "reason", "message"], filter=rejects_predicate(source, stage),
                        limit=limit).to_pylist()
+
+
+def unit_outputs(storage: Storage, table: str, written: Sequence[FragmentMetadata],
+                 refused: Sequence[FragmentMetadata]) -> dict[str, Any]:
+    """What a work unit reports about the uncommitted fragments it wrote to `table` and to
+    `rejects`: their metadata for the commit, and their files for the cleanup of an abandoned run."""
+    return {"fragments": [f.to_json() for f in written], "rejects_fragments": [f.to_json() for f in refused],
+            "outputs": lance_io.fragment_files(storage.lance_uri(table), written)
+            + lance_io.fragment_files(storage.lance_uri("rejects"), refused)}
+
+
+def commit_unit_outputs(storage: Storage, table: str, source: str, stage: str,
+                        summaries: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """Replace the partition of `table` and the stage's rejects of `source` by what the units
+    wrote (`unit_outputs`), one commit each; returns both versions readers see."""
+    fragments = lance_io.fragments_from_json(f for s in summaries for f in s["fragments"])
+    refused = lance_io.fragments_from_json(f for s in summaries for f in s["rejects_fragments"])
+    return (commit_partition(storage, table, source_predicate(source), fragments),
+            commit_partition(storage, "rejects", rejects_predicate(source, stage), refused))
