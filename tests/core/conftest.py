@@ -51,3 +51,4 @@ def photos() -> list[bytes]:
     import skimage
 
     return [jpeg(skimage.data.astronaut()), jpeg(skimage.data.coffee()), jpeg(skimage.data.chelsea())]
+

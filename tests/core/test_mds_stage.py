@@ -8,19 +8,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import streaming
+from crash import kill_at
 from streaming.base.util import clean_stale_shared_memory
 from test_row_stages import make_samples
 
-from prx_core.compute.faults import MARKER
 from prx_core.compute.units import RUNS
 from prx_core.image.imaging import process_image
 from prx_core.shards.mds import list_streams
@@ -159,15 +155,7 @@ def test_a_sigkilled_mds_run_resumes_and_never_exposes_a_partial_stream(storage:
     build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)
     published = {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")}
     add_captions(storage, skip=0)  # new inputs: the killed run writes new chunks
-    env = {**os.environ, "PRX_PAUSE_AT": "mds_shards:chunks:4"}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address],
-                            env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    for line in proc.stderr:
-        if line.startswith(f"{MARKER} mds_shards:chunks:4") or time.monotonic() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_at("mds_shards:chunks:4", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     assert {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")} == published
     (attempt,) = Path(storage.root, RUNS, "mds_shards", "photos").iterdir()
     recorded = [n for n in os.listdir(attempt / "done") if n.startswith("chunk-")]

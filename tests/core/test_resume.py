@@ -5,22 +5,21 @@ Ray worker and with two."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from crash import kill_at
 from test_mds_stage import CAPTIONER, add_captions
 from test_row_stages import SIZES, make_samples
 from test_stage_functions import jpeg
 
-from prx_core.compute.faults import MARKER
 from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
@@ -64,19 +63,7 @@ def parquet_source(folder: Path, files: int = 6, rows: int = 5) -> SourceSpec:
 def kill_after(stage: str, root: str, spec: SourceSpec, gcs: str) -> int:
     """Run the stage in a driver that pauses after its 2nd unit, SIGKILL it; returns the units recorded."""
     point, call = CALLS[stage]
-    import json
-
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(call=call), root, gcs, json.dumps(spec.to_dict())],
-                            env={**os.environ, "PRX_PAUSE_AT": point}, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline, seen = time.monotonic() + 300, []
-    for line in proc.stderr:
-        seen.append(line)
-        if line.startswith(f"{MARKER} {point}") or time.monotonic() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert any(line.startswith(MARKER) for line in seen), "".join(seen[-30:])
+    kill_at(point, SCRIPT.format(call=call), root, gcs, json.dumps(spec.to_dict()))
     (attempt,) = Path(root, RUNS, stage, "photos").iterdir()
     return len(os.listdir(attempt / "done"))
 

@@ -5,18 +5,14 @@ after a SIGKILL and redoes only the units that were not recorded."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from crash import kill_at
 from test_stage_functions import jpeg, records
 
-from prx_core.compute.faults import MARKER
 from prx_core.compute.units import RUNS
 from prx_core.sources.ingest import ingest_batch
 from prx_core.stages.buckets import bucket_samples, build_buckets
@@ -104,15 +100,7 @@ build_phashes("photos", Storage(sys.argv[1]), unit_rows=2)
 
 def test_a_sigkilled_stage_resumes_from_its_recorded_units(storage: Storage, ray_cluster) -> None:
     """The driver dies after 3 units; the rerun with the same inputs runs only the others."""
-    env = {**os.environ, "PRX_PAUSE_AT": "phashes:units:3"}
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address],
-                            env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 300
-    for line in proc.stderr:
-        if line.startswith(f"{MARKER} phashes:units:3") or time.monotonic() > deadline:
-            break
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
+    kill_at("phashes:units:3", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     runs = Path(storage.root, RUNS, "phashes", "photos")
     (attempt,) = runs.iterdir()
     recorded = len(os.listdir(attempt / "done"))

@@ -1,0 +1,27 @@
+"""Crashing a stage at a chosen moment, for the resume tests: a driver in its own session, killed
+with SIGKILL once it says it paused at a named point (prx_core.compute.faults)."""
+
+from __future__ import annotations
+
+
+def kill_at(point: str, script: str, *args: str, timeout: float = 300) -> None:
+    """Run `python -c script *args` with PRX_PAUSE_AT=point in its own session, wait until its
+    driver says it paused there, then SIGKILL the whole session (a crash at a chosen moment)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from prx_core.compute.faults import MARKER
+
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], env={**os.environ, "PRX_PAUSE_AT": point},
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline, seen = time.monotonic() + timeout, []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith(f"{MARKER} {point}") or time.monotonic() > deadline:
+            break
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert any(line.startswith(f"{MARKER} {point}") for line in seen), "".join(seen[-30:])
