@@ -8,7 +8,7 @@ Three passes of work units over the pinned `samples` version; the driver holds u
    depend on the data only, never on the number of workers); per chunk a worker gathers its
    rows from the route files, sorts them by sample_id, joins their captions, decodes and encodes
    each image once (`process_image`) and writes the chunk folder (prx_core.shards.mds). A chunk
-   folder is named after the manifest and its position, so a rerun of the same inputs reuses it.
+   folder is named after what its bytes depend on, so a rerun over the same content reuses it.
 3. index: the driver publishes each stream's index.json (merged from its chunks); per chunk a
    worker writes the `mds_index` rows (position = chunk offset + row) and the chunk's rejects;
    one commit per table.
@@ -16,6 +16,8 @@ Three passes of work units over the pinned `samples` version; the driver holds u
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -48,6 +50,7 @@ SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
 TAKE_ROWS = 32  # images read from Lance per request
 NO_CAPTION = "no_caption"
 BUCKET_MISMATCH = "bucket_mismatch"
+CHUNK_FORMAT = "mds-chunk-1"  # bump when what a chunk's bytes depend on changes outside its inputs
 ROUTE_SCHEMA = pa.schema([
     ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
     ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])
@@ -107,7 +110,7 @@ def route_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": routed.num_rows, "streams": dict(Counter(labels)), "sampled": sampled}
 
 
-def plan_chunks(route: UnitResults, chunk_rows: int, digest: str) -> list[Unit]:
+def plan_chunks(route: UnitResults, chunk_rows: int) -> list[Unit]:
     """Cut every stream at sampled ids into chunks of about `chunk_rows` rows; chunk i holds the
     sample_ids in [lo, hi). Units sort by (stream, chunk): plan order is stream order."""
     counts: Counter[str] = Counter()
@@ -124,7 +127,7 @@ def plan_chunks(route: UnitResults, chunk_rows: int, digest: str) -> list[Unit]:
         edges = [None, *bounds, None]
         tier, width, height = _label_key(label)
         for i, (lo, hi) in enumerate(zip(edges, edges[1:])):
-            spec = {"stream": [tier, width, height], "lo": lo, "hi": hi, "name": f"c-{digest[:12]}-{i:05d}"}
+            spec = {"stream": [tier, width, height], "lo": lo, "hi": hi}
             units.append(Unit(f"chunk-{tier:04d}-{width:05d}x{height:05d}-{i:05d}", counts[label] // len(edges[1:]), spec))
     return units
 
@@ -136,20 +139,42 @@ def _label_key(label: str) -> StreamKey:
 
 
 def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: write one chunk folder of a stream (or reuse the complete one of an earlier run of
-    the same manifest), and report what it holds."""
+    """Ray task: write one chunk folder of a stream, or reuse the complete folder of the same
+    content (a rerun, a resumed run, another run whose inputs hold the same rows), and report what
+    it holds."""
     storage, source = run.storage, run.manifest.partition
     tier, width, height = unit.spec["stream"]
-    folder = join_uri(stream_uri(storage.root, source, tier, width, height), unit.spec["name"])
+    rows = chunk_rows(unit, run)
+    captions = caption_texts(storage, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
+                             run.manifest.inputs["captions"])
+    originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
+                          ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
+    name = chunk_name(run, rows, captions, originals)
+    folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
     reused = chunk_complete(folder, storage.storage_options)
     if not reused:
-        rows, refused = chunk_rows(unit, run), []
-        write_chunk(render(rows, run, refused), folder, storage.storage_options, refused)
+        refused: list[dict] = []
+        write_chunk(render(rows, captions, originals, run, refused), folder, storage.storage_options, refused)
     record = read_chunk_record(folder, storage.storage_options)
     stored = record.filter(pc.field("reason").is_null())
-    return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": reused,
+    return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": reused, "name": name,
             "reasons": dict(Counter(record["reason"].drop_null().to_pylist())),
             "outputs": [] if reused else [folder]}  # a reused folder may be live: never an orphan
+
+
+def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None]) -> str:
+    """A name derived from everything the chunk's bytes depend on (the code and its settings, each
+    row's id, content and captions): the same content always gets the same folder, other content
+    never does, so a published name is never rewritten with other bytes."""
+    params = run.manifest.params
+    digest = hashlib.sha256(json.dumps([CHUNK_FORMAT, run.manifest.code_version, params["max_tier"], params["max_pixels"],
+                                        run.manifest.partition, rows["tier"][0].as_py() if rows.num_rows else None,
+                                        rows["bucket_width"][0].as_py() if rows.num_rows else None,
+                                        rows["bucket_height"][0].as_py() if rows.num_rows else None]).encode())
+    for sid, cid, key, original in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
+                                       rows["source_key"].to_pylist(), originals):
+        digest.update(json.dumps([sid, cid, key, captions.get(cid), original]).encode())
+    return "c-" + digest.hexdigest()[:24]
 
 
 def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
@@ -168,24 +193,23 @@ def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
     return dataset.to_table(filter=condition).sort_by("sample_id")
 
 
-def render(rows: pa.Table, run: UnitRun, refused: list[dict]) -> Iterator[dict[str, Any]]:
-    """The chunk's MDS rows in order: captions joined for its contents, each image decoded and
-    encoded once; what cannot be stored goes to `refused` with a reason."""
+def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None], run: UnitRun,
+           refused: list[dict]) -> Iterator[dict[str, Any]]:
+    """The chunk's MDS rows in order, its captions joined, each image decoded and encoded once;
+    what cannot be stored goes to `refused` with a reason."""
     storage, params, source = run.storage, run.manifest.params, run.manifest.partition
-    captions = caption_texts(storage, params["captioner_version"], rows["content_id"].to_pylist(),
-                             run.manifest.inputs["captions"])
     for start in range(0, rows.num_rows, TAKE_ROWS):
         part = rows.slice(start, TAKE_ROWS).to_pylist()
         images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
-                           ["image", "original_caption"], storage.lance_storage_options()).to_pylist()
-        for row, stored in zip(part, images):
+                           ["image"], storage.lance_storage_options())["image"].to_pylist()
+        for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
             base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
             caption = captions.get(row["content_id"])
             if caption is None:
                 refused.append({**base, "reason": NO_CAPTION,
                                 "message": f"no caption for captioner version {params['captioner_version']}"})
                 continue
-            result = process_image(stored["image"], max_pixels=params["max_pixels"], max_tier=params["max_tier"])
+            result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"])
             if isinstance(result, Rejection):
                 refused.append({**base, "reason": result.reason, "message": result.message})
                 continue
@@ -194,7 +218,7 @@ def render(rows: pa.Table, run: UnitRun, refused: list[dict]) -> Iterator[dict[s
                 refused.append({**base, "reason": BUCKET_MISMATCH, "message": f"{result.bucket} != routed {got}"})
                 continue
             yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
-                   "original_caption": stored["original_caption"] or "", "width": result.bucket.width,
+                   "original_caption": original or "", "width": result.bucket.width,
                    "height": result.bucket.height, "original_width": result.original_size[0],
                    "original_height": result.original_size[1]}
 
@@ -247,12 +271,13 @@ def build_mds(
     run = UnitRun.open(storage, manifest)
     routed = run_units(run, [Unit(f"route-{u.id}", u.rows, u.spec) for u in route], route_unit,
                        progress=_phase(progress, "route"), phase="route")
-    chunks = plan_chunks(routed, chunk_rows, manifest.digest())
+    chunks = plan_chunks(routed, chunk_rows)
     written = run_units(run, chunks, chunk_unit, progress=progress, phase="chunks")
-    streams = publish_source(storage.root, source, [(tuple(c.spec["stream"]), c.spec["name"], s["rows"], s["rejected"])
+    streams = publish_source(storage.root, source, [(tuple(c.spec["stream"]), s["name"], s["rows"], s["rejected"])
                                                     for c, s in zip(chunks, written.summaries)], storage.storage_options)
     offsets = _offsets(chunks, written)
-    indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id]}) for c in chunks],
+    indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"]})
+                              for c, s in zip(chunks, written.summaries)],
                         index_unit, progress=_phase(progress, "index"), phase="index")
     index_version, _ = commit_unit_outputs(storage, "mds_index", source, "mds_shards", indexed.summaries)
     run.finish()

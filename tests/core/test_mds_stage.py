@@ -32,12 +32,12 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 CAPTIONER = "cap-v1"
 
 
-def add_captions(storage: Storage, skip: int = 1) -> None:
+def add_captions(storage: Storage, skip: int = 1, text: str = "a picture") -> None:
     """A caption for every content of the corpus but the first `skip` of `photos` (no_caption)."""
     samples = lance_io.read_table(storage.lance_uri("samples"), ["sample_id", "content_id"])
     missing = set(sorted(r["content_id"] for r in samples.to_pylist() if r["sample_id"].startswith("photos/"))[:skip])
     rows = [{"content_id": c, "captioner_version": CAPTIONER, "captioner_id": "source", "prompt_version": "p",
-             "caption": f"a picture {c[:8]}", "word_count": 3, "error": ""}
+             "caption": f"{text} {c[:8]}", "word_count": 3, "error": ""}
             for c in sorted(set(samples["content_id"].to_pylist()) - missing)]
     lance_io.upsert(storage.lance_uri("captions"), pa.Table.from_pylist(rows, schema=schemas.CAPTIONS),
                     ["content_id", "captioner_version"])
@@ -107,6 +107,10 @@ def test_a_rerun_reuses_complete_chunks_and_changes_no_byte(storage: Storage) ->
     again = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
     assert all(s["reused"] for s in again.units["chunks"].summaries)
     assert {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()} == before
+    make_samples(storage, "photos", 40, 3)  # re-ingested: a new samples version, the same content
+    third = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    assert all(s["reused"] for s in third.units["chunks"].summaries)  # content-named chunks: nothing rewritten
+    assert {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()} == before
 
 
 def test_a_reader_holding_the_old_index_keeps_reading_while_the_stream_is_republished(storage: Storage,
@@ -117,7 +121,7 @@ def test_a_reader_holding_the_old_index_keeps_reading_while_the_stream_is_republ
     clean_stale_shared_memory()
     local = tmp_path / "trainer-cache"
     reader = streaming.StreamingDataset(remote=stream.uri, local=str(local), shuffle=False, batch_size=1)
-    add_captions(storage, skip=0)  # captions change: a new manifest, new chunk folders
+    add_captions(storage, skip=0, text="another picture")  # every caption changes: new chunk folders
     second = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
     assert set(second.streams[0].chunks).isdisjoint(first.streams[0].chunks)
     read = [(reader[i]["sample_id"], hashlib.sha256(_raw_jpeg(reader, i)).hexdigest()) for i in range(reader.num_samples)]
@@ -154,7 +158,7 @@ build_mds("photos", Storage(sys.argv[1]), "cap-v1", route_rows=5, chunk_rows=2)
 def test_a_sigkilled_mds_run_resumes_and_never_exposes_a_partial_stream(storage: Storage, ray_cluster, tmp_path) -> None:
     build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)
     published = {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")}
-    add_captions(storage, skip=0)  # new inputs: the killed run writes new chunks
+    add_captions(storage, skip=0, text="another picture")  # new captions: the killed run writes new chunks
     kill_at("mds_shards:chunks:4", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     assert {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")} == published
     (attempt,) = Path(storage.root, RUNS, "mds_shards", "photos").iterdir()
