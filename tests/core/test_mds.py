@@ -15,6 +15,7 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
+import s3fs
 import streaming
 from PIL import Image
 from skimage import data as skdata
@@ -318,3 +319,12 @@ def test_write_and_verify_on_s3(photos, s3_endpoint, tmp_path, monkeypatch) -> N
     assert list_streams(root, "alpha", options) == [f.uri for f in fewer] and len(fewer) == 2
     assert len(list_streams(root, "beta", options)) == 1
     assert verify_stream(fewer[0].uri, options, expected_sha256=fewer[0].image_sha256).ok
+    # superseded chunks on S3: kept within the retention, deleted after it, published ones never
+    fs = s3fs.S3FileSystem(**options)
+    before = set(fs.find("mds/corpus/mds/alpha"))
+    assert prune_streams(root, storage_options=options).removed == []
+    report = prune_streams(root, retention_seconds=0, storage_options=options)
+    assert report.removed and all(uri.startswith("s3://mds/corpus/mds/alpha/") for uri in report.removed)
+    assert set(fs.find("mds/corpus/mds/alpha")) < before
+    assert verify_stream(fewer[0].uri, options, expected_sha256=fewer[0].image_sha256).ok
+    assert len(list_streams(root, "beta", options)) == 1
