@@ -678,7 +678,7 @@ def stream_contents(streams: list[Path]) -> dict[str, list[tuple[str, str, str]]
 
 
 def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Built, tmp_path: Path) -> None:
-    """Another chunk size (a new manifest: every chunk is written anew), killed after one chunk:
+    """Another chunk size (chunks of other content: written anew), killed after one chunk:
     the published streams never change until the rerun publishes complete new ones."""
     source = "web_images"
     root = copy_root(ok_build, tmp_path)
@@ -688,7 +688,7 @@ def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Buil
     contents = stream_contents(published_streams(mds, source))
     expected = {s.relative_to(mds).as_posix(): index_count(s) for s in published_streams(mds, source)}
     config = tmp_path / "chunks.yaml"
-    config.write_text("units: {mds_chunk_rows: 7}\n")
+    config.write_text("units: {mds_chunk_rows: 1}\n")  # one sample per chunk: every stream of 2+ is new
     args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
                       "mds_shards", "--config", str(config))
 
@@ -701,7 +701,7 @@ def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Buil
         assert len(iterated) == sum(expected.values()), label
 
     clock = Clock("mds_shards kill")
-    paused = Paused(args, "mds_shards:chunks:1", tmp_path / "kill")
+    paused = Paused(args, "mds_shards:chunks:4", tmp_path / "kill")
     paused.wait_for_marker()
     clock("paused")
     written = set(hash_tree(mds / source)) - set(before)
