@@ -642,9 +642,13 @@ def test_sigkill_during_samples_loses_and_duplicates_nothing(ok_build: Built, tm
     paused = Paused(args, "samples:before_commit", tmp_path / "kill")
     paused.wait_for_marker()
     clock("paused")
-    new_files = set(os.listdir(Path(samples_uri) / "data")) - data_files_before
-    assert new_files, "paused before any Lance fragment of the new ingest was written"
-    assert lance.dataset(samples_uri).version == version_before  # nothing committed yet
+    try:
+        new_files = set(os.listdir(Path(samples_uri) / "data")) - data_files_before
+        assert new_files, "paused before any Lance fragment of the new ingest was written"
+        assert lance.dataset(samples_uri).version == version_before  # nothing committed yet
+    except BaseException:
+        paused.kill()  # never leave the paused build running behind a failed assertion
+        raise
     survivors = paused.kill()
     assert not survivors, f"processes of the killed build outlived SIGKILL of its group: {survivors}"
     clock("killed")
@@ -704,9 +708,13 @@ def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Buil
     paused = Paused(args, "mds_shards:chunks:4", tmp_path / "kill")
     paused.wait_for_marker()
     clock("paused")
-    written = set(hash_tree(mds / source)) - set(before)
-    assert written, "paused before any new chunk was written"
-    assert_published_streams_whole("while paused", 1)
+    try:
+        written = set(hash_tree(mds / source)) - set(before)
+        assert written, "paused before any new chunk was written"
+        assert_published_streams_whole("while paused", 1)
+    except BaseException:
+        paused.kill()  # never leave the paused build running behind a failed assertion
+        raise
     clock("loaded while paused")
     survivors = paused.kill()
     assert not survivors, f"processes of the killed build outlived SIGKILL of its group: {survivors}"
