@@ -48,7 +48,7 @@ def write_corpus(root: Path, rows: int, seed: int = 0) -> None:
                     "width": width, "height": height, "format": ["JPEG"] * rows, "mode": ["RGB"] * rows,
                     "orientation": pa.array([1] * rows, pa.int8()), "jpeg_quality": pa.array([90] * rows, pa.int16()),
                     "num_bytes": pa.array([1000] * rows, pa.int64()), "original_caption": captions,
-                    "embedding": pa.nulls(rows, pa.list_(pa.float32()))},
+                    "embedding": pa.nulls(rows, pa.list_(pa.float32())), "phash": pa.nulls(rows, pa.uint64())},
         "buckets": {"sample_id": ids, "source": src, "content_id": cids, "width": width, "height": height, "tier": tier,
                     "bucket_width": tier, "bucket_height": tier, "bucket": bucket, "drop_reason": pa.nulls(rows, pa.string())},
         "captions": {"content_id": cids, "captioner_version": ["c1"] * rows, "captioner_id": ["c"] * rows,

@@ -18,7 +18,9 @@ class UnitsResource(dg.ConfigurableResource):
                                description="Source bytes per ingest unit; one unit writes ~one Lance fragment, "
                                            "so this sets fragment size (~1M rows at 64 KB per image).")
     buckets_rows: int = Field(default=buckets.UNIT_ROWS, gt=0, description="Rows per `buckets` unit (sizes only).")
-    phashes_rows: int = Field(default=phashes.UNIT_ROWS, gt=0, description="Rows per `phashes` unit (one decode each).")
+    phashes_rows: int = Field(default=phashes.UNIT_ROWS, gt=0,
+                              description="Rows per `phashes` unit (ingest's hashes are copied; rows without one "
+                                          "are decoded).")
     mds_route_rows: int = Field(default=mds_shards.ROUTE_ROWS, gt=0,
                                 description="Rows per `mds_shards` routing unit (sizes and ids, no pixels).")
     mds_chunk_rows: int = Field(default=mds_shards.CHUNK_ROWS, gt=0,

@@ -40,6 +40,7 @@ import numpy as np
 from PIL import Image
 
 HASH_SIZE = 8
+PHASH_DECODE_SIZE = (128, 128)  # a JPEG is DCT-scaled to no smaller than this before hashing
 THUMB_SIZE = 32
 REDUCING_GAP = 4.0
 

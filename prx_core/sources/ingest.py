@@ -1,8 +1,9 @@
 """Turn source records into `samples` rows, or `rejects` rows with a reason.
 
-Ingest validates every image by decoding it once, DCT-scaled to the smallest size libjpeg
-offers (truncation still surfaces: the whole entropy stream is read), and records what later
-stages need without decoding again: upright size, format, mode, orientation, JPEG quality.
+Ingest validates every image by decoding it once, DCT-scaled to the smallest size the pHash
+still accepts (truncation still surfaces: the whole entropy stream is read), and records what
+later stages need without decoding again: upright size, format, mode, orientation, JPEG quality
+and the pHash.
 """
 
 from __future__ import annotations
@@ -22,10 +23,9 @@ from prx_core.image.decode import (
     open_image,
 )
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
+from prx_core.image.phash import PHASH_DECODE_SIZE, phash
 from prx_core.store import schemas
 from prx_core.store.partitions import reject_row
-
-INSPECT_SIZE = (1, 1)  # ask `draft` for the smallest DCT scale
 
 
 @dataclass(frozen=True)
@@ -36,21 +36,24 @@ class ImageFacts:
     mode: str
     orientation: int
     jpeg_quality: int | None
+    phash: int
 
 
 def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFacts | Rejection:
-    """Validate by decoding (cheaply) and describe the image; never raises."""
+    """Validate by decoding and describe the image, pHash included; never raises. The decode is
+    DCT-scaled to what the pHash needs (>= 128 px): for a photo of a few megapixels that is the
+    smallest scale libjpeg offers anyway, and the `phashes` stage then never decodes again."""
     try:
         opened = open_image(data, max_pixels)
         if isinstance(opened, Rejection):
             return opened
         quality = estimate_jpeg_quality(opened)
         orientation = exif_orientation(opened)
-        decoded = decode_opened(opened, min_size=INSPECT_SIZE, orientation=orientation)
+        decoded = decode_opened(opened, min_size=PHASH_DECODE_SIZE, orientation=orientation)
         if isinstance(decoded, Rejection):
             return decoded
         width, height = decoded.original_size
-        return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality)
+        return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality, phash(decoded.image))
     except Exception as exc:  # the contract: a Rejection, never an exception
         return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
 
@@ -87,6 +90,7 @@ def ingest_batch(
                 "mode": facts.mode,
                 "orientation": facts.orientation,
                 "jpeg_quality": facts.jpeg_quality,
+                "phash": facts.phash,
                 "num_bytes": len(data),
                 "original_caption": record["caption"],
                 "embedding": record["embedding"],

@@ -2,9 +2,11 @@
 
 The hash is taken from a DCT-scaled decode (>= 128 px, what the 32x32 Lanczos reduction with
 reducing_gap 4 uses anyway), so a 12 MP photo costs a 1/8-scale decode, and an original and
-its half-size copy reach the hash from nearly the same pixels. Row-range units of the pinned
-`samples` version run on Ray workers, which write the `phashes` and `rejects` fragments; the
-driver replaces the partition of each table in one commit.
+its half-size copy reach the hash from nearly the same pixels. Ingest computes it from the
+decode it makes anyway to validate the image (`prx_core.sources.ingest`); this stage copies it
+into the per-source table `duplicates` reads, and hashes only rows that lack one. Row-range
+units of the pinned `samples` version run on Ray workers, which write the `phashes` and
+`rejects` fragments; the driver replaces the partition of each table in one commit.
 """
 
 from __future__ import annotations
@@ -15,18 +17,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core.compute.parallel import Throttle
+from prx_core.compute.parallel import Throttle, take_rows
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
-from prx_core.image.phash import phash
+from prx_core.image.phash import PHASH_DECODE_SIZE, phash
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
-PHASH_DECODE_SIZE = (128, 128)
-UNIT_ROWS = 50_000  # ~10 minutes of decoding per unit on one core: what a crash can cost per worker
-COLUMNS = ["sample_id", "source", "source_key", "content_id", "image", "jpeg_quality", "num_bytes"]
+UNIT_ROWS = 1_000_000  # ingest's hashes are copied, no pixel is decoded: a million rows take seconds
+COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height", "phash", "jpeg_quality", "num_bytes"]
 
 
 @dataclass
@@ -53,21 +54,27 @@ def phash_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int,
 
 
 def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: hash one row range of the pinned samples version; a sample that fails becomes a
-    reject row. Writes `phashes` and `rejects` fragments (no commit)."""
+    """Ray task: the pHashes of one row range of the pinned samples version, as ingest computed
+    them; a row without one (ingested before ingest hashed) is hashed from its bytes here, and a
+    sample that cannot be hashed becomes a reject row. Writes `phashes` and `rejects` fragments."""
     storage, source = run.storage, run.manifest.partition
     options = storage.lance_storage_options()
+    samples_uri, version = storage.lance_uri("samples"), run.manifest.inputs["samples"]
     hashes: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
-    for batch in scan_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec, COLUMNS,
-                               source_predicate(source), options, batch_size=64):
+    for batch in scan_row_unit(samples_uri, version, unit.spec, COLUMNS, source_predicate(source), options,
+                               batch_size=1 << 14, with_row_address=True):
         for row in batch.to_pylist():
-            result = phash_image(row["image"], run.manifest.params["max_pixels"])
-            if isinstance(result, Rejection):
-                rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
-                                          "phashes", result.reason, result.message))
-                continue
-            value, width, height = result
+            if row["phash"] is not None:
+                value, width, height = row["phash"], row["width"], row["height"]
+            else:
+                (image,) = take_rows(samples_uri, version, [row["_rowaddr"]], ["image"], options)["image"].to_pylist()
+                result = phash_image(image, run.manifest.params["max_pixels"])
+                if isinstance(result, Rejection):
+                    rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
+                                              "phashes", result.reason, result.message))
+                    continue
+                value, width, height = result
             hashes.append({"sample_id": row["sample_id"], "source": row["source"], "phash": value, "width": width,
                            "height": height, "pixels": width * height, "jpeg_quality": row["jpeg_quality"],
                            "num_bytes": row["num_bytes"]})

@@ -134,8 +134,9 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
     start = time.monotonic()
     sizes = fragment_sizes(spec, storage.storage_options)
     units = group_fragments(sizes, unit_bytes)
-    manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "1",
+    manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "2",
                         {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes})
+    lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, ingest_unit, progress=progress)
     pause_point("samples:before_commit")  # fragments written, nothing committed

@@ -115,11 +115,28 @@ def _create(uri: str, schema: pa.Schema, fragments: Sequence[FragmentMetadata],
     return ds.version
 
 
-def _check_schema(ds: LanceDataset, schema: pa.Schema, uri: str) -> None:
+def upgrade_schema(ds: LanceDataset, schema: pa.Schema, uri: str) -> LanceDataset:
+    """The table with the writer's schema: a table written before nullable columns were appended
+    to its schema gains them as null columns (a metadata-only commit); any other difference is an
+    error, before anything is written."""
     have = [(f.name, f.type) for f in ds.schema]
     want = [(f.name, f.type) for f in schema]
-    if have != want:
+    if have == want:
+        return ds
+    added = list(schema)[len(have):]
+    if want[:len(have)] != have or not all(f.nullable for f in added):
         raise ValueError(f"{uri}: table schema {ds.schema} differs from the writer's {schema}")
+    log.warning("%s: adding the null columns %s (the table predates them)", uri, [f.name for f in added])
+    ds.add_columns(added)
+    return ds
+
+
+def upgrade_table(uri: str, schema: pa.Schema, storage_options: StorageOptions = None) -> None:
+    """Bring an existing table to `schema` before workers write fragments for it (they must
+    match the table's schema)."""
+    ds = open_table(uri, storage_options)
+    if ds is not None:
+        upgrade_schema(ds, schema, uri)
 
 
 def partition_fragments(ds: LanceDataset, predicate: str) -> dict[int, int]:
@@ -179,7 +196,7 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
         try:
             if ds is None:
                 return _create(uri, schema, fragments, storage_options)
-            _check_schema(ds, schema, uri)
+            ds = upgrade_schema(ds, schema, uri)
             removed, updated = _plan_removal(ds, predicate)
             if not (removed or updated or fragments):
                 return ds.version

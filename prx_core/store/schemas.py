@@ -25,6 +25,8 @@ SAMPLES = pa.schema(
         ("num_bytes", pa.int64()),
         ("original_caption", pa.string()),
         ("embedding", pa.list_(pa.float32())),
+        # added after the first release: last, so an older table gains it as a null column
+        ("phash", pa.uint64()),  # 64-bit DCT pHash, from the ingest decode (the `phashes` stage copies it)
     ]
 )
 

@@ -217,6 +217,24 @@ def test_concurrent_upserts_of_the_same_new_keys_do_not_duplicate(tmp_path: Path
         assert sorted(r[0] for r in content(uri)) == sorted(["seed/0"] + [f"a/{i}" for i in range(40)])
 
 
+def test_a_table_older_than_its_schema_gains_the_new_nullable_columns(tmp_path: Path) -> None:
+    """Appended nullable columns (e.g. `samples.phash`) reach an existing corpus as nulls; the
+    upgrade must come before workers write fragments, which must match the table's schema."""
+    uri = str(tmp_path / "samples.lance")
+    lio.replace_partition(uri, where("a"), rows("a", 3), SCHEMA)
+    lio.replace_partition(uri, where("b"), rows("b", 2), SCHEMA)
+    wider = SCHEMA.append(pa.field("phash", pa.uint64()))
+    with pytest.raises(OSError, match="different schema"):
+        lio.write_fragments(uri, rows("a", 1).append_column("phash", pa.array([7], pa.uint64())), wider)
+    lio.upgrade_table(uri, wider)
+    new_a = rows("a", 2, tag="v2").append_column("phash", pa.array([7, 8], pa.uint64()))
+    lio.replace_rows(uri, where("a"), lio.write_fragments(uri, new_a, wider), wider)
+    table = lio.read_table(uri, columns=["sample_id", "phash"])
+    assert sorted(zip(*table.to_pydict().values())) == [("a/0", 7), ("a/1", 8), ("b/0", None), ("b/1", None)]
+    with pytest.raises(ValueError, match="differs from the writer"):  # not an appended column: refused
+        lio.upgrade_table(uri, pa.schema([("sample_id", pa.string()), ("source", pa.int64())]))
+
+
 def test_overwrite(tmp_path: Path) -> None:
     uri = str(tmp_path / "duplicates.lance")
     assert lio.overwrite(uri, rows("a", 4)) == 1

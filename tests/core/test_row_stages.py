@@ -29,7 +29,8 @@ def make_samples(storage: Storage, source: str, n: int, fragments: int) -> pa.Ta
     """`n` samples of `source` in `fragments` fragments (a broken image included: phash rejects)."""
     items = [(f"k{i:03d}", jpeg(*SIZES[i % len(SIZES)], seed=i), f"caption {i}") for i in range(n)]
     samples, _ = ingest_batch(source, records(*items))
-    broken = samples.slice(0, 1).to_pylist()[0] | {"sample_id": f"{source}/zz", "source_key": "zz", "image": b"\xff\xd8\xff"}
+    broken = samples.slice(0, 1).to_pylist()[0] | {"sample_id": f"{source}/zz", "source_key": "zz", "image": b"\xff\xd8\xff",
+                                                  "phash": None}  # as if ingested before ingest hashed
     samples = pa.concat_tables([samples, pa.Table.from_pylist([broken], schema=schemas.SAMPLES)])
     uri, step = storage.lance_uri("samples"), -(-samples.num_rows // fragments)
     written = [f for i in range(0, samples.num_rows, step)
