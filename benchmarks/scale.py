@@ -1,0 +1,365 @@
+"""Scale benchmark: the CPU graph (source captions) at several sizes, and a resume after SIGKILL.
+
+Per size, on a synthetic parquet source of distinct small photos (generated once, cached), each
+stage's driver runs in a fresh process (benchmarks.scale_driver) connected to a Ray cluster this
+process starts, by default a fresh one per stage so the workers' peak RSS is that stage's. Per
+stage: rows/s, driver peak RSS, the largest worker's peak RSS, Lance versions and fragments made.
+Unit sizes are a constant number of rows at every size, so rows/s compares like with like.
+`process_image` is timed on one core over the same photos, and the graph's images/s is compared
+with it times the cores. Then, per work-unit stage, a resume trial: the driver is SIGKILLed half
+way through the stage (PRX_PAUSE_AT), the units it had started but not recorded are counted as
+the work lost, and the rerun must skip exactly the recorded ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.scale_driver import (
+    GRAPH,
+    REPO,
+    RESUMABLE,
+    STAGES,
+    UNIT_PREFIX,
+    Cluster,
+    driver_command,
+    driver_env,
+    run_driver,
+    stage_entry,
+    table_state,
+)
+
+GENERATOR = 1  # bump when the photos change: the cache is keyed by it
+SHAPES = ((640, 480), (480, 640))  # two streams (buckets) per size
+SCHEMA = pa.schema([("key", pa.string()), ("image", pa.binary()), ("caption", pa.string())])
+
+
+@functools.cache
+def _base_photos() -> list[tuple[str, Any]]:
+    from prx_core.demo.photos import load_skimage_photos
+
+    return [(p.caption, p.image.convert("RGB")) for p in load_skimage_photos()]
+
+
+def synth_photo(index: int) -> tuple[bytes, str]:
+    """Photo `index`: a rotated, zoomed, maybe mirrored, colour-shifted window of a real photo, so
+    its bytes and (nearly always) its pHash differ from every other; deterministic in `index`."""
+    import io
+
+    from PIL import Image, ImageOps
+
+    rng = np.random.default_rng([GENERATOR, index])
+    bases = _base_photos()
+    caption, photo = bases[index % len(bases)]
+    w, h = SHAPES[int(rng.integers(len(SHAPES)))]
+    angle = math.radians(rng.uniform(-12, 12))
+    cos, sin = abs(math.cos(angle)), abs(math.sin(angle))
+    fit = min(photo.width / (w * cos + h * sin), photo.height / (w * sin + h * cos))  # rotated window fits
+    scale = fit * rng.uniform(0.35, 0.95)  # source pixels per output pixel
+    bw, bh = scale * (w * cos + h * sin), scale * (w * sin + h * cos)
+    cx, cy = rng.uniform(bw / 2, photo.width - bw / 2), rng.uniform(bh / 2, photo.height - bh / 2)
+    # output pixel -> source point, at half size then resized: a full-size bilinear affine is 4x slower
+    a, b = 2 * scale * math.cos(angle), -2 * scale * math.sin(angle)
+    coeffs = (a, b, cx - a * w / 4 - b * h / 4, -b, a, cy + b * w / 4 - a * h / 4)
+    image = photo.transform((w // 2, h // 2), Image.Transform.AFFINE, coeffs, Image.Resampling.BILINEAR)
+    image = image.resize((w, h), Image.Resampling.BILINEAR)
+    mirrored = bool(rng.random() < 0.5)
+    if mirrored:
+        image = ImageOps.mirror(image)
+    gains = rng.uniform(0.8, 1.2, 3)
+    image = image.point([min(255, int(v * g)) for g in gains for v in range(256)])
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=int(rng.integers(80, 93)))
+    tone = "warm" if gains[0] > gains[2] else "cool"
+    text = (f"{caption}, in {tone} light, {'mirrored, ' if mirrored else ''}turned {math.degrees(angle):+.0f} "
+            f"degrees, {1 / scale:.1f}x zoom")
+    return buffer.getvalue(), text
+
+
+def _write_part(path: str, start: int, count: int) -> None:
+    rows = [synth_photo(i) for i in range(start, start + count)]
+    table = pa.table({"key": [f"img{i:08d}" for i in range(start, start + count)], "image": [r[0] for r in rows],
+                      "caption": [r[1] for r in rows]}, schema=SCHEMA)
+    pq.write_table(table, path + ".tmp", row_group_size=128)
+    os.replace(path + ".tmp", path)  # a killed generator never leaves a truncated file in the cache
+
+
+def synthetic_source(cache: Path, rows: int, file_rows: int, workers: int) -> Path:
+    """A folder of parquet files holding photos 0..rows-1, `file_rows` a file. Files are generated
+    once into a pool shared by all sizes (a size's files are the first of the pool) and hard-linked."""
+    pool = cache / f"photos-g{GENERATOR}-f{file_rows}"
+    source = cache / "sources" / f"g{GENERATOR}-f{file_rows}-n{rows}"
+    pool.mkdir(parents=True, exist_ok=True)
+    source.parent.mkdir(exist_ok=True)
+    parts = [(pool / f"part-{j:05d}-{min(file_rows, rows - start)}.parquet", start, min(file_rows, rows - start))
+             for j, start in enumerate(range(0, rows, file_rows))]
+    missing = [p for p in parts if not p[0].exists()]
+    if missing:
+        print(f"generating {sum(p[2] for p in missing)} synthetic photos into {pool} ...", flush=True)
+        import multiprocessing
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as executor:
+            list(executor.map(_write_part, *zip(*((str(p), s, c) for p, s, c in missing))))
+    if not source.is_dir():
+        staging = Path(tempfile.mkdtemp(dir=cache, prefix=".staging-"))
+        for path, _, _ in parts:
+            os.link(path, staging / path.name)
+        staging.rename(source)
+    return source
+
+
+def unit_sizes(unit_rows: int, source: Path) -> dict[str, int]:
+    """Rows per unit of every stage, the same at every size: source files of half a unit, two
+    files per `samples` unit (a byte budget of 2.5 mean files), MDS chunks of half a unit."""
+    files = sorted(source.glob("*.parquet"))
+    mean = sum(f.stat().st_size for f in files) / len(files)
+    return {"unit_rows": unit_rows, "source_file_rows": max(1, unit_rows // 2), "samples_files_per_unit": 2,
+            "samples_unit_bytes": int(2.5 * mean), "row_unit_rows": unit_rows, "route_rows": unit_rows,
+            "chunk_rows": max(1, unit_rows // 2)}
+
+
+def process_image_rate(source: Path, count: int = 300) -> float:
+    """images/s of `process_image` on one core, over the first `count` photos of the source."""
+    from benchmarks.image_path import one_core
+    from prx_core.image.imaging import process_image
+
+    images: list[bytes] = []
+    for path in sorted(source.glob("*.parquet")):
+        images += pq.read_table(path, columns=["image"])["image"].to_pylist()[: count - len(images)]
+        if len(images) >= count:
+            break
+    with one_core():
+        for data in images[:10]:
+            process_image(data)
+        start = time.perf_counter()
+        for data in images:
+            process_image(data)
+        return len(images) / (time.perf_counter() - start)
+
+
+def _settled_counts(attempt: Path, prefix: str) -> tuple[int, int]:
+    """(units started, units recorded) of an attempt, once the killed driver's workers are gone
+    (Ray kills them when their driver dies): two equal readings a second apart."""
+    def units(folder: Path) -> set[str]:
+        return {p.name.removesuffix(".json") for p in folder.glob(f"{prefix}*")} if folder.is_dir() else set()
+
+    last = None
+    for _ in range(30):
+        done = units(attempt / "done")
+        counts = (len(units(attempt / "started") | done), len(done))
+        if counts == last:
+            break
+        last = counts
+        time.sleep(1.0)
+    return counts
+
+
+def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, timeout: float = 3600) -> dict[str, Any]:
+    """SIGKILL the stage's driver after half its units of the phase completed, count what was
+    started but not recorded (the work a rerun redoes), then rerun and check it skips the rest."""
+    from prx_core.compute.faults import MARKER
+    from prx_core.image.decode import DEFAULT_MAX_PIXELS
+
+    phase, half = RESUMABLE[stage], max(1, units // 2)
+    point = f"{stage}:{phase}:{half}"
+    with cluster.session() as address:
+        job = {**job, "stage": stage, "address": address}
+        if stage == "mds_shards":  # chunks are named after content and settings: the graph's would all be reused
+            job["max_pixels"] = DEFAULT_MAX_PIXELS - 1  # a setting no photo here is near: the same bytes, new names
+        proc = subprocess.Popen(driver_command(job), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                                env=driver_env(PRX_PAUSE_AT=point), start_new_session=True)
+        deadline, paused = time.monotonic() + timeout, False
+        for line in proc.stderr:
+            if line.startswith(f"{MARKER} {point}") or time.monotonic() > deadline:
+                paused = line.startswith(MARKER)
+                break
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        attempts = list(Path(job["root"], "_runs", stage, job["source"]["name"]).glob("*/run.json"))
+        attempt = attempts[0].parent if len(attempts) == 1 else Path("/nonexistent")
+        counts = _settled_counts(attempt, UNIT_PREFIX[phase])
+        rerun = run_driver(job)
+        workers = int(cluster.cpus)
+    again = rerun["units"].get(phase, {})
+    redone = counts[0] - counts[1]
+    return {"phase": phase, "units": units, "killed_after": half, "paused": paused, "started": counts[0],
+            "recorded": counts[1], "redone": redone, "redone_fraction": redone / max(units, 1), "workers": workers,
+            "rerun_skipped": again.get("skipped"), "rerun_ran": again.get("ran"), "rerun_reused": again.get("reused"),
+            "rerun_seconds": rerun["seconds"],
+            "consistent": paused and again.get("skipped") == counts[1] and again.get("ran") == units - counts[1]}
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prx-bench-scale"
+
+
+def run_size(rows: int, job: dict[str, Any], cluster: Cluster, names: tuple[str, ...]) -> dict[str, Any]:
+    """The stages once each, in graph order, on an empty corpus root; a failed stage is reported,
+    not fatal. The graph's images/s is over the stages of GRAPH that ran (`graph_stages`)."""
+    stages: dict[str, dict[str, Any]] = {}
+    for stage in names:
+        with cluster.session() as address:
+            before = table_state(job["root"])
+            try:
+                result = run_driver({**job, "stage": stage, "address": address})
+            except RuntimeError as exc:
+                stages[stage] = {"error": str(exc)[-2000:]}
+                print(f"  {stage:<15} FAILED: {str(exc)[-300:]}", flush=True)
+                continue
+            stages[stage] = entry = stage_entry(result, before, table_state(job["root"]))
+        print(f"  {stage:<15} {entry['rows']:>7} rows {entry['seconds']:7.1f} s {entry['rows_per_s']:8.0f} rows/s  "
+              f"driver {entry['driver_peak_rss_mb']:5.0f} MB  worker {entry['worker_peak_rss_mb']:5.0f} MB", flush=True)
+    graph = [stages[s] for s in GRAPH if s in stages]
+    failed = any("error" in s for s in graph)
+    seconds = None if failed else sum(s["seconds"] for s in graph)
+    rate = process_image_rate(Path(job["source"]["uri"]))
+    return {"rows": rows, "stages": stages, "units": job["units"], "graph_stages": [s for s in GRAPH if s in stages],
+            "graph_seconds": seconds, "graph_images_per_s": rows / seconds if seconds else None,
+            "graph_wall_seconds": None if failed else sum(s["wall_s"] for s in graph),  # with process start-ups
+            "process_image_images_per_s": rate, "cores": cluster.cpus,
+            "process_image_images_per_s_x_cores": rate * cluster.cpus}
+
+
+def select(stages: tuple[str, ...] | None, resume: tuple[str, ...] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The stages to run, in graph order, and those given a resume trial (default: every work-unit
+    stage that runs); ValueError names what cannot be."""
+    unknown = sorted(set(stages or ()) - set(STAGES))
+    if unknown:
+        raise ValueError(f"unknown stage {', '.join(unknown)} (stages: {', '.join(STAGES)})")
+    stages = tuple(s for s in STAGES if s in (stages or STAGES))
+    resume = tuple(s for s in RESUMABLE if s in stages) if resume is None else resume
+    if unknown := sorted(set(resume) - set(RESUMABLE).intersection(stages)):
+        raise ValueError(f"no resume trial for {', '.join(unknown)}: only for work-unit stages that run "
+                         f"({', '.join(s for s in RESUMABLE if s in stages)})")
+    return stages, tuple(s for s in RESUMABLE if s in resume)
+
+
+def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus: int | None = None,
+        cache: str | None = None, workdir: str | None = None, resume_rows: int | None = None,
+        resume: tuple[str, ...] | None = None, fresh_ray: bool = True,
+        stages: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The whole benchmark. The resume trials run at `resume_rows` (default: the largest size)
+    after its graph. Corpora are built in `workdir` and kept, or in a temporary folder deleted
+    size by size. `stages` (default all) run in graph order; each needs the earlier ones it reads."""
+    from benchmarks.image_path import _cpu_name
+
+    stages, resume = select(stages, resume)
+    cpus = cpus or os.cpu_count() or 1
+    sizes = tuple(sorted(sizes))
+    resume_rows = resume_rows or sizes[-1]
+    work = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-scale-"))
+    cluster = Cluster(cpus, fresh_ray)
+    results: dict[str, Any] = {"cpus": cpus, "cpu": _cpu_name(), "python": sys.version.split()[0], "unit_rows": unit_rows,
+                               "fresh_ray_per_stage": fresh_ray, "resume_rows": resume_rows, "sizes": [], "resume": {}}
+    try:
+        for rows in sizes:
+            source = synthetic_source(Path(cache) if cache else default_cache(), rows, max(1, unit_rows // 2), cpus)
+            spec = {"name": "bench", "format": "parquet", "uri": str(source), "image_column": "image",
+                    "caption_column": "caption", "key_column": "key"}
+            job = {"root": str(work / f"corpus-{rows}"), "source": spec, "units": unit_sizes(unit_rows, source)}
+            print(f"{rows} rows, {cpus} cores: {', '.join(stages)}", flush=True)
+            size = run_size(rows, job, cluster, stages)
+            results["sizes"].append(size)
+            for stage in resume if rows == resume_rows else ():
+                done = size["stages"][stage]
+                if "error" in done:
+                    continue
+                try:
+                    trial = resume_trial(stage, job, done["units"][RESUMABLE[stage]]["units"], cluster)
+                except RuntimeError as exc:  # the rerun failed
+                    results["resume"][stage] = {"error": str(exc)[-2000:]}
+                    continue
+                results["resume"][stage] = trial
+                print(f"  resume {stage}: {trial['redone']} of {trial['units']} units redone "
+                      f"(rerun skipped {trial['rerun_skipped']}, ran {trial['rerun_ran']})", flush=True)
+            if workdir is None:
+                shutil.rmtree(job["root"], ignore_errors=True)  # 100,000 rows are ~5 GB
+    finally:
+        cluster.close()
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+    results["targets"] = targets(results)
+    return results
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's targets, measured (reported, never asserted): pass is None when not measurable."""
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, stage: str | None, value: float | None, limit: float, higher: bool) -> None:
+        ok = None if value is None else (value >= limit if higher else value <= limit)
+        out.append({"target": name, "stage": stage, "value": value, "op": ">=" if higher else "<=", "limit": limit,
+                    "pass": ok})
+
+    sizes = results["sizes"]
+    if len(sizes) > 1:
+        small, large = sizes[0], sizes[-1]
+        for stage in small["stages"]:
+            a, b = small["stages"].get(stage, {}), large["stages"].get(stage, {})
+            usable = "error" not in a and "error" not in b and a and b
+            add(f"driver peak RSS at {large['rows']} rows / at {small['rows']} rows", stage,
+                b["driver_peak_rss_mb"] / a["driver_peak_rss_mb"] if usable else None, 1.2, higher=False)
+            add(f"rows/s at {large['rows']} rows / at {small['rows']} rows", stage,
+                b["rows_per_s"] / a["rows_per_s"] if usable else None, 0.9, higher=True)
+    for size in sizes:
+        graph = size["graph_images_per_s"]
+        add(f"graph images/s / (process_image images/s x {size['cores']} cores) at {size['rows']} rows", None,
+            graph / size["process_image_images_per_s_x_cores"] if graph else None, 0.5, higher=True)
+    for stage, trial in results["resume"].items():
+        add("units redone after a SIGKILL half way / workers (rerun consistent)", stage,
+            trial["redone"] / trial["workers"] if trial.get("consistent") else None, 1.0, higher=False)
+    return out
+
+
+def format_table(results: dict[str, Any]) -> str:
+    lines = []
+    for size in results["sizes"]:
+        units = size["units"]
+        lines += [f"\n{size['rows']} rows, {size['cores']} cores; units of {units['unit_rows']} rows (source files of "
+                  f"{units['source_file_rows']}, {units['samples_files_per_unit']} per samples unit, MDS chunks of "
+                  f"{units['chunk_rows']})", "",
+                  "| stage | rows | s | rows/s | driver MB | worker MB | versions | fragments | units | load |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for stage, e in size["stages"].items():
+            if "error" in e:
+                lines.append(f"| {stage} | failed: {e['error'].strip().splitlines()[-1][:120]} |")
+                continue
+            counts = ", ".join(f"{phase} {u['units']}" if phase != "units" else str(u["units"]) for phase, u in e["units"].items())
+            lines.append(f"| {stage} | {e['rows']} | {e['seconds']:.1f} | {e['rows_per_s']:.0f} | {e['driver_peak_rss_mb']:.0f} | "
+                         f"{e['worker_peak_rss_mb']:.0f} | {e['lance_versions']} | {e['lance_fragments']:+d} | {counts or '-'} | "
+                         f"{e['load_avg_1m']:.1f} |")
+        graph = size["graph_images_per_s"]
+        lines.append(f"\ngraph ({', '.join(size['graph_stages'])}): " + (f"{graph:.1f} images/s" if graph else "incomplete")
+                     + f"; process_image {size['process_image_images_per_s']:.1f} images/s on one core x {size['cores']} = "
+                     f"{size['process_image_images_per_s_x_cores']:.1f}")
+    if results["resume"]:
+        lines += [f"\nresume after a SIGKILL half way ({results['resume_rows']} rows)", "",
+                  "| stage | phase | units | killed after | recorded | redone | workers | rerun skipped / ran | consistent |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for stage, t in results["resume"].items():
+            if "error" in t:
+                lines.append(f"| {stage} | failed: {t['error'].strip().splitlines()[-1][:120]} |")
+                continue
+            lines.append(f"| {stage} | {t['phase']} | {t['units']} | {t['killed_after']} | {t['recorded']} | {t['redone']} | "
+                         f"{t['workers']} | {t['rerun_skipped']} / {t['rerun_ran']} | {t['consistent']} |")
+    lines.append("\ntargets (reported, not asserted)")
+    for t in results["targets"]:
+        verdict = {True: "PASS", False: "FAIL", None: "n/a "}[t["pass"]]
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"{verdict} {t['target']}{': ' + t['stage'] if t['stage'] else ''} = {value} ({t['op']} {t['limit']})")
+    return "\n".join(lines)

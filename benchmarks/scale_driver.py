@@ -1,0 +1,309 @@
+"""One stage of the scale benchmark, run and measured: `python -m benchmarks.scale_driver JOB`.
+
+The benchmark (benchmarks.scale) starts a Ray cluster (`Cluster`) and runs each stage's driver in
+a process of its own connected to it (`run_driver`), so the driver's peak RSS is the stage's own
+(not Ray's start-up, not the workers') and a resume trial can SIGKILL it at a pause point
+(PRX_PAUSE_AT). JOB is a JSON object: stage, root, address (the cluster's GCS), source (a
+SourceSpec as a dict), units (the unit sizes); the driver prints `PRX-BENCH-RESULT {json}`.
+Meanwhile this side reads the peak RSS (VmHWM) of the cluster's workers from /proc
+(`WorkerPeak`) and the Lance versions and fragments before and after (`table_state`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+RESULT = "PRX-BENCH-RESULT"
+STAGES = ("samples", "buckets", "phashes", "captions", "caption_labels", "duplicates", "mds_shards", "skip_lists",
+          "compact_corpus")
+# The CPU graph from ingest to MDS and skip-lists; labels and duplicates (inputs of skip_lists)
+# and compaction are timed and reported, but are not part of it.
+GRAPH = ("samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists")
+# Stages run as work units, and the phase a resume trial kills half way (PRX_PAUSE_AT).
+RESUMABLE = {"samples": "units", "buckets": "units", "phashes": "units", "mds_shards": "chunks", "skip_lists": "chunks"}
+UNIT_PREFIX = {"units": "", "chunks": "chunk-"}  # the phase's unit ids under started/ and done/
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a cost per process, not per row
+    "samples": ("prx_core.stages.samples",), "buckets": ("prx_core.stages.buckets",),
+    "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
+    "caption_labels": ("prx_core.stages.labels",), "duplicates": ("prx_core.stages.duplicates",),
+    "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
+    "compact_corpus": ("prx_core.store.maintenance", "prx_core.shards.publish"),
+}
+
+
+def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any]]:
+    """The stage function, called as its Dagster asset calls it (default settings, the benchmark's
+    unit sizes): (rows, its UnitResults or {phase: UnitResults} or None, other numbers)."""
+    from prx_core.models.caption_base import CaptionerConfig
+    from prx_core.models.label_base import LabelerConfig
+    from prx_core.sources.catalog import SourceSpec
+    from prx_core.store.storage import Storage
+
+    spec, storage, units = SourceSpec(**job["source"]), Storage(job["root"]), job["units"]
+    captioner, labeler = CaptionerConfig("source").version(), LabelerConfig().version()
+    if stage == "samples":
+        from prx_core.stages.samples import build_samples
+
+        r = build_samples(spec, storage, unit_bytes=units["samples_unit_bytes"])
+        return r.rows, r.units, {"rejected": r.rejected, "files": r.fragments_read}
+    if stage == "buckets":
+        from prx_core.stages.buckets import build_buckets
+
+        r = build_buckets(spec.name, storage, unit_rows=units["row_unit_rows"])
+        return r.rows, r.units, {"bucketed": r.bucketed}
+    if stage == "phashes":
+        from prx_core.stages.phashes import build_phashes
+
+        r = build_phashes(spec.name, storage, unit_rows=units["row_unit_rows"])
+        return r.rows, r.units, {"failed": r.failed}
+    if stage == "captions":
+        from prx_core.stages.captions import build_captions
+
+        r = build_captions(spec.name, storage, CaptionerConfig("source"))
+        return r.eligible, None, {"captioned": r.captioned, "reused": r.reused, "failed": r.failed}
+    if stage == "caption_labels":
+        from prx_core.stages.labels import build_labels
+
+        r = build_labels(spec.name, storage, captioner, LabelerConfig())
+        return r.captioned, None, {"labelled": r.labelled, "labels": r.distribution}
+    if stage == "duplicates":
+        from prx_core.stages.duplicates import build_duplicates
+
+        r = build_duplicates(storage)
+        return r.rows_read, None, {"groups": r.groups, "duplicates": r.duplicates}
+    if stage == "mds_shards":
+        from prx_core.image.decode import DEFAULT_MAX_PIXELS
+        from prx_core.stages.mds_shards import build_mds
+
+        r = build_mds(spec.name, storage, captioner, max_pixels=job.get("max_pixels", DEFAULT_MAX_PIXELS),
+                      route_rows=units["route_rows"], chunk_rows=units["chunk_rows"])
+        return r.written, r.units, {"streams": len(r.streams), "rejects": r.rejects}
+    if stage == "skip_lists":
+        from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+
+        r = build_skip_lists(spec.name, storage, captioner, labeler, SkipPolicy())
+        return r.samples, getattr(r, "units", None), {"skipped": r.skipped, "files": len(r.files)}
+    return compact_corpus(storage)
+
+
+def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
+    """What the compact_corpus job does: per table compaction and index catch-up, then pruning."""
+    from prx_core.shards.publish import prune_streams
+    from prx_core.store import lance_io, maintenance
+    from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
+
+    options, fragments = storage.lance_storage_options(), {}
+    for table in TABLES:
+        uri = storage.lance_uri(table)
+        if lance_io.table_exists(uri, options):
+            report = maintenance.compact_table(uri, storage_options=options,
+                                               partition_columns=PARTITION_COLUMNS.get(table, ()))
+            maintenance.refresh_table_indexes(uri, table, options, merge=True)
+            fragments[table] = [report.fragments_before, report.fragments_after]
+    pruned = prune_streams(storage.root, storage_options=storage.storage_options)
+    rows = lance_io.require_table(storage.lance_uri("samples"), options).count_rows()
+    return rows, None, {"fragments_before_after": fragments, "chunks_pruned": len(pruned.removed)}
+
+
+def units_summary(results: Any) -> dict[str, Any]:
+    return {"units": results.units, "ran": results.ran, "skipped": results.skipped,
+            "reused": results.total("reused"),  # mds chunks whose content-named folder existed: no work
+            "worker_peak_rss_mb": results.worker_peak_rss_mb(), "seconds": round(results.seconds, 3)}
+
+
+def run_stage(job: dict[str, Any]) -> dict[str, Any]:
+    """Connect to the benchmark's cluster, run the stage, report its numbers and this process's peak RSS."""
+    import ray
+
+    ray.init(address=job["address"], log_to_driver=False, logging_level="warning", configure_logging=False)
+    started = time.monotonic()
+    for module in MODULES[job["stage"]]:  # a fixed cost of the process, not of the rows: timed apart
+        importlib.import_module(module)
+    imported = time.monotonic()
+    rows, results, extra = call_stage(job["stage"], job)
+    seconds = time.monotonic() - imported
+    phases = results if isinstance(results, dict) else {} if results is None else {"units": results}
+    return {"stage": job["stage"], "rows": rows, "seconds": seconds, "import_s": imported - started,
+            "units": {phase: units_summary(r) for phase, r in phases.items()},
+            "driver_peak_rss_mb": peak_rss_mb(), "extra": extra}
+
+
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """VmHWM: the peak RSS of the process's address space. Not ru_maxrss, which Linux carries
+    across exec: a child of a 600 MB parent reports at least 600 MB."""
+    for line in Path("/proc", str(pid), "status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0  # a zombie: no address space left
+
+
+# --- the benchmark's side ---------------------------------------------------------------------
+
+
+class Cluster:
+    """The benchmark's Ray, started in this process (its workers are descendants of this process):
+    a fresh one per `session()` when `fresh`, else one for the whole run."""
+
+    def __init__(self, cpus: int, fresh: bool = True) -> None:
+        self.cpus, self.fresh, self.address = cpus, fresh, None
+
+    @contextmanager
+    def session(self) -> Iterator[str]:
+        import ray
+
+        if self.address is None:
+            if ray.is_initialized():  # its workers' memory and CPUs would not be the benchmark's own
+                raise RuntimeError("the scale benchmark starts its own Ray: run it in a process without one")
+            warnings.filterwarnings("ignore", message="lance is not fork-safe")  # Ray forks to exec its daemons
+            ray.init(num_cpus=self.cpus, include_dashboard=False, log_to_driver=False, logging_level="warning",
+                     configure_logging=False)
+            self.address = ray.get_runtime_context().gcs_address
+        try:
+            yield self.address
+        finally:
+            if self.fresh:
+                self.close()
+
+    def close(self) -> None:
+        import ray
+
+        if self.address is not None:
+            ray.shutdown()
+            self.address = None
+
+
+AGENTS = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")  # per-node daemons, not workers
+
+
+def _worker_peaks() -> dict[int, tuple[float, str]]:
+    """(VmHWM, the peak RSS in MB; title) of every Ray worker process (title `ray::...`) that
+    descends from this process."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path("/proc", entry, "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    me, peaks = os.getpid(), {}
+    for pid in parents:
+        ancestor = parents.get(pid)
+        while ancestor and ancestor != me:
+            ancestor = parents.get(ancestor)
+        try:
+            title = Path("/proc", str(pid), "cmdline").read_bytes().split(b"\0")[0]
+            if ancestor == me and title.startswith(b"ray::") and not title.startswith(AGENTS):
+                peaks[pid] = (peak_rss_mb(pid), title.decode(errors="replace").strip())
+        except OSError:
+            continue
+    return peaks
+
+
+class WorkerPeak:
+    """The largest peak RSS a Ray worker reached while the block ran, polled from /proc. A worker
+    alive before counts only if its peak grew (a reused worker's old peak is not this stage's)."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval, self.peak_mb, self.title = interval, 0.0, ""
+        self._baseline: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> WorkerPeak:
+        self._baseline = {pid: peak for pid, (peak, _) in _worker_peaks().items()}
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        for pid, (peak, title) in _worker_peaks().items():
+            if peak > self._baseline.get(pid, 0.0) and peak > self.peak_mb:
+                self.peak_mb, self.title = peak, f"{title} (pid {pid})"
+
+
+def table_state(root: str) -> dict[str, tuple[int, int]]:
+    """(version, fragments) of every corpus table that exists."""
+    from prx_core.store import lance_io
+    from prx_core.store.schemas import TABLES
+    from prx_core.store.storage import Storage
+
+    storage, state = Storage(root), {}
+    for table in TABLES:
+        if (ds := lance_io.open_table(storage.lance_uri(table))) is not None:
+            state[table] = (ds.version, len(ds.get_fragments()))
+    return state
+
+
+def driver_command(job: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.scale_driver", json.dumps(job)]
+
+
+def driver_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "LANCE_LOG": "error", **extra}
+
+
+def run_driver(job: dict[str, Any]) -> dict[str, Any]:
+    """Run one stage's driver process; its report plus wall time and the workers' sampled peak RSS."""
+    began = time.monotonic()
+    with WorkerPeak() as workers:
+        proc = subprocess.run(driver_command(job), capture_output=True, text=True, cwd=REPO, env=driver_env())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{job['stage']} driver failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    result = json.loads(lines[-1][len(RESULT):])
+    result.update(wall_s=time.monotonic() - began, worker_peak_rss_mb_sampled=workers.peak_mb,
+                  worker_peak_process=workers.title)
+    return result
+
+
+def stage_entry(result: dict[str, Any], before: dict, after: dict) -> dict[str, Any]:
+    """A stage's numbers for the report: the driver's result and the tables' versions and fragments
+    before and after. The worker peak is the larger of the units' own ru_maxrss (Ray's workers are
+    exec'd by the raylet, a small process) and the sampled VmHWM."""
+    from_units = max((u["worker_peak_rss_mb"] for u in result["units"].values()), default=0.0)
+    tables = {t: {"versions": after[t][0] - before.get(t, (0, 0))[0], "fragments": [before.get(t, (0, 0))[1], after[t][1]]}
+              for t in after if after[t] != before.get(t)}
+    return {
+        "rows": result["rows"], "seconds": result["seconds"], "import_s": result["import_s"], "wall_s": result["wall_s"],
+        "rows_per_s": result["rows"] / max(result["seconds"], 1e-9),
+        "driver_peak_rss_mb": result["driver_peak_rss_mb"],
+        "worker_peak_rss_mb": max(from_units, result["worker_peak_rss_mb_sampled"]),
+        "worker_peak_rss_mb_units": from_units or None, "worker_peak_process": result["worker_peak_process"],
+        "lance_versions": sum(t["versions"] for t in tables.values()),
+        "lance_fragments": sum(t["fragments"][1] - t["fragments"][0] for t in tables.values()),
+        "tables": tables, "units": result["units"], "extra": result["extra"],
+        "load_avg_1m": os.getloadavg()[0],  # other work on the machine slows every rate
+    }
+
+
+def main(argv: list[str]) -> int:
+    os.environ.setdefault("LANCE_LOG", "error")
+    result = run_stage(json.loads(argv[0]))
+    print(f"{RESULT} {json.dumps(result, default=str)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
