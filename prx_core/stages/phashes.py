@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core.compute.parallel import Throttle, take_rows
+from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
@@ -26,6 +26,7 @@ from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
+TAKE_ROWS = 64  # images read at once for rows ingested without a hash: bounded worker memory
 UNIT_ROWS = 1_000_000  # ingest's hashes are copied, no pixel is decoded: a million rows take seconds
 COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height", "phash", "jpeg_quality", "num_bytes"]
 
@@ -64,12 +65,15 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     rejects: list[dict[str, Any]] = []
     for batch in scan_row_unit(samples_uri, version, unit.spec, COLUMNS, source_predicate(source), options,
                                batch_size=1 << 14, with_row_address=True):
-        for row in batch.to_pylist():
+        rows = batch.to_pylist()
+        unhashed = [row["_rowaddr"] for row in rows if row["phash"] is None]
+        images = (image for part in chunk(unhashed, TAKE_ROWS)  # a take per 64 images, not per row or per batch
+                  for image in take_rows(samples_uri, version, part, ["image"], options)["image"].to_pylist())
+        for row in rows:
             if row["phash"] is not None:
                 value, width, height = row["phash"], row["width"], row["height"]
             else:
-                (image,) = take_rows(samples_uri, version, [row["_rowaddr"]], ["image"], options)["image"].to_pylist()
-                result = phash_image(image, run.manifest.params["max_pixels"])
+                result = phash_image(next(images), run.manifest.params["max_pixels"])
                 if isinstance(result, Rejection):
                     rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
                                               "phashes", result.reason, result.message))

@@ -29,6 +29,9 @@ def make_samples(storage: Storage, source: str, n: int, fragments: int) -> pa.Ta
     """`n` samples of `source` in `fragments` fragments (a broken image included: phash rejects)."""
     items = [(f"k{i:03d}", jpeg(*SIZES[i % len(SIZES)], seed=i), f"caption {i}") for i in range(n)]
     samples, _ = ingest_batch(source, records(*items))
+    legacy = pa.array([None if i % 3 == 1 else h for i, h in enumerate(samples["phash"].to_pylist())], pa.uint64())
+    samples = samples.set_column(samples.schema.get_field_index("phash"), "phash", legacy)  # some ingested before
+    # ingest hashed: `phashes` hashes their bytes, interleaved with copied hashes
     broken = samples.slice(0, 1).to_pylist()[0] | {"sample_id": f"{source}/zz", "source_key": "zz", "image": b"\xff\xd8\xff",
                                                   "phash": None}  # as if ingested before ingest hashed
     samples = pa.concat_tables([samples, pa.Table.from_pylist([broken], schema=schemas.SAMPLES)])
