@@ -326,6 +326,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def failed_row(stage: str, entry: dict[str, Any]) -> str:
+    """A table row for a stage or trial that failed: the last line of its error."""
+    return f"| {stage} | failed: {entry['error'].strip().splitlines()[-1][:120]} |"
+
+
 def format_table(results: dict[str, Any]) -> str:
     lines = []
     for size in results["sizes"]:
@@ -337,7 +342,7 @@ def format_table(results: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for stage, e in size["stages"].items():
             if "error" in e:
-                lines.append(f"| {stage} | failed: {e['error'].strip().splitlines()[-1][:120]} |")
+                lines.append(failed_row(stage, e))
                 continue
             counts = ", ".join(f"{phase} {u['units']}" if phase != "units" else str(u["units"]) for phase, u in e["units"].items())
             lines.append(f"| {stage} | {e['rows']} | {e['seconds']:.1f} | {e['rows_per_s']:.0f} | {e['driver_peak_rss_mb']:.0f} | "
@@ -353,7 +358,7 @@ def format_table(results: dict[str, Any]) -> str:
                   "|---|---|---|---|---|---|---|---|---|"]
         for stage, t in results["resume"].items():
             if "error" in t:
-                lines.append(f"| {stage} | failed: {t['error'].strip().splitlines()[-1][:120]} |")
+                lines.append(failed_row(stage, t))
                 continue
             lines.append(f"| {stage} | {t['phase']} | {t['units']} | {t['killed_after']} | {t['recorded']} | {t['redone']} | "
                          f"{t['workers']} | {t['rerun_skipped']} / {t['rerun_ran']} | {t['consistent']} |")
