@@ -1,16 +1,11 @@
 """Asset `captions`: VLM re-captioning of eligible samples, each content once per captioner."""
 
 
-import statistics
-
 import dagster as dg
-import pyarrow as pa
-import pyarrow.compute as pc
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
-from prx_core.stages.captions import build_captions, existing_keys
-from prx_core.store.lookups import eligible_contents
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_core.stages.captions import build_captions
 from prx_resources import CaptionerResource, ExplorerResource, StorageResource
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
@@ -28,30 +23,28 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult:
         store, config = storage.storage(), captioner.config()
         report = build_captions(context.partition_key, store, config, actors=captioner.actors,
-                                progress=progress(context, f"captions[{context.partition_key}] images"))
-        eligible, _ = eligible_contents(context.partition_key, store)
-        covered = existing_keys(store.lance_uri("captions"), "captioner_version", config.version(),
-                                store.lance_storage_options(), "error = ''")
-        missing = eligible.filter(pc.invert(pc.is_in(eligible["content_id"], pa.array(sorted(covered), pa.string()))))
-        words = report.word_counts
+                                progress=progress(context, f"captions[{context.partition_key}]"))
+        made = max(report.captioned, 1)
         return dg.MaterializeResult(
             metadata={
                 "captioner": config.captioner_id(), "eligible": report.eligible, "reused": report.reused,
                 "captioned": report.captioned, "failed": report.failed,
                 "images_per_second": round(report.images_per_second, 2),
-                "mean_words": round(statistics.fmean(words), 1) if words else 0.0,
-                "in_100_200_words": round(sum(100 <= w <= 200 for w in words) / len(words), 3) if words else 0.0,
+                "mean_words": round(report.words / made, 1) if report.captioned else 0.0,
+                "in_100_200_words": round(report.in_100_200_words / made, 3) if report.captioned else 0.0,
                 "failures": counts_table(report.failures, "reason"),
                 "output_tokens": report.output_tokens,
                 "output_tokens_per_second": round(report.output_tokens_per_second, 1),
+                "model_busy_fraction": round(report.model_busy_fraction, 3),
+                **units_metadata(report.units), "lance_commits": report.commits,
                 **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
                 **lance_versions(**report.read_versions, captions=report.captions_version),
                 **explorer.metadata(context.partition_key),
             },
             check_results=[dg.AssetCheckResult(
-                check_name="captions_coverage", passed=missing.num_rows == 0,
-                metadata={"eligible": eligible.num_rows, "missing": missing.num_rows,
-                          "missing_sample": str(missing["content_id"].to_pylist()[:10])})],
+                check_name="captions_coverage", passed=report.missing == 0,
+                metadata={"eligible": report.eligible, "missing": report.missing,
+                          "missing_sample": str(report.failed_examples)})],
             data_version=dg.DataVersion(f"captions@{report.captions_version}"),
         )
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from prx_core.compute.actors import ModelHost, imap_actors
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
 from prx_core.sources.catalog import NAME_PATTERN
@@ -103,6 +104,20 @@ class UnitRun:
         put_atomic(fs, state, json.dumps(payload, sort_keys=True, default=str).encode())
         return run
 
+    @staticmethod
+    def recorded(storage: Storage, asset: str, partition: str) -> list[dict[str, Any]]:
+        """Summaries of the completed units of every uncommitted attempt of (asset, partition):
+        results a stage that commits as it goes may still have to commit (before `open` of a new
+        manifest discards those attempts)."""
+        fs = storage.filesystem()
+        summaries: list[dict[str, Any]] = []
+        for attempt in _children(fs, storage.uri(RUNS, asset, partition)):
+            if fs.exists(_join(attempt, COMMITTED)):
+                continue
+            paths = [p for p in _children(fs, _join(attempt, "done")) if p.endswith(".json")]
+            summaries += [json.loads(data) for data in (fs.cat(paths) if paths else {}).values()]
+        return summaries
+
     def record(self, unit_id: str, summary: Mapping[str, Any]) -> None:
         put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
                    json.dumps(summary, sort_keys=True).encode())
@@ -159,22 +174,37 @@ class UnitResults:
 
 
 UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
+ModelUnitFn = Callable[[ModelHost, Unit, UnitRun], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How units that need a model run: `actors` Ray actors, each building `factory()` once."""
+
+    factory: Callable[[], Any]
+    actors: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    runtime_env: dict[str, Any] | None = None
 
 
 class UnitFailed(RuntimeError):
     """A unit still failed after its retries; the units recorded so far are kept for the rerun."""
 
 
-def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Throttle | None = None,
+def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn | ModelUnitFn, *, progress: Throttle | None = None,
               num_cpus: float = 1.0, max_retries: int = 2, max_in_flight: int | None = None,
-              phase: str = "units") -> UnitResults:
+              phase: str = "units", model: ModelSpec | None = None,
+              on_result: Callable[[dict[str, Any]], None] | None = None) -> UnitResults:
     """Run every unit not yet recorded as one Ray task each (at most `max_in_flight` at once, by
     default twice the cluster's CPUs), in plan order, completions in any order.
 
     A task is retried `max_retries` times (a worker that died, a transient storage error), then
     the run fails naming the unit. With `PRX_PAUSE_AT=<asset>:<phase>:<k>` the driver pauses after
     the k-th completion of this call (kill tests). A stage with several passes runs each as a
-    `phase` with its own unit ids.
+    `phase` with its own unit ids. With `model`, units run on `model.actors` actors that each
+    build the model once, and `fn(host, unit, run)` uses it through `host.run` (compute.actors).
+    `on_result` sees each new summary as it arrives (batched commits of shared tables).
     """
     start = time.monotonic()
     ids = {u.id for u in units}
@@ -188,10 +218,16 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Thro
         progress.begin(skipped, rows_done)
     todo = [u for u in units if u.id not in done]
     calls = ((fn, unit, run) for unit in todo)
+    if model is None:
+        results = imap_tasks(_execute, calls, num_cpus=num_cpus, max_retries=max_retries, max_in_flight=max_in_flight)
+    else:
+        results = imap_actors(model.factory, _execute_on_actor, calls, actors=model.actors, num_cpus=model.num_cpus,
+                              num_gpus=model.num_gpus, max_retries=max_retries, runtime_env=model.runtime_env)
     ran = 0
     try:
-        for number, summary in imap_tasks(_execute, calls, num_cpus=num_cpus, max_retries=max_retries,
-                                          max_in_flight=max_in_flight):
+        for number, summary in results:
+            if on_result is not None:
+                on_result(summary)
             done[todo[number].id] = summary
             ran += 1
             rows_done += int(summary.get("rows", todo[number].rows))
@@ -204,13 +240,17 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn, *, progress: Thro
     return UnitResults([done[u.id] for u in units], ran, skipped, time.monotonic() - start)
 
 
-def _execute(fn: UnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
+def _execute_on_actor(host: ModelHost, fn: ModelUnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    return _execute(fn, unit, run, host)
+
+
+def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHost) -> dict[str, Any]:
     """On the worker: run the unit, then record its completion (outputs first, record last)."""
     import ray
 
     began = time.monotonic()
     run.mark_started(unit.id)
-    summary = dict(fn(unit, run))
+    summary = dict(fn(*host, unit, run))
     summary.update(unit=unit.id, rows_planned=unit.rows, seconds=round(time.monotonic() - began, 3),
                    worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                    node=ray.get_runtime_context().get_node_id())

@@ -66,6 +66,9 @@ class CaptionerConfig:
     accelerator_type: str | None = None  # Ray accelerator type of the engine workers, e.g. "H200"
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # to vLLM as is
     runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Ray env with vLLM
+    # source backend only: a stand-in model cost per image (benchmarks measure the orchestration
+    # around a model with it); it does not change the output, so it is not in version().
+    seconds_per_image: float = 0.0
 
     def __post_init__(self) -> None:
         if self.backend not in KNOWN_BACKENDS:

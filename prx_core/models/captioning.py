@@ -9,6 +9,7 @@ config, id/version and the `CaptionBatch` output columns; only the engine behind
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ class SourceCaptioner(Captioner):
 
     def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
         check_lengths(images, original_captions)
+        if self.config.seconds_per_image:
+            time.sleep(self.config.seconds_per_image * len(images))
         return [
             CaptionResult(text.strip()) if text and text.strip()
             else CaptionResult.failed(NO_SOURCE_CAPTION, "the source has no caption for this image")

@@ -44,6 +44,7 @@ from prx_core.models.prompts import CAPTION_PROMPT
 
 JPEG_QUALITY = 95  # the model sees the image re-encoded once, after the pixel cap
 INFERENCE_ERROR = "__inference_error__"  # Ray's column for a row the engine failed
+CARRIED = ("unit_id",)  # columns passed through the engine untouched (which work unit a row belongs to)
 OUTPUT_COLUMNS = ("content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
                   "num_generated_tokens")
 
@@ -133,7 +134,7 @@ class Preprocess:
             return {
                 "content_id": content_id, "image": b"", "decode_error": url.error,
                 "messages": [{"role": "user", "content": [{"type": "text", "text": "."}]}],
-                "sampling_params": {**self.sampling, "max_tokens": 1},
+                "sampling_params": {**self.sampling, "max_tokens": 1}, **carried(row),
             }
         return {  # "image": b"" drops the bytes Ray would otherwise carry through every stage
             "content_id": content_id, "image": b"", "decode_error": "",
@@ -141,7 +142,7 @@ class Preprocess:
                 {"type": "image_url", "image_url": {"url": url}},
                 {"type": "text", "text": CAPTION_PROMPT},
             ]}],
-            "sampling_params": dict(self.sampling),
+            "sampling_params": dict(self.sampling), **carried(row),
         }
 
 
@@ -174,6 +175,7 @@ class Postprocess:
             "word_count": word_count(caption),
             "error": result.error or "",
             "num_generated_tokens": 0 if tokens is None or row.get("decode_error") else int(tokens),
+            **carried(row),
         }
 
 
@@ -191,7 +193,7 @@ class FinalizeRows:
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         if row.get(INFERENCE_ERROR) or row.get(self.marker) is None:
             return self.postprocess(row)
-        return {name: row[name] for name in self.columns}
+        return {name: row[name] for name in self.columns} | carried(row)
 
 
 class Finalize(FinalizeRows):
@@ -209,7 +211,12 @@ def build_vllm_processor(config: CaptionerConfig) -> Any:
                            postprocess=Postprocess(config))
 
 
-def caption_dataset(dataset: Any, config: CaptionerConfig) -> Any:
-    """Rows (content_id, image, original_caption) -> caption rows, through vLLM."""
+def carried(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: row[name] for name in CARRIED if name in row}
+
+
+def caption_dataset(dataset: Any, config: CaptionerConfig, carry: Sequence[str] = ()) -> Any:
+    """Rows (content_id, image, original_caption) -> caption rows, through vLLM; the `carry`
+    columns (of CARRIED) come out as they went in."""
     processor = build_vllm_processor(config)
-    return processor(dataset.select_columns(["content_id", "image"])).map(Finalize(config))
+    return processor(dataset.select_columns(["content_id", "image", *carry])).map(Finalize(config))

@@ -16,7 +16,7 @@ into a `generation_error` row, retried on the next materialization.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prx_core.models import captioning_vllm
@@ -49,6 +49,7 @@ def vllm_preprocess(config: LabelerConfig) -> RowFn:
             "messages": build_messages(caption),
             "sampling_params": {"temperature": temperature, "max_tokens": max_tokens,
                                 "structured_outputs": {"choice": list(LABELS)}},
+            **captioning_vllm.carried(row),
         }
 
     return preprocess
@@ -70,7 +71,8 @@ def vllm_postprocess(config: LabelerConfig) -> RowFn:
         else:
             result = result_from_answer(row["generated_text"])
         return {"content_id": row["content_id"], "label": result.label, "score": float(result.score),
-                "labeler_id": labeler_id, "labeler_version": labeler_version, "error": result.error or ""}
+                "labeler_id": labeler_id, "labeler_version": labeler_version, "error": result.error or "",
+                **captioning_vllm.carried(row)}
 
     return postprocess
 
@@ -92,8 +94,9 @@ def build_vllm_processor(config: LabelerConfig) -> Any:
                            postprocess=vllm_postprocess(config))
 
 
-def label_dataset(dataset: Any, config: LabelerConfig) -> Any:
-    """Rows (content_id, caption) -> label rows (LABEL_COLUMNS, with `error`), through vLLM."""
+def label_dataset(dataset: Any, config: LabelerConfig, carry: Sequence[str] = ()) -> Any:
+    """Rows (content_id, caption) -> label rows (LABEL_COLUMNS, with `error`), through vLLM; the
+    `carry` columns come out as they went in."""
     processor = build_vllm_processor(config)
     finalize = captioning_vllm.FinalizeRows(vllm_postprocess(config), LABEL_COLUMNS, "label")
-    return processor(dataset.select_columns(["content_id", "caption"])).map(finalize)
+    return processor(dataset.select_columns(["content_id", "caption", *carry])).map(finalize)

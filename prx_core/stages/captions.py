@@ -2,34 +2,37 @@
 
 Eligible means bucketed (not rejected, not dropped): nothing that cannot reach the corpus is
 captioned. Captions are keyed by (`content_id`, captioner version) and shared by all sources,
-so re-ingests, byte-identical images in two sources and reruns after a crash reuse them;
-results are committed every `commit_every` captions so a crash loses at most one batch of work.
-Failures are stored with their error and retried on the next run.
+so re-ingests, byte-identical images in two sources and reruns after a crash reuse them.
+The source runs as work units (prx_core.stages.contents) on captioner actors (one model each);
+each unit looks up which of its contents are captioned already, captions the rest and writes
+them as fragments, which the driver appends in batched commits. Failures are stored with their
+error and retried on the next run (the retry replaces the failed row). The `vllm` backend runs
+the same units through one `ray.data.llm` pipeline (prx_core.stages.model_pipeline).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.compute.parallel import Progress, chunk, quiet_ray_data, take_rows
-from prx_core.models.caption_base import VLLM, CaptionerConfig
+from prx_core.compute.actors import ModelHost
+from prx_core.compute.parallel import Throttle, chunk, take_rows
+from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
+from prx_core.models.caption_base import SOURCE, VLLM, CaptionerConfig
 from prx_core.models.captioning import CaptionBatch
-from prx_core.store import lance_io, maintenance, schemas
-from prx_core.store.lookups import eligible_contents
+from prx_core.stages.contents import UNIT_ROWS, owned_contents, prefetched, run_content_stage, stored_rows, without
+from prx_core.stages.model_pipeline import run_pipeline_stage
+from prx_core.store import lance_io, schemas
+from prx_core.store.appends import BatchedAppend, keys_predicate
 from prx_core.store.storage import Storage
 
-if TYPE_CHECKING:
-    import ray.data
-
 CAPTION_KEYS = ["content_id", "captioner_version"]
-ROWS_PER_READ = 64
 
 
 @dataclass
@@ -41,12 +44,18 @@ class CaptionsReport:
     failed: int
     seconds: float
     failures: dict[str, int] = field(default_factory=dict)
-    word_counts: list[int] = field(default_factory=list)
+    words: int = 0  # over the captions made by this run
+    in_100_200_words: int = 0  # of those, captions of 100 to 200 words
     captions_version: int | None = None
     read_versions: dict[str, int] = field(default_factory=dict)
     output_tokens: int = 0  # generated tokens, where the backend reports them
-    generation_seconds: float = 0.0  # wall time of the captioning pipeline itself
+    generation_seconds: float = 0.0  # wall time of the captioning units
+    model_seconds: float = 0.0  # time the captioners spent inside the model, summed over actors
+    actors: int = 1
     gpu_hours: float | None = None  # vllm: engine replicas x GPUs each x generation time
+    commits: int = 0  # Lance commits of this run (batched appends, failed-row deletes)
+    failed_examples: list[str] = field(default_factory=list)  # a few content_ids still without a caption
+    units: UnitResults | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -56,82 +65,120 @@ class CaptionsReport:
     def output_tokens_per_second(self) -> float:
         return self.output_tokens / max(self.generation_seconds, 1e-9)
 
+    @property
+    def missing(self) -> int:
+        """Eligible contents without a caption after the run (the coverage check)."""
+        return self.eligible - self.reused - self.captioned
 
-def existing_keys(uri: str, version_column: str, version: str, options: dict[str, str], extra: str = "") -> set[str]:
-    """content_ids already done for one model version (failed rows excluded when `extra` says so)."""
-    dataset = lance_io.open_table(uri, options)
-    if dataset is None:
-        return set()
-    where = f"{version_column} = {lance_io.sql_literal(version)}" + (f" AND {extra}" if extra else "")
-    return set(dataset.to_table(columns=["content_id"], filter=where)["content_id"].to_pylist())
+    @property
+    def model_busy_fraction(self) -> float:
+        """How much of the stage's wall time the captioners spent generating."""
+        return self.model_seconds / max(self.seconds * self.actors, 1e-9)
 
 
-def read_caption_inputs(task: dict[str, Any]) -> pa.Table:
-    columns = ["content_id", "original_caption"] + (["image"] if task["with_image"] else [])
-    rows = take_rows(task["uri"], task["version"], task["addresses"], columns, task["lance_options"])
-    if not task["with_image"]:
+def version_filter(config: CaptionerConfig) -> str:
+    return f"captioner_version = {lance_io.sql_literal(config.version())}"
+
+
+def failed_captions(config: CaptionerConfig, content_ids: list[str]) -> str:
+    """The stored failures of these contents, which their new captions replace."""
+    return keys_predicate("content_id", content_ids, f"{version_filter(config)} AND error != ''")
+
+
+def pending_captions(unit: Unit, run: UnitRun, *, config: CaptionerConfig) -> tuple[pa.Table, dict[str, Any]]:
+    """The unit's owned contents without a caption (content_id, _rowaddr), and its counts so far."""
+    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
+    stored = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "error"],
+                         version_filter(config))
+    ok = stored.filter(pc.equal(stored["error"], ""))["content_id"]
+    todo = without(owned, ok)
+    failed_before = set(stored.filter(pc.not_equal(stored["error"], ""))["content_id"].to_pylist())
+    retry = sorted(failed_before & set(todo["content_id"].to_pylist()))
+    return todo, {"rows": unit.rows, "eligible": owned.num_rows, "reused": owned.num_rows - todo.num_rows,
+                  "retry": retry}
+
+
+def read_caption_inputs(storage: Storage, version: int, addresses: list[int], with_image: bool) -> pa.Table:
+    columns = ["content_id", "original_caption"] + (["image"] if with_image else [])
+    rows = take_rows(storage.lance_uri("samples"), version, addresses, columns, storage.lance_storage_options())
+    if not with_image:
         rows = rows.append_column("image", pa.array([b""] * rows.num_rows, pa.large_binary()))
     return rows
 
 
-def build_captions(
-    source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, commit_every: int = 1000,
-    progress: Progress | None = None,
-) -> CaptionsReport:
-    import ray.data
-
-    start = time.monotonic()
-    options = storage.lance_storage_options()
-    captions_uri = storage.lance_uri("captions")
-    eligible, versions = eligible_contents(source, storage)
-    done = existing_keys(captions_uri, "captioner_version", config.version(), options, "error = ''")
-    todo = eligible.filter(pc.invert(pc.is_in(eligible["content_id"], pa.array(sorted(done), pa.string()))))
-    report = CaptionsReport(source, eligible.num_rows, eligible.num_rows - todo.num_rows, 0, 0, 0.0, read_versions=versions)
-    if todo.num_rows:
-        base = {"uri": storage.lance_uri("samples"), "version": versions["samples"], "lance_options": options,
-                "with_image": config.backend != "source"}
-        tasks = [{**base, "addresses": part} for part in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
-        quiet_ray_data()
-        dataset = ray.data.from_items(tasks, override_num_blocks=len(tasks)).map_batches(
-            lambda b: read_caption_inputs(b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
-        if config.backend == VLLM:  # a whole ray.data.llm stage; `config.replicas` sizes it, not `actors`
-            from prx_core.models import captioning_vllm
-
-            dataset = captioning_vllm.caption_dataset(dataset, config)
-        else:
-            dataset = dataset.map_batches(
-                CaptionBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
-                batch_size=config.batch_size, batch_format="numpy")
-        generation_start = time.monotonic()
-        rows = caption_rows(dataset, report, todo.num_rows, progress)
-        lance_io.upsert_stream(captions_uri, rows, CAPTION_KEYS, options, commit_every)
-        report.generation_seconds = time.monotonic() - generation_start
-        if config.backend == VLLM:
-            report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
-        report.captions_version = maintenance.refresh_table_indexes(captions_uri, "captions", options).version
-    report.captions_version = report.captions_version or lance_io.table_version(captions_uri, options)
-    report.seconds = time.monotonic() - start
-    return report
+def caption_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """On a captioner actor: caption the unit's pending contents, write them as fragments."""
+    config: CaptionerConfig = host.model.config
+    todo, summary = pending_captions(unit, run, config=config)
+    loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, config.backend != SOURCE)
+             for addresses in chunk(todo["_rowaddr"].to_pylist(), config.batch_size)]
+    parts, model_seconds = [], 0.0
+    for inputs in prefetched(loads):
+        out, seconds = host.run({name: inputs[name].to_pylist() for name in inputs.column_names})
+        parts.append(pa.table(out))
+        model_seconds += seconds
+    return {**summary, **caption_summary(run.storage, parts), "model_seconds": round(model_seconds, 4)}
 
 
-def caption_rows(dataset: ray.data.Dataset, report: CaptionsReport, total: int,
-                 progress: Progress | None) -> Iterator[pa.Table]:
-    """`captions` rows batch by batch as the captioner produces them, counted into `report`."""
-    failures: Counter[str] = Counter()
-    for batch in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-        table = to_caption_rows(batch)
-        if "num_generated_tokens" in batch.column_names:
-            report.output_tokens += int(pc.sum(batch["num_generated_tokens"]).as_py() or 0)
-        errors = table["error"].to_pylist()
-        failures.update(e.split(":", 1)[0] for e in errors if e)
-        report.failures = dict(failures)
-        report.failed += sum(1 for e in errors if e)
-        report.captioned += sum(1 for e in errors if not e)
-        report.word_counts += [w for w, e in zip(table["word_count"].to_pylist(), errors) if not e]
-        if progress is not None:
-            progress(report.captioned + report.failed, total)
-        yield table
+def read_pipeline_inputs(run: UnitRun, todo: pa.Table, config: CaptionerConfig) -> pa.Table:
+    return read_caption_inputs(run.storage, run.manifest.inputs["samples"], todo["_rowaddr"].to_pylist(),
+                               config.backend != SOURCE)
+
+
+def write_captions(storage: Storage, batch: pa.Table) -> dict[str, Any]:
+    return caption_summary(storage, [batch])
+
+
+def caption_summary(storage: Storage, parts: list[pa.Table]) -> dict[str, Any]:
+    """Counts of the produced caption rows, and the fragments they were written to."""
+    if not parts:
+        return {"captioned": 0, "failed": 0, "fragments": []}
+    batch = pa.concat_tables(parts)
+    rows = to_caption_rows(batch)
+    errors = rows["error"].to_pylist()
+    words = [w for w, e in zip(rows["word_count"].to_pylist(), errors) if not e]
+    tokens = int(pc.sum(batch["num_generated_tokens"]).as_py() or 0) if "num_generated_tokens" in batch.column_names else 0
+    written = lance_io.write_fragments(storage.lance_uri("captions"), rows, schemas.CAPTIONS,
+                                       storage.lance_storage_options())
+    return {"captioned": len(words), "failed": len(errors) - len(words),
+            "failures": dict(Counter(e.split(":", 1)[0] for e in errors if e)),
+            "words": sum(words), "in_100_200_words": sum(100 <= w <= 200 for w in words), "output_tokens": tokens,
+            "failed_examples": [c for c, e in zip(rows["content_id"].to_pylist(), errors) if e][:5],
+            "fragments": [f.to_json() for f in written]}
 
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:
     return pa.table({name: batch[name].cast(schemas.CAPTIONS.field(name).type) for name in schemas.CAPTIONS.names})
+
+
+def build_captions(
+    source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, progress: Throttle | None = None,
+    unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
+) -> CaptionsReport:
+    start = time.monotonic()
+    appends = appends or BatchedAppend(storage, "captions", failed_rows=partial(failed_captions, config))
+    params = {"captioner_version": config.version()}
+    if config.backend == VLLM:  # one ray.data.llm pipeline over the units; `replicas` sizes it
+        from prx_core.models import captioning_vllm
+
+        results, versions = run_pipeline_stage(
+            storage, source, "captions", config.version(), params, prepare=partial(pending_captions, config=config),
+            read=partial(read_pipeline_inputs, config=config), write=write_captions, appends=appends,
+            pipeline=partial(captioning_vllm.caption_dataset, config=config), progress=progress, unit_rows=unit_rows)
+        actors = config.replicas * config.tensor_parallel_size
+    else:
+        model = ModelSpec(partial(CaptionBatch, config), actors=actors)
+        results, versions, _ = run_content_stage(storage, source, "captions", config.version(), params, caption_unit,
+                                                 model, progress=progress, unit_rows=unit_rows, appends=appends)
+    report = CaptionsReport(
+        source, results.total("eligible"), results.total("reused"), results.total("captioned"), results.total("failed"),
+        0.0, failures=results.counts("failures"), words=results.total("words"),
+        in_100_200_words=results.total("in_100_200_words"), captions_version=appends.version, read_versions=versions,
+        output_tokens=results.total("output_tokens"), generation_seconds=results.seconds,
+        model_seconds=sum(float(s.get("model_seconds") or 0) for s in results.summaries), actors=actors,
+        commits=appends.commits, units=results,
+        failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
+    if config.backend == VLLM:
+        report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
+    report.seconds = time.monotonic() - start
+    return report

@@ -197,7 +197,7 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
             if ds is None:
                 return _create(uri, schema, fragments, storage_options)
             ds = upgrade_schema(ds, schema, uri)
-            removed, updated = _plan_removal(ds, predicate)
+            removed, updated = _plan_removal(ds, predicate) if predicate else ([], [])  # "": a pure append
             if not (removed or updated or fragments):
                 return ds.version
             op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated,

@@ -174,10 +174,12 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
 # -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
 FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"]}
 # BTREE indexes on the keys other stages look rows up by, a batch of keys at a time (IN-lists in
-# prx_core.store.lookups): a partition's captions and labels by content_id, its losing duplicates
-# by sample_id, without scanning the shared table.
+# prx_core.store.lookups): a partition's captions, labels and vectors by content_id, the other
+# samples of a content by content_id (which unit owns it), the members of a pHash group by phash,
+# losing duplicates by sample_id and a group's rows by group_id, without scanning the table.
 BTREE_COLUMNS: dict[str, list[str]] = {"captions": ["content_id"], "caption_labels": ["content_id"],
-                                       "duplicates": ["sample_id"]}
+                                       "caption_embeddings": ["content_id"], "buckets": ["content_id"],
+                                       "phashes": ["phash"], "duplicates": ["sample_id", "group_id"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from corpora import write_contents
 from PIL import Image
 
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult
@@ -237,8 +238,6 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     tmp_path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """build_captions with a real local Ray: CaptionBatch actors call the loopback server."""
-    import lance
-    import pyarrow as pa
     import ray
 
     from prx_core.stages import captions as captions_stage
@@ -246,14 +245,7 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     from prx_core.store.storage import Storage
 
     storage = Storage(str(tmp_path / "corpus"))
-    images = {"c0": photos[0], "c1": photos[1], "c2": photos[2], "junk": b"not an image"}
-    samples_uri = storage.lance_uri("samples")
-    lance.write_dataset(pa.table({"content_id": list(images), "original_caption": [None] * 4,
-                                  "image": pa.array(list(images.values()), pa.large_binary())}), samples_uri)
-    addressed = lance.dataset(samples_uri).to_table(columns=["content_id"], with_row_address=True)
-    version = lance.dataset(samples_uri).version
-    monkeypatch.setattr(captions_stage, "eligible_contents",  # the buckets/samples join is tested elsewhere
-                        lambda source, storage: (addressed.select(["content_id", "_rowaddr"]), {"samples": version, "buckets": 1}))
+    write_contents(storage, "demo", {"c0": photos[0], "c1": photos[1], "c2": photos[2], "junk": b"not an image"})
     serial = replace(config, concurrency=1, max_retries=0, batch_size=4)
     fresh.faults = Faults(schedule=[500, 429])  # the first two images sent fail, with no retries left
     started = not ray.is_initialized()

@@ -11,8 +11,8 @@ import os
 from dataclasses import replace
 
 import numpy as np
-import pyarrow as pa
 import pytest
+from corpora import write_contents
 from PIL import Image
 
 from prx_core.models import captioning_vllm as cv
@@ -194,22 +194,12 @@ class FakeProcessor:
         return self.processor(dataset)
 
 
-def test_captions_stage_takes_the_vllm_path_into_the_same_upsert(
+def test_captions_stage_takes_the_vllm_path_over_the_same_units(
     config: CaptionerConfig, ray_cluster, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import lance
-
     storage = Storage(str(tmp_path / "corpus"))
     images = {"c0": jpeg(1600, 1000, 0), "c1": jpeg(300, 200, 1), "corrupt": b"\xff\xd8junk", "engine-fails": jpeg(64, 64, 2)}
-    samples = pa.table({"content_id": list(images), "original_caption": ["a", None, "b", "c"],
-                        "image": pa.array(list(images.values()), pa.large_binary())})
-    samples_uri = storage.lance_uri("samples")
-    lance.write_dataset(samples, samples_uri)
-    addressed = lance.dataset(samples_uri).to_table(columns=["content_id"], with_row_address=True)
-    version = lance.dataset(samples_uri).version
-
-    def eligible(source: str, storage: Storage):  # the buckets/samples join is tested with the real corpus
-        return addressed.select(["content_id", "_rowaddr"]), {"samples": version, "buckets": 1}
+    write_contents(storage, "demo", images, {"c0": "a", "corrupt": "b", "engine-fails": "c"})
 
     built: list[CaptionerConfig] = []
 
@@ -220,7 +210,6 @@ def test_captions_stage_takes_the_vllm_path_into_the_same_upsert(
     def no_caption_batch(*args, **kwargs):
         raise AssertionError("the vllm backend must not use CaptionBatch")
 
-    monkeypatch.setattr(captions_stage, "eligible_contents", eligible)
     monkeypatch.setattr(cv, "build_vllm_processor", factory)
     monkeypatch.setattr(captions_stage, "CaptionBatch", no_caption_batch)
     report = captions_stage.build_captions("demo", storage, config)

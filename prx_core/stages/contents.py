@@ -1,0 +1,101 @@
+"""Work units for the stages that run a model once per content (`captions`, `caption_labels`,
+`caption_embeddings`): which contents a unit owns and what it still has to compute.
+
+A unit is a row range of the source's `samples` partition (pinned version). A content is owned
+by the unit holding its first bucketed sample (smallest `sample_id`), so every content of the
+source is handled by exactly one unit, and the question "which of these contents still need a
+row for this model version" is asked per unit, on the worker, as IN-list lookups on the shared
+table's `content_id` BTREE index: no set of the corpus's contents is ever built on the driver.
+Rows reach the shared table through `prx_core.store.appends.BatchedAppend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.units import Manifest, ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun, run_units
+from prx_core.store import lance_io
+from prx_core.store.appends import BatchedAppend
+from prx_core.store.lookups import lookup_keys
+from prx_core.store.partitions import source_predicate
+from prx_core.store.storage import Storage
+
+UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
+T = TypeVar("T")
+
+
+def plan_content_units(storage: Storage, source: str, unit_rows: int = UNIT_ROWS) -> tuple[dict[str, int], list[Unit]]:
+    """(pinned `samples` and `buckets` versions, units) for one source."""
+    options = storage.lance_storage_options()
+    buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
+    if buckets is None:
+        raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
+    version, units = plan_row_units(storage.lance_uri("samples"), source_predicate(source), unit_rows, options)
+    return {"samples": version, "buckets": buckets.version}, units
+
+
+def owned_contents(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any]) -> pa.Table:
+    """(content_id, sample_id, _rowaddr in `samples`) of the bucketed contents this unit owns,
+    one row per content, sorted by content_id."""
+    options = storage.lance_storage_options()
+    rows = read_row_unit(storage.lance_uri("samples"), inputs["samples"], dict(spec), ["sample_id", "content_id"],
+                         source_predicate(source), options, with_row_address=True)
+    if rows.num_rows == 0:
+        return rows.select(["content_id", "sample_id", "_rowaddr"])
+    bucketed = lookup_keys(storage.lance_uri("buckets"), "content_id", rows["content_id"].to_pylist(),
+                           ["content_id", "sample_id"], f"{source_predicate(source)} AND tier IS NOT NULL",
+                           options, inputs["buckets"])
+    first = bucketed.group_by("content_id").aggregate([("sample_id", "min")])
+    mine = rows.join(first, "content_id", join_type="inner")
+    mine = mine.filter(pc.equal(mine["sample_id"], mine["sample_id_min"]))
+    mine = mine.group_by("content_id").aggregate([("sample_id", "min"), ("_rowaddr", "min")])  # repeated sample_ids
+    mine = mine.rename_columns(["content_id", "sample_id", "_rowaddr"])
+    return mine.sort_by("content_id")
+
+
+def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], columns: list[str], where: str) -> pa.Table:
+    """The shared table's rows for these contents (newest version: what earlier commits hold)."""
+    uri, options = storage.lance_uri(table), storage.lance_storage_options()
+    if not content_ids or not lance_io.table_exists(uri, options):
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return lookup_keys(uri, "content_id", content_ids, columns, where, options)
+
+
+def without(table: pa.Table, content_ids: Sequence[str] | pa.Array) -> pa.Table:
+    """`table`'s rows whose content_id is not in `content_ids`."""
+    return table.filter(pc.invert(pc.is_in(table["content_id"], pa.array(list(content_ids), pa.string()))))
+
+
+def prefetched(loads: Sequence[Callable[[], T]]) -> Iterator[T]:
+    """Each load's result in order, the next one running in a thread while the caller uses the
+    current one (image reads overlap model calls)."""
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(loads[0]) if loads else None
+        for index in range(len(loads)):
+            result = future.result()
+            future = pool.submit(loads[index + 1]) if index + 1 < len(loads) else None
+            yield result
+
+
+def run_content_stage(
+    storage: Storage, source: str, table: str, code_version: str, params: Mapping[str, Any], unit_fn: ModelUnitFn,
+    model: ModelSpec, *, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
+    appends: BatchedAppend | None = None,
+) -> tuple[UnitResults, dict[str, int], BatchedAppend]:
+    """Run `unit_fn` over the source's units on model actors, appending their rows to `table` in
+    batched commits; first append what an interrupted earlier run recorded but did not commit."""
+    inputs, units = plan_content_units(storage, source, unit_rows)
+    appends = appends or BatchedAppend(storage, table)
+    appends.commit_recorded(UnitRun.recorded(storage, table, source))
+    run = UnitRun.open(storage, Manifest(table, source, inputs, code_version, {**params, "unit_rows": unit_rows}))
+    results = run_units(run, units, unit_fn, progress=progress, model=model, on_result=appends.add)
+    appends.finish()
+    run.finish()
+    return results, inputs, appends

@@ -1,0 +1,31 @@
+"""Small corpora written straight to Lance for the model-stage tests: samples with chosen
+content ids and bytes, all bucketed (the bucket rules are tested in test_buckets)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+from prx_core.store import schemas
+from prx_core.store.partitions import source_predicate, write_partition
+from prx_core.store.storage import Storage
+
+
+def write_contents(storage: Storage, source: str, images: Mapping[str, bytes],
+                   captions: Mapping[str, str | None] | None = None, dropped: tuple[str, ...] = ()) -> None:
+    """One sample per key (`<source>/<key>`, content_id = key) with the given bytes and source
+    caption; every sample bucketed except those of `dropped`."""
+    keys = list(images)
+    captions = captions or {}
+    samples = pa.Table.from_pylist([
+        {"sample_id": f"{source}/{k}", "content_id": k, "source": source, "source_key": k, "image": images[k],
+         "width": 512, "height": 512, "num_bytes": len(images[k]), "original_caption": captions.get(k)}
+        for k in keys], schema=schemas.SAMPLES)
+    buckets = pa.Table.from_pylist([
+        {"sample_id": f"{source}/{k}", "source": source, "content_id": k, "width": 512, "height": 512,
+         **({"drop_reason": "too_small"} if k in dropped else
+            {"tier": 512, "bucket_width": 512, "bucket_height": 512, "bucket": "512x512"})}
+        for k in keys], schema=schemas.BUCKETS)
+    write_partition(storage, "samples", source_predicate(source), samples)
+    write_partition(storage, "buckets", source_predicate(source), buckets)
