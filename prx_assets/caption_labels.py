@@ -5,7 +5,7 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress
+from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
 from prx_core.stages.labels import build_labels
 from prx_resources import CaptionerResource, LabelerResource, StorageResource
 
@@ -22,11 +22,12 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
     ) -> dg.MaterializeResult:
         config = labeler.config()
         report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
-                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}] captions"))
+                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}]"))
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,
-                      "labelled": report.labelled, "failed": report.failed,
+                      "labelled": report.labelled, "failed": report.failed, **units_metadata(report.units),
+                      "lance_commits": report.commits,
                       **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
                       "failures": counts_table(report.failures, "reason"),
                       "label_distribution": counts_table(report.distribution, "label"),

@@ -1,37 +1,38 @@
 """Stage `caption_labels`: visual / text / nsfw for every captioned eligible content.
 
 Labels are computed from caption text only, keyed by (content_id, captioner version, labeler
-version): a new captioner or a new labeler relabels, a rerun of either reuses. A labeler that can
-fail (llm: `error` column) stores no row for a failed caption: it is counted in `failed` /
-`failures` (by error code) and labelled again on the next materialization. The llm labeller with
-transport `vllm` runs as one `ray.data.llm` stage (prx_core.models.labels_vllm) instead of the actor pool
-of `LabelBatch`, into the same upsert. Labels are committed every `commit_every` rows as they
-arrive, so hours of GPU labelling are never held in memory or lost to one crash.
+version): a new captioner or a new labeler relabels, a rerun of either reuses. The source runs
+as work units (prx_core.stages.contents) on labeller actors: each unit looks up its contents'
+captions and stored labels by content_id, labels the rest and writes fragments, appended in
+batched commits. A labeler that can fail (llm: `error` column) stores no row for a failed
+caption: it is counted in `failed` / `failures` (by error code) and labelled again on the next
+materialization. The llm labeller with transport `vllm` runs the same units through one
+`ray.data.llm` pipeline (prx_core.stages.model_pipeline).
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.compute.parallel import Progress, quiet_ray_data
+from prx_core.compute.actors import ModelHost
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.store import lance_io, maintenance
-from prx_core.store.lookups import pending_captions, read_labels
+from prx_core.stages.contents import UNIT_ROWS, owned_contents, run_content_stage, stored_rows, without
+from prx_core.stages.model_pipeline import run_pipeline_stage
+from prx_core.store import lance_io, schemas
+from prx_core.store.appends import BatchedAppend
 from prx_core.store.storage import Storage
 
-if TYPE_CHECKING:
-    import ray.data
-
 LABEL_KEYS = ["content_id", "captioner_version", "labeler_version"]
-COMMIT_EVERY = 5000  # labels per commit: a crash loses at most this many
 
 
 @dataclass
@@ -39,7 +40,7 @@ class LabelsReport:
     source: str
     captioned: int  # eligible contents with a caption
     reused: int
-    labelled: int
+    labelled: int  # attempted by this run
     seconds: float
     distribution: dict[str, int] = field(default_factory=dict)  # over all captioned eligible contents
     labels_version: int | None = None
@@ -47,72 +48,100 @@ class LabelsReport:
     failures: dict[str, int] = field(default_factory=dict)  # error code -> count
     read_versions: dict[str, int] = field(default_factory=dict)
     gpu_hours: float | None = None  # llm over vllm: engine replicas x GPUs each x labelling time
+    commits: int = 0
+    units: UnitResults | None = None
+
+
+def caption_filter(captioner_version: str) -> str:
+    return f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''"
+
+
+def captioned_contents(unit: Unit, run: UnitRun) -> pa.Table:
+    """(content_id, caption) of the unit's owned contents with a caption of the run's captioner."""
+    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
+    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"],
+                           caption_filter(run.manifest.params["captioner_version"]))
+    return captions.sort_by("content_id")
+
+
+def pending_labels(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
+    """The unit's captioned contents without a label (content_id, caption), and its counts so far."""
+    params = run.manifest.params
+    captions = captioned_contents(unit, run)
+    where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} "
+             f"AND labeler_version = {lance_io.sql_literal(params['labeler_version'])}")
+    stored = stored_rows(run.storage, "caption_labels", captions["content_id"].to_pylist(), ["content_id", "label"], where)
+    todo = without(captions, stored["content_id"])
+    return todo, {"rows": unit.rows, "captioned": captions.num_rows, "reused": captions.num_rows - todo.num_rows,
+                  "labelled": todo.num_rows, "distribution": dict(Counter(stored["label"].to_pylist()))}
+
+
+def label_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """On a labeller actor: label the unit's pending captions, write them as fragments."""
+    todo, summary = pending_labels(unit, run)
+    parts, model_seconds = [], 0.0
+    batch_size = run.manifest.params["batch_size"]
+    for start in range(0, todo.num_rows, batch_size):
+        batch = todo.slice(start, batch_size)
+        out, seconds = host.run({"content_id": batch["content_id"].to_pylist(), "caption": batch["caption"].to_pylist()})
+        parts.append(pa.table(out))
+        model_seconds += seconds
+    written = write_labels(run.storage, pa.concat_tables(parts), run.manifest.params["captioner_version"]) if parts else {}
+    distribution = Counter(summary.pop("distribution")) + Counter(written.pop("distribution", {}))
+    return {**summary, **written, "distribution": dict(distribution), "model_seconds": round(model_seconds, 4)}
+
+
+def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -> dict[str, Any]:
+    """`caption_labels` fragments of the successful labels; failures are counted, not stored."""
+    failures: Counter[str] = Counter()
+    if "error" in labelled.column_names:
+        errors = labelled["error"].cast(pa.string()).fill_null("")
+        failures.update(e.split(":", 1)[0] for e in errors.to_pylist() if e)
+        labelled = labelled.filter(pc.equal(errors, ""))
+    rows = pa.table({
+        "content_id": labelled["content_id"].cast(pa.string()),
+        "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),
+        "labeler_version": labelled["labeler_version"].cast(pa.string()),
+        "labeler_id": labelled["labeler_id"].cast(pa.string()),
+        "label": labelled["label"].cast(pa.string()),
+        "score": labelled["score"].cast(pa.float32()),
+    }, schema=schemas.CAPTION_LABELS)
+    written = lance_io.write_fragments(storage.lance_uri("caption_labels"), rows, schemas.CAPTION_LABELS,
+                                       storage.lance_storage_options()) if rows.num_rows else []
+    return {"failed": sum(failures.values()), "failures": dict(failures), "fragments": [f.to_json() for f in written],
+            "distribution": dict(Counter(rows["label"].to_pylist()))}
 
 
 def build_labels(
     source: str, storage: Storage, captioner_version: str, config: LabelerConfig, *, actors: int = 1,
-    progress: Progress | None = None, commit_every: int = COMMIT_EVERY,
+    progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
 ) -> LabelsReport:
     start = time.monotonic()
-    options = storage.lance_storage_options()
-    existing = read_labels(storage, captioner_version, config.version())
-    captions, todo, versions = pending_captions(source, storage, captioner_version, existing["content_id"])
-    report = LabelsReport(source, captions.num_rows, captions.num_rows - todo.num_rows, todo.num_rows, 0.0, read_versions=versions)
-    uri = storage.lance_uri("caption_labels")
-    if todo.num_rows:
-        generation_start = time.monotonic()
-        rows = label_rows(label_dataset(todo, config, actors), captioner_version, report, progress)
-        report.labels_version = lance_io.upsert_stream(uri, rows, LABEL_KEYS, options, commit_every)
-        if config.backend == "llm" and config.transport == "vllm":
-            report.gpu_hours = (time.monotonic() - generation_start) * config.replicas * config.tensor_parallel_size / 3600
-    if lance_io.table_exists(uri, options):  # new labels get their content_id index (a delta segment)
-        report.labels_version = maintenance.refresh_table_indexes(uri, "caption_labels", options).version
-    current = read_labels(storage, captioner_version, config.version())
-    current = current.filter(pc.is_in(current["content_id"], captions["content_id"]))
-    report.distribution = dict(Counter(current["label"].to_pylist()))
+    appends = appends or BatchedAppend(storage, "caption_labels")
+    params = {"captioner_version": captioner_version, "labeler_version": config.version(), "batch_size": config.batch_size}
+    code_version = f"{config.version()}-{captioner_version}"
+    vllm = config.backend == "llm" and config.transport == "vllm"
+    if vllm:  # one ray.data.llm pipeline over the units; `replicas` sizes it
+        from prx_core.models import labels_vllm
+
+        results, versions = run_pipeline_stage(
+            storage, source, "caption_labels", code_version, params, prepare=pending_labels,
+            read=lambda run, todo: todo, write=partial(_write_pipeline_labels, captioner_version=captioner_version),
+            pipeline=partial(labels_vllm.label_dataset, config=config), appends=appends, progress=progress,
+            unit_rows=unit_rows)
+    else:
+        model = ModelSpec(partial(LabelBatch, config), actors=actors)
+        results, versions, _ = run_content_stage(storage, source, "caption_labels", code_version, params, label_unit,
+                                                 model, progress=progress, unit_rows=unit_rows, appends=appends)
+    report = LabelsReport(source, results.total("captioned"), results.total("reused"), results.total("labelled"), 0.0,
+                          distribution=results.counts("distribution"), labels_version=appends.version,
+                          failed=results.total("failed"), failures=results.counts("failures"), read_versions=versions,
+                          commits=appends.commits, units=results)
+    if vllm:
+        report.gpu_hours = results.seconds * config.replicas * config.tensor_parallel_size / 3600
     report.seconds = time.monotonic() - start
     return report
 
 
-def label_dataset(todo: pa.Table, config: LabelerConfig, actors: int) -> ray.data.Dataset:
-    """The Ray Data pipeline that labels `todo`: an actor pool of `LabelBatch`, or for the llm
-    labeller with transport `vllm` a ray.data.llm stage sized by `replicas`."""
-    import ray.data
-
-    quiet_ray_data()
-    dataset = ray.data.from_arrow(todo)
-    if config.backend == "llm" and config.transport == "vllm":
-        from prx_core.models import labels_vllm
-
-        return labels_vllm.label_dataset(dataset, config)
-    return dataset.map_batches(
-        LabelBatch, fn_constructor_kwargs={"config": config}, compute=ray.data.ActorPoolStrategy(size=actors),
-        batch_size=config.batch_size, batch_format="numpy",
-    )
-
-
-def label_rows(dataset: ray.data.Dataset, captioner_version: str, report: LabelsReport,
-               progress: Progress | None) -> Iterator[pa.Table]:
-    """`caption_labels` rows batch by batch as the labeller produces them; failed rows are
-    counted in `report` by error code and not stored, so the next run retries them."""
-    done = 0
-    failures: Counter[str] = Counter()
-    for labelled in dataset.iter_batches(batch_size=None, batch_format="pyarrow"):
-        done += labelled.num_rows
-        if "error" in labelled.column_names:
-            errors = labelled["error"].cast(pa.string()).fill_null("")
-            failed = [e for e in errors.to_pylist() if e]
-            report.failed += len(failed)
-            failures.update(e.split(":", 1)[0] for e in failed)
-            report.failures = dict(failures)
-            labelled = labelled.filter(pc.equal(errors, ""))
-        if progress is not None:
-            progress(done, report.labelled)
-        yield pa.table({
-            "content_id": labelled["content_id"].cast(pa.string()),
-            "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),
-            "labeler_version": labelled["labeler_version"].cast(pa.string()),
-            "labeler_id": labelled["labeler_id"].cast(pa.string()),
-            "label": labelled["label"].cast(pa.string()),
-            "score": labelled["score"].cast(pa.float32()),
-        })
+def _write_pipeline_labels(storage: Storage, batch: pa.Table, captioner_version: str) -> dict[str, Any]:
+    return write_labels(storage, batch, captioner_version)

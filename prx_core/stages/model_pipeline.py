@@ -97,7 +97,9 @@ def run_pipeline_stage(
                     progress(len(done), len(work) + skipped)
     appends.finish()
     run.finish()
-    summaries = [{**p, **done.get(u.id, {})} for u, p in zip(units, prepared.summaries)]
+    summaries = [dict(p) for p in prepared.summaries]
+    for unit, summary in zip(units, summaries):
+        merge(summary, done.get(unit.id, {}))
     return UnitResults(summaries, len(work), skipped, time.monotonic() - start), inputs
 
 

@@ -29,3 +29,15 @@ def write_contents(storage: Storage, source: str, images: Mapping[str, bytes],
         for k in keys], schema=schemas.BUCKETS)
     write_partition(storage, "samples", source_predicate(source), samples)
     write_partition(storage, "buckets", source_predicate(source), buckets)
+
+
+def write_captions(storage: Storage, captioner_version: str, texts: Mapping[str, str], failed: tuple[str, ...] = ()) -> None:
+    """`captions` rows for contents (a failed caption for those of `failed`)."""
+    from prx_core.store import lance_io
+
+    rows = pa.Table.from_pylist([
+        {"content_id": c, "captioner_version": captioner_version, "captioner_id": "test", "prompt_version": "p",
+         "caption": "" if c in failed else text, "word_count": len(text.split()),
+         "error": "generation_error: test" if c in failed else ""}
+        for c, text in texts.items()], schema=schemas.CAPTIONS)
+    lance_io.upsert(storage.lance_uri("captions"), rows, ["content_id", "captioner_version"])

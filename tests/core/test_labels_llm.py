@@ -6,16 +6,14 @@ and requests: test_labels_llm_requests.py; the vllm transport: test_labels_vllm.
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
-import types
 from collections import defaultdict
 
 import numpy as np
-import pyarrow as pa
 import pytest
 from aiohttp import web
+from corpora import write_captions, write_contents
 from test_labels_llm_requests import llm
 
 from prx_core.models.label_base import LABELS, LabelerConfig
@@ -175,44 +173,15 @@ def test_unreachable_endpoint_is_a_connection_failure() -> None:
 # ----------------------------------------------------------------------------- the stage
 
 
-def fake_ray(monkeypatch) -> None:
-    """`ray.data` just enough for build_labels: map_batches runs the callable in process."""
-
-    class Dataset:
-        def __init__(self, table: pa.Table, fn=None) -> None:
-            self.table, self.fn = table, fn
-
-        def map_batches(self, cls, *, fn_constructor_kwargs, batch_size, **_):
-            return Dataset(self.table, (cls(**fn_constructor_kwargs), batch_size))
-
-        def iter_batches(self, **_):
-            fn, size = self.fn
-            for start in range(0, self.table.num_rows, size):
-                part = self.table.slice(start, size)
-                out = fn({name: np.array(part[name].to_pylist(), dtype=object) for name in part.column_names})
-                yield pa.table({k: pa.array(list(v)) for k, v in out.items()})
-
-    data = types.ModuleType("ray.data")
-    data.from_arrow = Dataset
-    data.ActorPoolStrategy = lambda size: None
-    ray = types.ModuleType("ray")
-    ray.data = data
-    monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.setitem(sys.modules, "ray.data", data)
-
-
-def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_factory, monkeypatch, tmp_path) -> None:
+def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_factory, ray_cluster, tmp_path) -> None:
+    """build_labels with a real local Ray: a LabelBatch actor calls the loopback server."""
+    from prx_core.compute.parallel import Throttle
     from prx_core.stages import labels as stage
     from prx_core.store import lookups
     from prx_core.store.storage import Storage
 
-    fake_ray(monkeypatch)
     ids = [f"c{i}" for i in range(6)]
     texts = ["a beach", "an invoice", "explicit", "flaky", "rambling", "down"]
-    captions = pa.table({"content_id": ids, "caption": texts})
-    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
-    monkeypatch.setattr(stage, "quiet_ray_data", lambda: None)
     server = server_factory({
         "an invoice": ["text"], "explicit": ["nsfw"],
         "flaky": [("status", 429), ("status", 429), ("status", 429), "text"],  # run 1 exhausts 1 + 2 attempts
@@ -221,10 +190,12 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     })
     config = http_config(server, batch_size=4)
     storage = Storage(str(tmp_path / "corpus"))
+    write_contents(storage, "demo", {c: c.encode() for c in ids})
+    write_captions(storage, "cap-v1", dict(zip(ids, texts)))
 
-    seen: list[tuple[int, int]] = []
-    first = stage.build_labels("demo", storage, "cap-v1", config, progress=lambda done, total: seen.append((done, total)))
-    assert seen == [(4, 6), (6, 6)]  # after each batch of 4, not once at the end
+    seen: list[str] = []
+    first = stage.build_labels("demo", storage, "cap-v1", config, unit_rows=4, progress=Throttle(seen.append, "labels"))
+    assert seen[-1].startswith("labels: 2/2 units, 6/6 rows")  # per unit of 4 samples, not once at the end
     assert (first.captioned, first.reused, first.labelled, first.failed) == (6, 0, 6, 3)
     assert first.failures == {"http_429": 1, "unparseable": 1, "http_500": 1}
     assert first.gpu_hours is None  # an HTTP endpoint's GPUs are not ours to count
@@ -246,30 +217,3 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     assert (third.reused, third.labelled, third.failed) == (6, 0, 0)
 
 
-def test_stage_commits_as_labels_arrive_so_a_crash_keeps_them(monkeypatch, tmp_path) -> None:
-    from prx_core.stages import labels as stage
-    from prx_core.store import lookups
-    from prx_core.store.storage import Storage
-
-    captions = pa.table({"content_id": [f"c{i}" for i in range(5)], "caption": ["x"] * 5})
-    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
-    config = llm(endpoint="http://127.0.0.1:9/v1")
-
-    def labelled(ids: list[str]) -> pa.Table:
-        return pa.table({"content_id": ids, "label": ["visual"] * len(ids), "score": [1.0] * len(ids),
-                         "labeler_id": [config.labeler_id()] * len(ids), "labeler_version": [config.version()] * len(ids),
-                         "error": [""] * len(ids)})
-
-    class Crashing:  # two batches of labels, then the cluster goes away
-        def iter_batches(self, **_):
-            yield labelled(["c0", "c1"])
-            yield labelled(["c2", "c3"])
-            raise RuntimeError("ray worker died")
-
-    monkeypatch.setattr(stage, "label_dataset", lambda todo, config, actors: Crashing())
-    storage = Storage(str(tmp_path / "corpus"))
-    with pytest.raises(RuntimeError, match="worker died"):
-        stage.build_labels("demo", storage, "cap-v1", config, commit_every=2)
-    stored = lookups.read_labels(storage, "cap-v1", config.version())
-    assert sorted(stored["content_id"].to_pylist()) == ["c0", "c1", "c2", "c3"]  # both commits survived

@@ -9,8 +9,8 @@ import importlib.util
 import os
 from dataclasses import replace
 
-import pyarrow as pa
 import pytest
+from corpora import write_captions, write_contents
 
 from prx_core.models import labels_vllm as lv
 from prx_core.models.label_base import LABELS, LabelerConfig
@@ -124,13 +124,11 @@ def stand_in_processor(config: LabelerConfig, answers: dict[str, str | None]):
     return Processor(lv.build_vllm_processor_config(config), [], preprocess=generate, postprocess=lv.vllm_postprocess(config))
 
 
-def test_labels_stage_takes_the_vllm_path_into_the_same_upsert(
+def test_labels_stage_takes_the_vllm_path_over_the_same_units(
     config: LabelerConfig, ray_cluster, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     texts = ["a beach", "an invoice", "explicit", "rambling", "engine fails"]
-    captions = pa.table({"content_id": [f"c{i}" for i in range(5)], "caption": texts})
-    monkeypatch.setattr(lookups, "eligible_contents", lambda source, storage: (captions.select(["content_id"]), {}))
-    monkeypatch.setattr(lookups, "read_captions", lambda storage, version, content_ids: (captions, 1))
+    ids = [f"c{i}" for i in range(5)]
     first = {"a beach": "visual", "an invoice": "<think>\n\n</think>\n\ntext", "explicit": "nsfw",
              "rambling": "It is visual, or maybe text.", "engine fails": None}
     runs = [first, {**first, "rambling": "visual", "engine fails": "nsfw"}]
@@ -146,8 +144,10 @@ def test_labels_stage_takes_the_vllm_path_into_the_same_upsert(
     monkeypatch.setattr(lv, "build_vllm_processor", factory)
     monkeypatch.setattr(stage, "LabelBatch", no_label_batch)
     storage = Storage(str(tmp_path / "corpus"))
+    write_contents(storage, "demo", {c: c.encode() for c in ids})
+    write_captions(storage, "cap-v1", dict(zip(ids, texts)))
 
-    report = stage.build_labels("demo", storage, "cap-v1", config)
+    report = stage.build_labels("demo", storage, "cap-v1", config, unit_rows=2)  # 3 units
     assert built == [config]
     assert (report.captioned, report.reused, report.labelled, report.failed) == (5, 0, 5, 2)
     assert report.failures == {"unparseable": 1, "generation_error": 1}
