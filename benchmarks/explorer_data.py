@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 
-from prx_core.stages.caption_embeddings import fixed_size_vectors
+from prx_core.stages.source_embeddings import fixed_size_vectors
 from prx_core.store.lance_io import write_fragments
 
 DIM = 384

@@ -20,7 +20,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from prx_core.stages.caption_embeddings import fixed_size_vectors
+from prx_core.stages.source_embeddings import fixed_size_vectors
 from prx_core.store import schemas
 from prx_core.store.maintenance import refresh_indexes
 from prx_core.store.storage import Storage

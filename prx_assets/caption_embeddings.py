@@ -5,7 +5,7 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, lance_versions, progress
+from prx_assets.common import GROUP, SOURCES, lance_versions, progress, units_metadata
 from prx_core.stages.caption_embeddings import TABLES, build_caption_embeddings
 from prx_resources import CaptionerResource, EmbedderResource, StorageResource
 
@@ -34,7 +34,7 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
         config = embedder.config()
         report = build_caption_embeddings(context.partition_key, storage.storage(), captioner.config().version(), config,
                                           actors=embedder.actors,
-                                          progress=progress(context, f"caption_embeddings[{context.partition_key}] captions"))
+                                          progress=progress(context, f"caption_embeddings[{context.partition_key}]"))
         coverage = {t: report.coverage[t] for t in TABLES if t in report.coverage}
         checks = [
             dg.AssetCheckResult(check_name="caption_embeddings_coverage", passed=report.covered == report.captioned,
@@ -50,7 +50,7 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
                 "embedder": config.embedder_id(), "captioned": report.captioned, "reused": report.reused,
                 "embedded": report.embedded, "embeddings_per_second": round(report.embeddings_per_second, 1),
                 "source_rows": report.source_rows, "skipped": report.skipped, "source_dim": report.source_dim or 0,
-                "seconds": round(report.seconds, 2),
+                "seconds": round(report.seconds, 2), **units_metadata(report.units), "lance_commits": report.commits,
                 "indexes": dg.MetadataValue.json({t: r.indexes for t, r in report.indexes.items()}),
                 "index_notes": dg.MetadataValue.json({t: c.note for t, c in coverage.items()}),
                 **lance_versions(**report.read_versions, caption_embeddings=report.caption_embeddings_version,

@@ -68,6 +68,14 @@ def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], column
     return lookup_keys(uri, "content_id", content_ids, columns, where, options)
 
 
+def captioned_contents(unit: Unit, run: UnitRun, captioner_version: str) -> pa.Table:
+    """(content_id, caption) of the unit's owned contents with a caption of that captioner."""
+    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
+    where = f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''"
+    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"], where)
+    return captions.sort_by("content_id")
+
+
 def without(table: pa.Table, content_ids: Sequence[str] | pa.Array) -> pa.Table:
     """`table`'s rows whose content_id is not in `content_ids`."""
     return table.filter(pc.invert(pc.is_in(table["content_id"], pa.array(list(content_ids), pa.string()))))

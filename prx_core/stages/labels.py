@@ -26,7 +26,7 @@ from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.stages.contents import UNIT_ROWS, owned_contents, run_content_stage, stored_rows, without
+from prx_core.stages.contents import UNIT_ROWS, captioned_contents, run_content_stage, stored_rows, without
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
 from prx_core.store.appends import BatchedAppend
@@ -52,22 +52,10 @@ class LabelsReport:
     units: UnitResults | None = None
 
 
-def caption_filter(captioner_version: str) -> str:
-    return f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''"
-
-
-def captioned_contents(unit: Unit, run: UnitRun) -> pa.Table:
-    """(content_id, caption) of the unit's owned contents with a caption of the run's captioner."""
-    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
-    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"],
-                           caption_filter(run.manifest.params["captioner_version"]))
-    return captions.sort_by("content_id")
-
-
 def pending_labels(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
     """The unit's captioned contents without a label (content_id, caption), and its counts so far."""
     params = run.manifest.params
-    captions = captioned_contents(unit, run)
+    captions = captioned_contents(unit, run, params["captioner_version"])
     where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} "
              f"AND labeler_version = {lance_io.sql_literal(params['labeler_version'])}")
     stored = stored_rows(run.storage, "caption_labels", captions["content_id"].to_pylist(), ["content_id", "label"], where)
@@ -133,6 +121,7 @@ def build_labels(
         model = ModelSpec(partial(LabelBatch, config), actors=actors)
         results, versions, _ = run_content_stage(storage, source, "caption_labels", code_version, params, label_unit,
                                                  model, progress=progress, unit_rows=unit_rows, appends=appends)
+    versions["captions"] = lance_io.table_version(storage.lance_uri("captions"), storage.lance_storage_options())
     report = LabelsReport(source, results.total("captioned"), results.total("reused"), results.total("labelled"), 0.0,
                           distribution=results.counts("distribution"), labels_version=appends.version,
                           failed=results.total("failed"), failures=results.counts("failures"), read_versions=versions,

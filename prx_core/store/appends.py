@@ -31,11 +31,12 @@ class BatchedAppend:
 
     def __init__(self, storage: Storage, table: str, *, every_units: int = EVERY_UNITS,
                  every_seconds: float = EVERY_SECONDS,
-                 failed_rows: Callable[[Sequence[str]], str] | None = None) -> None:
+                 failed_rows: Callable[[Sequence[str]], str] | None = None, refresh_indexes: bool = True) -> None:
         self.storage, self.table = storage, table
         self.uri, self.options = storage.lance_uri(table), storage.lance_storage_options()
         self.every_units, self.every_seconds = every_units, every_seconds
         self.failed_rows = failed_rows  # predicate of the stored failures of the given keys
+        self.refresh_indexes = refresh_indexes  # False: the stage indexes the table itself
         self.pending: list[dict[str, Any]] = []
         self.last = time.monotonic()
         self.commits = 0
@@ -80,7 +81,7 @@ class BatchedAppend:
     def finish(self) -> int | None:
         """Flush, then index the new fragments (a delta segment); the version readers see."""
         self.flush()
-        if lance_io.table_exists(self.uri, self.options):
+        if self.refresh_indexes and lance_io.table_exists(self.uri, self.options):
             self.version = maintenance.refresh_table_indexes(self.uri, self.table, self.options).version
         return self.version
 

@@ -177,17 +177,18 @@ def test_vector_indexes_cover_every_fragment_and_survive_compaction(tmp_path: Pa
     for seed, source in enumerate(("a", "b")):
         write_source(storage, source, varied_captions(150, seed), [vector(1000 * seed + i, 32) for i in range(150)])
     first = build_caption_embeddings("a", storage, CAPTIONER, EmbedderConfig())
-    assert first.indexes["caption_embeddings"].indexes == []  # 150 rows: below the threshold
+    assert first.indexes["caption_embeddings"].indexes == ["content_id_btree"]  # 150 rows: no vector index yet
     second = build_caption_embeddings("b", storage, CAPTIONER, EmbedderConfig())
     for name in ("caption_embeddings", "source_embeddings"):
         assert second.indexes[name].created == ["embedding_vector"], name
         assert second.coverage[name].complete and second.coverage[name].index == "embedding_vector", name
         desc = lance_io.require_table(storage.lance_uri(name)).describe_indices()
-        expected = {("embedding_vector", "IVF_FLAT")} | ({("source_bitmap", "Bitmap")} if name == "source_embeddings" else set())
+        expected = {("embedding_vector", "IVF_FLAT")} | ({("source_bitmap", "Bitmap")} if name == "source_embeddings"
+                                                        else {("content_id_btree", "BTree")})  # per source / by content
         assert {(d.name, d.index_type) for d in desc} == expected, name  # source_embeddings is per source
     write_source(storage, "c", varied_captions(40, 2), [vector(5000 + i, 32) for i in range(40)])
     third = build_caption_embeddings("c", storage, CAPTIONER, EmbedderConfig())
-    assert third.indexes["caption_embeddings"].optimized == ["embedding_vector"]  # new rows caught up
+    assert third.indexes["caption_embeddings"].optimized == ["content_id_btree", "embedding_vector"]  # new rows caught up
     assert all(third.coverage[name].complete for name in third.coverage)
 
     for name in ("caption_embeddings", "source_embeddings"):
