@@ -128,14 +128,3 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def scan_partition(
-    uri: str, predicate: str, columns: list[str], storage_options: dict[str, str] | None = None
-) -> tuple[int, pa.Table]:
-    """The pinned version and the small `columns` plus `_rowaddr` of the rows matching `predicate`."""
-    import lance
-
-    dataset = lance.dataset(uri, storage_options=storage_options or None)
-    table = dataset.to_table(columns=columns, filter=predicate, with_row_address=True)
-    return dataset.version, table

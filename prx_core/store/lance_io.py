@@ -249,24 +249,6 @@ def upsert(uri: str, table: pa.Table, keys: list[str], storage_options: StorageO
     raise RuntimeError(f"{uri}: could not create or upsert the table")
 
 
-def upsert_stream(uri: str, tables: Iterable[pa.Table], keys: list[str], storage_options: StorageOptions = None,
-                  commit_every: int = 1000) -> int | None:
-    """`upsert` results as a model produces them, one commit per `commit_every` rows: a crash
-    or a cancelled run loses at most that much work, and memory holds no more than it.
-    Returns the table version after the last commit, None if nothing was written."""
-    pending: list[pa.Table] = []
-    rows, version = 0, None
-    for table in tables:
-        pending.append(table)
-        rows += table.num_rows
-        if rows >= commit_every:
-            version = upsert(uri, pa.concat_tables(pending), keys, storage_options)
-            pending, rows = [], 0
-    if rows:
-        version = upsert(uri, pa.concat_tables(pending), keys, storage_options)
-    return version
-
-
 def overwrite(uri: str, table: pa.Table, storage_options: StorageOptions = None) -> int:
     """Replace the whole table (small global tables such as `duplicates`); creates it if missing."""
     return lance.write_dataset(table, uri, mode="overwrite", storage_options=storage_options or None).version

@@ -41,3 +41,11 @@ def write_captions(storage: Storage, captioner_version: str, texts: Mapping[str,
          "error": "generation_error: test" if c in failed else ""}
         for c, text in texts.items()], schema=schemas.CAPTIONS)
     lance_io.upsert(storage.lance_uri("captions"), rows, ["content_id", "captioner_version"])
+
+
+def stored_labels(storage: Storage, config, captioner_version: str = "cap-v1") -> pa.Table:
+    """Every `caption_labels` row of one (captioner, labeler) pair."""
+    from prx_core.store import lance_io
+
+    where = f"captioner_version = '{captioner_version}' AND labeler_version = '{config.version()}'"
+    return lance_io.read_table(storage.lance_uri("caption_labels"), filter=where)

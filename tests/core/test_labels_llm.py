@@ -13,7 +13,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 from aiohttp import web
-from corpora import write_captions, write_contents
+from corpora import stored_labels, write_captions, write_contents
 from test_labels_llm_requests import llm
 
 from prx_core.models.label_base import LABELS, LabelerConfig
@@ -177,7 +177,6 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     """build_labels with a real local Ray: a LabelBatch actor calls the loopback server."""
     from prx_core.compute.parallel import Throttle
     from prx_core.stages import labels as stage
-    from prx_core.store import lookups
     from prx_core.store.storage import Storage
 
     ids = [f"c{i}" for i in range(6)]
@@ -200,7 +199,7 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     assert first.failures == {"http_429": 1, "unparseable": 1, "http_500": 1}
     assert first.gpu_hours is None  # an HTTP endpoint's GPUs are not ours to count
     assert first.distribution == {"visual": 1, "text": 1, "nsfw": 1}
-    stored = lookups.read_labels(storage, "cap-v1", config.version())
+    stored = stored_labels(storage, config)
     assert sorted(stored["content_id"].to_pylist()) == ["c0", "c1", "c2"]
     assert set(stored["label"].to_pylist()) <= set(LABELS)  # no failure became a label
 
@@ -208,7 +207,7 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
     assert (second.reused, second.labelled, second.failed, second.failures) == (3, 3, 0, {})
     assert second.distribution == {"visual": 2, "text": 2, "nsfw": 2}
     assert server.calls["a beach"] == 1  # a stored label is not asked again
-    stored = lookups.read_labels(storage, "cap-v1", config.version())
+    stored = stored_labels(storage, config)
     assert dict(zip(stored["content_id"].to_pylist(), stored["label"].to_pylist())) == {
         "c0": "visual", "c1": "text", "c2": "nsfw", "c3": "text", "c4": "visual", "c5": "nsfw"}
     assert set(stored["labeler_id"].to_pylist()) == {config.labeler_id()}

@@ -10,13 +10,12 @@ import os
 from dataclasses import replace
 
 import pytest
-from corpora import write_captions, write_contents
+from corpora import stored_labels, write_captions, write_contents
 
 from prx_core.models import labels_vllm as lv
 from prx_core.models.label_base import LABELS, LabelerConfig
 from prx_core.models.labels_llm import LABEL_INSTRUCTION, error_code
 from prx_core.stages import labels as stage
-from prx_core.store import lookups
 from prx_core.store.storage import Storage
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
@@ -153,7 +152,7 @@ def test_labels_stage_takes_the_vllm_path_over_the_same_units(
     assert report.failures == {"unparseable": 1, "generation_error": 1}
     assert report.gpu_hours is not None and report.gpu_hours > 0  # replicas x GPUs x labelling time
     assert report.distribution == {"visual": 1, "text": 1, "nsfw": 1}
-    stored = lookups.read_labels(storage, "cap-v1", config.version())
+    stored = stored_labels(storage, config)
     assert dict(zip(stored["content_id"].to_pylist(), stored["label"].to_pylist())) == {
         "c0": "visual", "c1": "text", "c2": "nsfw"}
     assert set(stored["labeler_id"].to_pylist()) == {config.labeler_id()}

@@ -176,23 +176,6 @@ def test_upsert_updates_and_never_shrinks(tmp_path: Path) -> None:
     assert [f.name() for f in lance.dataset(uri).lance_schema.unenforced_primary_key()] == keys
 
 
-@pytest.mark.parametrize(("sizes", "commit_every", "commits"), [
-    ([3, 3, 3], 4, 2),  # 6 rows, then the 3 left at the end
-    ([2, 0, 2, 0], 2, 2),  # an empty batch neither commits nor counts
-    ([5], 100, 1),
-    ([0, 0], 1, 0),  # nothing to write: no table, None
-])
-def test_upsert_stream_commits_every_n_rows(tmp_path: Path, sizes: list[int], commit_every: int, commits: int) -> None:
-    uri = str(tmp_path / "stream.lance")
-    batches, start = [], 0
-    for n in sizes:
-        batches.append(rows("a", start + n).slice(start))
-        start += n
-    version = lio.upsert_stream(uri, iter(batches), ["sample_id"], commit_every=commit_every)
-    assert version == (commits or None)  # a new table starts at version 1, one version per commit
-    assert len(content(uri)) == sum(sizes) if commits else not lio.table_exists(uri)
-
-
 def test_concurrent_upserts_of_the_same_new_keys_do_not_duplicate(tmp_path: Path) -> None:
     """Two sources captioning the same content at once (shared `captions` table)."""
     for attempt in range(3):

@@ -1,0 +1,146 @@
+"""`captions` and `caption_labels` as work units on model actors, on a real local Ray and real
+Lance tables: the same rows as a single-process reference for any unit size, each content once
+per model version across sources, failures replaced rather than duplicated, and a rerun after a
+SIGKILL that runs only the units not recorded and appends what they wrote exactly once."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from corpora import stored_labels
+from crash import kill_at
+
+from prx_core.compute.units import RUNS
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.captioning import SourceCaptioner
+from prx_core.models.label_base import LabelerConfig
+from prx_core.models.labels import LabelBatch
+from prx_core.stages.captions import build_captions
+from prx_core.stages.labels import build_labels
+from prx_core.store import lance_io, schemas
+from prx_core.store.partitions import source_predicate, write_partition
+from prx_core.store.storage import Storage
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+CONFIG = CaptionerConfig("source")
+# source a: (key, content, source caption, bucketed); c3 twice (the first bucketed sample wins),
+# c5 dropped at k05 but bucketed at k11, c7 has no caption (a failure), c9 only dropped
+A = [("k00", "c0", "a dog"), ("k01", "c1", "a cat"), ("k02", "c2", "an invoice"), ("k03", "c3", "first c3"),
+     ("k04", "c4", "  a tree  "), ("k05", "c5", "dropped c5", False), ("k06", "c6", "a boat"), ("k07", "c7", None),
+     ("k08", "c8", "a car"), ("k09", "c9", "dropped", False), ("k10", "c3", "second c3"), ("k11", "c5", "kept c5")]
+B = [("k0", "c1", "a cat again"), ("k1", "c2", "the invoice"), ("k2", "b0", "a lake"), ("k3", "b1", "a road")]
+
+
+def write_source(storage: Storage, source: str, rows: list[tuple]) -> None:
+    samples, buckets = [], []
+    for key, content, caption, *bucketed in rows:
+        sample_id = f"{source}/{key}"
+        samples.append({"sample_id": sample_id, "content_id": content, "source": source, "source_key": key,
+                        "image": b"", "width": 512, "height": 512, "num_bytes": 1, "original_caption": caption})
+        kept = not bucketed or bucketed[0]
+        buckets.append({"sample_id": sample_id, "source": source, "content_id": content, "width": 512, "height": 512,
+                        **({"tier": 512, "bucket_width": 512, "bucket_height": 512, "bucket": "512x512"} if kept
+                           else {"drop_reason": "too_small"})})
+    write_partition(storage, "samples", source_predicate(source), pa.Table.from_pylist(samples, schema=schemas.SAMPLES))
+    write_partition(storage, "buckets", source_predicate(source), pa.Table.from_pylist(buckets, schema=schemas.BUCKETS))
+
+
+@pytest.fixture()
+def storage(tmp_path: Path) -> Storage:
+    storage = Storage(str(tmp_path / "corpus"))
+    write_source(storage, "a", A)
+    write_source(storage, "b", B)
+    return storage
+
+
+def eligible(rows: list[tuple]) -> dict[str, str | None]:
+    """content -> source caption of its first bucketed sample: the single-process rule."""
+    first: dict[str, str | None] = {}
+    for key, content, caption, *bucketed in sorted(rows):
+        if not bucketed or bucketed[0]:
+            first.setdefault(content, caption)
+    return first
+
+
+def reference_captions(rows: list[tuple]) -> set[tuple]:
+    contents = eligible(rows)
+    results = SourceCaptioner(CONFIG).caption_batch([b""] * len(contents), list(contents.values()))
+    return {(c, r.caption or "", (r.error or "").split(":")[0]) for c, r in zip(contents, results)}
+
+
+def caption_rows(storage: Storage, contents: set[str] | None = None) -> list[tuple]:
+    table = lance_io.read_table(storage.lance_uri("captions"), filter=f"captioner_version = '{CONFIG.version()}'")
+    return sorted((r["content_id"], r["caption"], r["error"].split(":")[0]) for r in table.to_pylist()
+                  if contents is None or r["content_id"] in contents)
+
+
+@pytest.mark.parametrize("unit_rows", [1, 3, 100])
+def test_captions_units_give_the_reference_rows_once_per_content(storage: Storage, unit_rows: int) -> None:
+    report = build_captions("a", storage, CONFIG, unit_rows=unit_rows)
+    want = reference_captions(A)
+    assert caption_rows(storage) == sorted(want)  # one row per content: no duplicate keys
+    assert report.units.units == -(-len(A) // unit_rows) and report.units.ran == report.units.units
+    assert (report.eligible, report.reused, report.captioned, report.failed) == (9, 0, 8, 1)
+    assert report.failures == {"no_source_caption": 1} and report.missing == 1 and report.failed_examples == ["c7"]
+    assert report.commits == 1 and report.model_seconds > 0  # 64 units per append by default
+    assert not os.listdir(os.path.join(storage.root, RUNS, "captions", "a"))  # the attempt is forgotten
+
+    again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # the failure is retried and replaced
+    assert (again.reused, again.captioned, again.failed) == (8, 0, 1)
+    assert caption_rows(storage) == sorted(want)
+
+    other = build_captions("b", storage, CONFIG, unit_rows=unit_rows)  # c1 and c2 are a's bytes too
+    assert (other.eligible, other.reused, other.captioned) == (4, 2, 2)
+    assert caption_rows(storage) == sorted(want | {("b0", "a lake", ""), ("b1", "a road", "")})  # a's c1, c2 kept
+
+
+def test_labels_units_give_the_reference_labels_once_per_content(storage: Storage) -> None:
+    build_captions("a", storage, CONFIG)
+    build_captions("b", storage, CONFIG)
+    config = LabelerConfig()
+    first = build_labels("a", storage, CONFIG.version(), config, unit_rows=4)
+    assert (first.captioned, first.reused, first.labelled, first.failed) == (8, 0, 8, 0)
+    assert sum(first.distribution.values()) == 8 and first.units.units == 3
+    captions = dict(row[:2] for row in caption_rows(storage) if not row[2])
+    ids = sorted(c for c in eligible(A) if c in captions)
+    reference = LabelBatch(config)({"content_id": ids, "caption": [captions[c] for c in ids]})
+    stored = {r["content_id"]: r for r in stored_labels(storage, config, CONFIG.version()).to_pylist()}
+    assert sorted(stored) == ids
+    assert [stored[c]["label"] for c in ids] == list(reference["label"])
+    np.testing.assert_allclose([stored[c]["score"] for c in ids], reference["score"], rtol=1e-5)
+
+    second = build_labels("b", storage, CONFIG.version(), config, unit_rows=4)  # c1, c2 are labelled already
+    assert (second.captioned, second.reused, second.labelled) == (4, 2, 2)
+    assert len(stored_labels(storage, config, CONFIG.version())) == 10
+
+
+SCRIPT = """
+import ray, sys
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.stages.captions import build_captions
+from prx_core.store.appends import BatchedAppend
+from prx_core.store.storage import Storage
+ray.init(address=sys.argv[2], log_to_driver=False)
+storage = Storage(sys.argv[1])
+build_captions("a", storage, CaptionerConfig("source"), unit_rows=2, appends=BatchedAppend(storage, "captions", every_units=2))
+"""
+
+
+def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once(storage: Storage, ray_cluster) -> None:
+    kill_at("captions:units:3", SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
+    time.sleep(2)  # the dead driver's actor goes with it; a unit it was finishing may still record
+    (attempt,) = Path(storage.root, RUNS, "captions", "a").iterdir()
+    recorded = len(os.listdir(attempt / "done"))
+    assert recorded >= 3
+    committed = len(caption_rows(storage)) if lance_io.table_exists(storage.lance_uri("captions")) else 0
+    assert committed >= 2  # the first append (after 2 units) survived the crash
+
+    report = build_captions("a", storage, CONFIG, unit_rows=2)
+    assert report.units.skipped == recorded and report.units.ran == report.units.units - recorded == 6 - recorded
+    assert caption_rows(storage) == sorted(reference_captions(A))  # recorded rows appended once, none lost
+    assert (report.eligible, report.captioned + report.reused, report.failed) == (9, 8, 1)
