@@ -152,6 +152,10 @@ def process_image_rate(source: Path, count: int = 300) -> float:
         return len(images) / (time.perf_counter() - start)
 
 
+MODEL_STAGES = ("captions_model", "caption_labels", "caption_embeddings")  # stand-in models: busy fraction
+ASSETS = {"captions_model": "captions"}  # the asset (and folder under _runs) of a benchmark stage
+
+
 def _settled_counts(attempt: Path, prefix: str) -> tuple[int, int]:
     """(units started, units recorded) of an attempt, once the killed driver's workers are gone
     (Ray kills them when their driver dies): two equal readings a second apart."""
@@ -176,11 +180,13 @@ def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, 
     from prx_core.image.decode import DEFAULT_MAX_PIXELS
 
     phase, half = RESUMABLE[stage], max(1, units // 2)
-    point = f"{stage}:{phase}:{half}"
+    asset = ASSETS.get(stage, stage)
+    point = f"{asset}:{phase}:{half}"
     with cluster.session() as address:
         job = {**job, "stage": stage, "address": address}
         if stage == "mds_shards":  # chunks are named after content and settings: the graph's would all be reused
             job["max_pixels"] = DEFAULT_MAX_PIXELS - 1  # a setting no photo here is near: the same bytes, new names
+        job["trial"] = 1  # captions_model: another stand-in version, so the trial captions again
         proc = subprocess.Popen(driver_command(job), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                 env=driver_env(PRX_PAUSE_AT=point), start_new_session=True)
         deadline, paused = time.monotonic() + timeout, False
@@ -190,7 +196,7 @@ def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, 
                 break
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        attempts = list(Path(job["root"], "_runs", stage, job["source"]["name"]).glob("*/run.json"))
+        attempts = list(Path(job["root"], "_runs", asset, job["source"]["name"]).glob("*/run.json"))
         attempt = attempts[0].parent if len(attempts) == 1 else Path("/nonexistent")
         counts = _settled_counts(attempt, UNIT_PREFIX[phase])
         rerun = run_driver(job)
@@ -252,10 +258,11 @@ def select(stages: tuple[str, ...] | None, resume: tuple[str, ...] | None) -> tu
 def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus: int | None = None,
         cache: str | None = None, workdir: str | None = None, resume_rows: int | None = None,
         resume: tuple[str, ...] | None = None, fresh_ray: bool = True,
-        stages: tuple[str, ...] | None = None) -> dict[str, Any]:
+        stages: tuple[str, ...] | None = None, model_ms: float = 2.0) -> dict[str, Any]:
     """The whole benchmark. The resume trials run at `resume_rows` (default: the largest size)
     after its graph. Corpora are built in `workdir` and kept, or in a temporary folder deleted
-    size by size. `stages` (default all) run in graph order; each needs the earlier ones it reads."""
+    size by size. `stages` (default all) run in graph order; each needs the earlier ones it reads.
+    The stand-in models cost `model_ms` per image or caption."""
     from benchmarks.image_path import _cpu_name
 
     stages, resume = select(stages, resume)
@@ -265,13 +272,15 @@ def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus
     work = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-scale-"))
     cluster = Cluster(cpus, fresh_ray)
     results: dict[str, Any] = {"cpus": cpus, "cpu": _cpu_name(), "python": sys.version.split()[0], "unit_rows": unit_rows,
+                               "model_ms": model_ms,
                                "fresh_ray_per_stage": fresh_ray, "resume_rows": resume_rows, "sizes": [], "resume": {}}
     try:
         for rows in sizes:
             source = synthetic_source(Path(cache) if cache else default_cache(), rows, max(1, unit_rows // 2), cpus)
             spec = {"name": "bench", "format": "parquet", "uri": str(source), "image_column": "image",
                     "caption_column": "caption", "key_column": "key"}
-            job = {"root": str(work / f"corpus-{rows}"), "source": spec, "units": unit_sizes(unit_rows, source)}
+            job = {"root": str(work / f"corpus-{rows}"), "source": spec, "units": unit_sizes(unit_rows, source),
+                   "cpus": cpus, "model_seconds": model_ms / 1000}
             print(f"{rows} rows, {cpus} cores: {', '.join(stages)}", flush=True)
             size = run_size(rows, job, cluster, stages)
             results["sizes"].append(size)
@@ -320,6 +329,18 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         graph = size["graph_images_per_s"]
         add(f"graph images/s / (process_image images/s x {size['cores']} cores) at {size['rows']} rows", None,
             graph / size["process_image_images_per_s_x_cores"] if graph else None, 0.5, higher=True)
+    if sizes:
+        large = sizes[-1]
+        for stage in MODEL_STAGES:
+            entry = large["stages"].get(stage, {})
+            busy = entry.get("extra", {}).get("model_busy_fraction") if "error" not in entry else None
+            if entry:
+                add(f"model busy fraction of the stage's wall time at {large['rows']} rows", stage, busy, 0.9, higher=True)
+        for stage in ("captions", "captions_model"):
+            entry = large["stages"].get(stage, {})
+            if entry:
+                versions = entry.get("tables", {}).get("captions", {}).get("versions") if "error" not in entry else None
+                add(f"captions Lance versions made at {large['rows']} rows", stage, versions, 36, higher=False)
     for stage, trial in results["resume"].items():
         add("units redone after a SIGKILL half way / workers (rerun consistent)", stage,
             trial["redone"] / trial["workers"] if trial.get("consistent") else None, 1.0, higher=False)

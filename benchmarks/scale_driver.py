@@ -21,17 +21,21 @@ import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 RESULT = "PRX-BENCH-RESULT"
-STAGES = ("samples", "buckets", "phashes", "captions", "caption_labels", "duplicates", "mds_shards", "skip_lists",
-          "compact_corpus")
+STAGES = ("samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
+          "duplicates", "mds_shards", "skip_lists", "compact_corpus")
 # The CPU graph from ingest to MDS and skip-lists; labels and duplicates (inputs of skip_lists)
-# and compaction are timed and reported, but are not part of it.
+# and compaction are timed and reported, but are not part of it. `captions_model` captions again
+# with a stand-in captioner of a fixed cost per image (another captioner version: nothing reused),
+# to measure how busy the orchestration keeps a model; labels and embeddings use stand-ins too.
 GRAPH = ("samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists")
 # Stages run as work units, and the phase a resume trial kills half way (PRX_PAUSE_AT).
-RESUMABLE = {"samples": "units", "buckets": "units", "phashes": "units", "mds_shards": "chunks", "skip_lists": "chunks"}
+RESUMABLE = {"samples": "units", "buckets": "units", "phashes": "units", "captions_model": "units",
+             "mds_shards": "chunks", "skip_lists": "chunks"}
 UNIT_PREFIX = {"units": "", "chunks": "chunk-"}  # the phase's unit ids under started/ and done/
 
 REPO = str(Path(__file__).resolve().parents[1])
@@ -39,7 +43,9 @@ REPO = str(Path(__file__).resolve().parents[1])
 MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a cost per process, not per row
     "samples": ("prx_core.stages.samples",), "buckets": ("prx_core.stages.buckets",),
     "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
-    "caption_labels": ("prx_core.stages.labels",), "duplicates": ("prx_core.stages.duplicates",),
+    "captions_model": ("prx_core.stages.captions",), "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
+    "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
+    "duplicates": ("prx_core.stages.duplicates",),
     "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
     "compact_corpus": ("prx_core.store.maintenance", "prx_core.shards.publish"),
 }
@@ -70,16 +76,16 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
 
         r = build_phashes(spec.name, storage, unit_rows=units["row_unit_rows"])
         return r.rows, r.units, {"failed": r.failed}
-    if stage == "captions":
+    if stage in ("captions", "captions_model"):
         from prx_core.stages.captions import build_captions
 
-        r = build_captions(spec.name, storage, CaptionerConfig("source"))
-        return r.eligible, None, {"captioned": r.captioned, "reused": r.reused, "failed": r.failed}
-    if stage == "caption_labels":
-        from prx_core.stages.labels import build_labels
-
-        r = build_labels(spec.name, storage, captioner, LabelerConfig())
-        return r.captioned, None, {"labelled": r.labelled, "labels": r.distribution}
+        seconds = job["model_seconds"] * (1 + 1e-6 * job.get("trial", 0)) if stage == "captions_model" else 0.0
+        r = build_captions(spec.name, storage, CaptionerConfig("source", seconds_per_image=seconds), actors=job["cpus"],
+                           unit_rows=units["row_unit_rows"])
+        return r.eligible, r.units, {"captioned": r.captioned, "reused": r.reused, "failed": r.failed,
+                                     "commits": r.commits, "model_busy_fraction": round(r.model_busy_fraction, 4)}
+    if stage in ("caption_labels", "caption_embeddings"):
+        return model_stage(stage, spec.name, storage, captioner, job)
     if stage == "duplicates":
         from prx_core.stages.duplicates import build_duplicates
 
@@ -98,6 +104,36 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         r = build_skip_lists(spec.name, storage, captioner, labeler, SkipPolicy())
         return r.samples, getattr(r, "units", None), {"skipped": r.skipped, "files": len(r.files)}
     return compact_corpus(storage)
+
+
+def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any]]:
+    """Labels or caption embeddings with a stand-in model of `model_seconds` per caption."""
+    import ray.cloudpickle
+
+    from benchmarks import scale_models
+    from prx_core.compute.units import ModelSpec
+    from prx_core.models.embeddings import EmbedderConfig
+    from prx_core.models.label_base import LabelerConfig
+
+    ray.cloudpickle.register_pickle_by_value(scale_models)  # workers need not import benchmarks/
+    unit_rows, seconds, actors = job["units"]["row_unit_rows"], job["model_seconds"], job["cpus"]
+    if stage == "caption_labels":
+        from prx_core.stages.labels import build_labels
+
+        config = LabelerConfig()
+        model = ModelSpec(partial(scale_models.StandInLabels, config, seconds), actors=actors)
+        r = build_labels(source, storage, captioner, config, unit_rows=unit_rows, model=model)
+        done = r.labelled
+    else:
+        from prx_core.stages.caption_embeddings import build_caption_embeddings
+
+        config = EmbedderConfig()
+        model = ModelSpec(partial(scale_models.StandInEmbeddings, config, seconds), actors=actors)
+        r = build_caption_embeddings(source, storage, captioner, config, unit_rows=unit_rows, model=model)
+        done = r.embedded
+    busy = sum(float(s.get("model_seconds") or 0) for s in r.units.summaries) / max(r.seconds * actors, 1e-9)
+    return r.captioned, r.units, {"done": done, "reused": r.reused, "commits": r.commits,
+                                  "model_busy_fraction": round(busy, 4)}
 
 
 def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:

@@ -175,7 +175,8 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     print(f"scale benchmark: the CPU graph (source captions) at {', '.join(map(str, sizes))} rows, then a resume "
           f"after SIGKILL ...", flush=True)
     results = run(sizes=sizes, unit_rows=args.unit_rows, cpus=args.cpus, cache=args.cache, workdir=args.workdir,
-                  resume_rows=args.resume_rows, resume=resume, fresh_ray=not args.reuse_ray, stages=stages)
+                  resume_rows=args.resume_rows, resume=resume, fresh_ray=not args.reuse_ray, stages=stages,
+                  model_ms=args.model_ms)
     return _report(results, format_table(results), started, args.json)
 
 
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="stages given a SIGKILL resume trial: all (the work-unit stages), none, or a comma list")
     scale.add_argument("--stages", help="only these stages, in graph order (default: all; each needs the ones it reads)")
     scale.add_argument("--resume-rows", type=int, help="size of the resume trials (default: the largest)")
+    scale.add_argument("--model-ms", type=float, default=2.0,
+                       help="cost per image or caption of the stand-in captioner, labeller and embedder (default 2 ms)")
     scale.add_argument("--cache", help="synthetic photos cache (default $XDG_CACHE_HOME/prx-bench-scale)")
     scale.add_argument("--workdir", help="where the corpora are built and kept (default: a temporary folder, removed "
                                          "size by size: 100,000 rows take ~5 GB)")

@@ -67,7 +67,7 @@ class CaptionerConfig:
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # to vLLM as is
     runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Ray env with vLLM
     # source backend only: a stand-in model cost per image (benchmarks measure the orchestration
-    # around a model with it); it does not change the output, so it is not in version().
+    # around a model with it). It enters version(), so stand-in captions are never reused as real ones.
     seconds_per_image: float = 0.0
 
     def __post_init__(self) -> None:
@@ -101,8 +101,9 @@ class CaptionerConfig:
 
     def version_inputs(self) -> dict[str, Any]:
         """What the output depends on; batch_size does not (one result per image either way)."""
-        if self.backend == SOURCE:
-            return {"backend": SOURCE, "rule": "strip"}  # no model, prompt, sampling or pixels
+        if self.backend == SOURCE:  # no model, prompt, sampling or pixels
+            stand_in = {"stand_in_seconds_per_image": self.seconds_per_image} if self.seconds_per_image else {}
+            return {"backend": SOURCE, "rule": "strip", **stand_in}  # a stand-in never reuses real captions
         sampling: dict[str, float] = {"temperature": float(self.temperature)}
         if self.temperature > 0:  # greedy decoding ignores top_p
             sampling["top_p"] = float(self.top_p)

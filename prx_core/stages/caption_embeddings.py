@@ -91,14 +91,15 @@ def embed_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
 
 def build_caption_embeddings(
     source: str, storage: Storage, captioner_version: str, config: EmbedderConfig, *, actors: int = 1,
-    progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
+    progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, model: ModelSpec | None = None,
 ) -> CaptionEmbeddingsReport:
-    """Embed what is missing, refresh the source's vectors, then catch both vector indexes up."""
+    """Embed what is missing, refresh the source's vectors, then catch both vector indexes up.
+    `model` replaces the embedder's actors (a stand-in of the same output, in benchmarks)."""
     start = time.monotonic()
     options = storage.lance_storage_options()
     params = {"captioner_version": captioner_version, "embedder_version": config.version(),
               "batch_size": config.batch_size, "dim": config.dim}
-    model = ModelSpec(partial(EmbedBatch, config), actors=actors)
+    model = model or ModelSpec(partial(EmbedBatch, config), actors=actors)
     results, versions, appends = run_content_stage(
         storage, source, "caption_embeddings", f"{config.version()}-{captioner_version}", params, embed_unit, model,
         progress=progress, unit_rows=unit_rows,

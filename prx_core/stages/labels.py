@@ -103,7 +103,9 @@ def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -
 def build_labels(
     source: str, storage: Storage, captioner_version: str, config: LabelerConfig, *, actors: int = 1,
     progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
+    model: ModelSpec | None = None,
 ) -> LabelsReport:
+    """`model` replaces the configured labeller's actors (a stand-in of the same output, in benchmarks)."""
     start = time.monotonic()
     appends = appends or BatchedAppend(storage, "caption_labels")
     params = {"captioner_version": captioner_version, "labeler_version": config.version(), "batch_size": config.batch_size}
@@ -118,7 +120,7 @@ def build_labels(
             pipeline=partial(labels_vllm.label_dataset, config=config), appends=appends, progress=progress,
             unit_rows=unit_rows)
     else:
-        model = ModelSpec(partial(LabelBatch, config), actors=actors)
+        model = model or ModelSpec(partial(LabelBatch, config), actors=actors)
         results, versions, _ = run_content_stage(storage, source, "caption_labels", code_version, params, label_unit,
                                                  model, progress=progress, unit_rows=unit_rows, appends=appends)
     versions["captions"] = lance_io.table_version(storage.lance_uri("captions"), storage.lance_storage_options())

@@ -4,7 +4,7 @@ issue's targets judged as it states them. No timing is asserted.
 
 A partition of 1,200 rows is twelve times a demo source; its photos are ~34 MB more than the
 300-row run's, so a driver that held the partition's rows or image bytes would grow by tens of
-MB. The MiniLM labeller (caption_labels) is left out: `prx-corpus bench-scale` runs it.
+MB. The model stages run stand-in models of a fixed cost per image (benchmarks.scale_models).
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from benchmarks.scale import format_table, synthetic_source, targets
 CLI = str(Path(sys.executable).with_name("prx-corpus"))  # its own process, as an operator runs it: the
 # benchmark starts its own Ray, which a Ray left running in this test process would refuse
 
-STAGES = ["samples", "buckets", "phashes", "captions", "duplicates", "mds_shards", "skip_lists", "compact_corpus"]
-BOUNDED = ["samples", "buckets", "phashes", "mds_shards", "skip_lists", "compact_corpus"]  # captions etc.: the next issue
-UNIT_STAGES = ["samples", "buckets", "phashes"]
+STAGES = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
+          "duplicates", "mds_shards", "skip_lists", "compact_corpus"]
+BOUNDED = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
+           "mds_shards", "skip_lists", "compact_corpus"]
+UNIT_STAGES = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings"]
 SMALL, LARGE, UNIT = 300, 1200, 100
 
 
@@ -63,6 +65,10 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
         assert unit_counts(size["stages"]["mds_shards"]) == {"route": n, "chunks": 2 * n, "index": 2 * n}
         assert unit_counts(size["stages"]["skip_lists"]) == {"chunks": 2 * n, "streams": 2}
         assert size["stages"]["duplicates"]["extra"]["duplicates"] == 0  # every pHash differs
+        for stage in ("captions_model", "caption_labels", "caption_embeddings"):  # stand-in models, batched appends
+            extra = size["stages"][stage]["extra"]
+            assert 0 < extra["model_busy_fraction"] <= 1 and extra["commits"] == 1 and extra["reused"] == 0, stage
+        assert size["stages"]["captions"]["tables"]["captions"]["versions"] <= 3  # append, full-text and BTREE index
         assert size["graph_stages"] == ["samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists"]
         assert 0 < size["graph_images_per_s"] < size["stages"]["samples"]["rows_per_s"]
 
@@ -116,3 +122,9 @@ def test_targets_compare_the_largest_size_with_the_smallest() -> None:
     assert got[("units", "buckets", "<=")] == (1.0, True)
     assert got[("units", "phashes", "<=")] == (1.5, False)
     assert got[("units", "samples", "<=")] == (None, None)  # an inconsistent rerun is no measurement
+    large["stages"]["captions_model"] = {**_stage(10, 300), "extra": {"model_busy_fraction": 0.93},
+                                         "tables": {"captions": {"versions": 40}}}
+    got = {(t["target"].split(" ")[0], t["stage"]): (t["value"], t["pass"])
+           for t in targets({"sizes": [small, large], "resume": {}})}
+    assert got[("model", "captions_model")] == (0.93, True)
+    assert got[("captions", "captions_model")] == (40, False)  # more than a few dozen versions
