@@ -1,37 +1,49 @@
-"""Asset `duplicates` (global): identical-pHash groups across all sources, one keeper each."""
+"""Asset `duplicates` (global): identical-pHash groups across all sources, one keeper each.
+
+Eager: it re-runs after every source's `phashes` and then recomputes only the groups the
+changed sources touch (prx_core.stages.duplicates); its check is an aggregate on Ray workers."""
 
 
 import dagster as dg
+from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, lance_versions, md_table
+from prx_assets.common import GROUP, lance_versions, md_table, progress, units_metadata
 from prx_core.stages.duplicates import build_duplicates
+from prx_core.stages.duplicates_check import check_one_keeper
 from prx_core.store import lance_io
 from prx_resources import StorageResource
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
                             description="Every group has exactly one keeper, and it has the most pixels.")]
+SAMPLE_ROWS = 30
 
 
-@dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"lance"}, code_version="1",
+@dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="1",
           automation_condition=dg.AutomationCondition.eager())
-def duplicates(context: dg.AssetExecutionContext, storage: StorageResource) -> dg.MaterializeResult:
+def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource) -> dg.MaterializeResult:
     """Hamming-0 groups; the keeper is the highest resolution, ties to the smallest sample_id."""
     store = storage.storage()
-    report = build_duplicates(store)
-    table = lance_io.read_table(store.lance_uri("duplicates"), storage_options=store.lance_storage_options())
-    groups: dict[str, list[dict]] = {}
-    for member in table.to_pylist():
-        groups.setdefault(member["group_id"], []).append(member)
-    bad = [g for g, members in sorted(groups.items())
-           if [m["keeper"] for m in members].count(True) != 1
-           or next(m for m in members if m["keeper"])["pixels"] < max(m["pixels"] for m in members)]
-    sample = table.sort_by([("group_id", "ascending"), ("keeper", "descending")]).slice(0, 30)
+    report = build_duplicates(store, progress(context, "duplicates"))
+    context.log.info(f"duplicates: {report.mode} run" + (f" ({report.reason})" if report.reason else "")
+                     + f", changed sources {report.changed_sources or 'none'}")
+    check = check_one_keeper(store, report.duplicates_version)
+    table = lance_io.open_table(store.lance_uri("duplicates"), store.lance_storage_options())
+    sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
+        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=SAMPLE_ROWS).to_pylist()
     return dg.MaterializeResult(
-        metadata={"hashes_read": report.rows_read, "groups": report.groups, "duplicates": report.duplicates,
-                  "duplicate_rate": round(report.duplicate_rate, 4),
-                  "groups_sample": md_table(sample.select(["group_id", "sample_id", "keeper", "pixels"]).to_pylist()),
+        metadata={"hashes_read": report.rows_read, "phashes_rows": report.phashes_rows, "groups": report.groups,
+                  "duplicates": report.duplicates, "duplicate_rate": round(report.duplicate_rate, 4),
+                  "mode": report.mode, "full_reason": report.reason,
+                  "changed_sources": ", ".join(report.changed_sources),
+                  "affected_hashes": report.affected_hashes, "member_rows": report.member_rows,
+                  "rows_written": report.rows_written, "rows_deleted": report.rows_deleted,
+                  "buckets": report.buckets, "map_units": report.map_units,
+                  "groups_sample": md_table(sample, ["group_id", "sample_id", "source", "keeper", "pixels"]),
+                  **units_metadata(report.units),
                   **lance_versions(phashes=report.phashes_version, duplicates=report.duplicates_version)},
-        check_results=[dg.AssetCheckResult(check_name="duplicates_one_keeper", passed=not bad,
-                                           metadata={"groups": report.groups, "bad_groups": str(bad[:20])})],
+        check_results=[dg.AssetCheckResult(check_name="duplicates_one_keeper", passed=check.passed,
+                                           metadata={"groups": check.groups, "rows_checked": check.rows,
+                                                     "bad_groups": check.bad_groups,
+                                                     "bad_examples": str(check.examples)})],
         data_version=dg.DataVersion(f"duplicates@{report.duplicates_version}"),
     )

@@ -5,35 +5,77 @@ re-encodes and resizes of one picture collide exactly, and exact grouping is a s
 all-pairs search, at a billion rows. The keeper is the copy with the most pixels; among equal
 sizes the highest estimated JPEG quality (lossless formats count as 100), then the most bytes,
 then the smallest `sample_id`, so the choice never depends on read order.
+
+At a billion rows the grouping is a distributed group-by on Ray (prx_core.stages.duplicates_runs
+over prx_core.compute.groupby), committed once. The asset re-runs after every source's
+`phashes`, so a run recomputes only the groups the changed sources touch (which sources changed:
+prx_core.stages.duplicates_state). Without a state, after someone else changed the table, or
+when the changed sources hold most rows, it recomputes every group. The driver holds one
+summary per work unit and per fragment, never rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
+from lance import LanceDataset
 
+from prx_core.compute.groupby import BUCKET_ROWS
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.units import UnitResults
+from prx_core.stages.duplicates_runs import COLUMNS, group_phashes, recompute_all, recompute_changed
+from prx_core.stages.duplicates_state import (
+    Layout,
+    State,
+    changed_sources,
+    load_state,
+    read_layout,
+    save_state,
+    untouched_since,
+)
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
+
+CODE_VERSION = "2"  # part of the state: another version recomputes everything
+UNIT_ROWS = 1_000_000  # rows per map task (six small columns)
+FULL_FRACTION = 0.5  # changed sources holding more of the rows than this: a full recompute is cheaper
+__all__ = ["DuplicatesReport", "build_duplicates", "find_duplicates", "group_phashes", "keeper_order"]
 
 
 @dataclass
 class DuplicatesReport:
-    rows_read: int
-    groups: int
-    duplicates: int  # samples that lose to a keeper
+    """What a run did (`mode`, what it read and wrote) and the table it left (`groups`, `duplicates`)."""
+
+    rows_read: int  # phashes rows the map tasks read: all (full) or the changed sources' (incremental)
+    groups: int  # groups in the table after the run
+    duplicates: int  # samples that lose to a keeper, in the table after the run
     phashes_version: int
     duplicates_version: int
+    mode: str = "full"  # "full", "incremental" or "unchanged" (nothing committed)
+    reason: str = ""  # why a full recompute
+    changed_sources: list[str] = field(default_factory=list)
+    phashes_rows: int = 0  # rows of the pinned phashes version
+    affected_hashes: int = 0  # incremental: hashes whose groups were recomputed
+    member_rows: int = 0  # incremental: phashes rows of those hashes, looked up by phash
+    previous_rows_read: int = 0  # incremental: the changed sources' rows in the previous table
+    rows_written: int = 0
+    rows_deleted: int = 0  # incremental: previous rows of the recomputed groups
+    buckets: int = 0
+    map_units: int = 0
+    fragments_counted: int = 0  # phashes fragments whose sources were read (new or changed ones)
+    units: UnitResults | None = None  # the reduce phase
+    previous_duplicates_version: int | None = None
 
     @property
     def duplicate_rate(self) -> float:
-        return self.duplicates / max(self.rows_read, 1)
+        return self.duplicates / max(self.phashes_rows or self.rows_read, 1)
 
 
 def find_duplicates(phashes: pa.Table) -> pa.Table:
     """DUPLICATES rows (members of groups of two or more) from PHASHES rows."""
     groups: dict[int, list[dict]] = {}
-    for row in phashes.select(["sample_id", "source", "phash", "pixels", "jpeg_quality", "num_bytes"]).to_pylist():
+    for row in phashes.select(COLUMNS).to_pylist():
         groups.setdefault(row["phash"], []).append(row)
     out: list[dict] = []
     for value, members in sorted(groups.items()):
@@ -53,15 +95,62 @@ def keeper_order(row: dict) -> tuple:
     return (-row["pixels"], -quality, -(row["num_bytes"] or 0), row["sample_id"])
 
 
-def build_duplicates(storage: Storage) -> DuplicatesReport:
+def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
+                     rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
+                     full_fraction: float = FULL_FRACTION) -> DuplicatesReport:
+    """Bring `duplicates` up to the latest `phashes` in one commit (none when nothing changed)."""
     options = storage.lance_storage_options()
-    phashes = lance_io.open_table(storage.lance_uri("phashes"), options)
+    phashes_uri, uri = storage.lance_uri("phashes"), storage.lance_uri("duplicates")
+    phashes = lance_io.open_table(phashes_uri, options)
     if phashes is None:
         raise RuntimeError("the phashes table does not exist yet: materialize `phashes` first")
-    table = phashes.to_table(columns=["sample_id", "source", "phash", "pixels", "jpeg_quality", "num_bytes"])
-    duplicates = find_duplicates(table)
-    lance_io.overwrite(storage.lance_uri("duplicates"), duplicates, options)
-    version = maintenance.refresh_table_indexes(storage.lance_uri("duplicates"), "duplicates", options).version
-    losers = int(duplicates.num_rows - sum(duplicates["keeper"].to_pylist()))
-    groups = len(set(duplicates["group_id"].to_pylist()))
-    return DuplicatesReport(table.num_rows, groups, losers, phashes.version, version)
+    table = lance_io.open_table(uri, options)
+    state = load_state(storage, CODE_VERSION)
+    layout, counted = read_layout(phashes, phashes_uri, options, state.layout if state else None)
+    changed = changed_sources(state.layout, layout) if state else sorted(layout.sources())
+    report = DuplicatesReport(0, 0, 0, phashes.version, table.version if table else 0, changed_sources=changed,
+                              phashes_rows=layout.rows(), fragments_counted=counted,
+                              previous_duplicates_version=table.version if table else None)
+    reason = "asked" if full else _full_reason(state, table, layout, changed, full_fraction)
+    if not reason and not changed:
+        report.mode = "unchanged"
+        report.groups, report.duplicates = _totals(table)
+        if counted:  # fragments rewritten without changing any source's rows: remember them
+            save_state(storage, State(phashes.version, table.version, report.groups + report.duplicates, layout,
+                                      CODE_VERSION))
+        return report
+    report.reason = reason
+    done = (recompute_all(storage, phashes, table, CODE_VERSION, progress, unit_rows, rows_per_bucket) if reason
+            else recompute_changed(storage, phashes, table, layout, changed, CODE_VERSION, progress, unit_rows,
+                                   rows_per_bucket))
+    for name, value in done.items():
+        setattr(report, name, value)
+    maintenance.refresh_table_indexes(uri, "duplicates", options)
+    # the changed sources' previous rows are found by `source`: a BITMAP index makes it a lookup
+    version = maintenance.refresh_indexes(uri, storage_options=options, bitmap_columns=["source"],
+                                           merge=False).version
+    report.duplicates_version = version
+    report.groups, report.duplicates = _totals(lance_io.require_table(uri, options).checkout_version(version))
+    save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout, CODE_VERSION))
+    return report
+
+
+def _full_reason(state: State | None, table: LanceDataset | None, layout: Layout, changed: list[str],
+                 fraction: float) -> str:
+    """Why this run must recompute every group; "" when the changed sources' groups suffice."""
+    if state is None:
+        return "no state"
+    if table is None:
+        return "no duplicates table"
+    if not untouched_since(table, state.duplicates_version, state.duplicates_rows):
+        return f"duplicates changed since version {state.duplicates_version}"
+    if layout.rows(changed) > fraction * layout.rows() or state.layout.rows(changed) > fraction * state.layout.rows():
+        return "the changed sources hold most rows"
+    return ""
+
+
+def _totals(table: LanceDataset | None) -> tuple[int, int]:
+    """(groups, losers) of the whole table: counted by Lance, no row reaches Python."""
+    if table is None:
+        return 0, 0
+    return table.count_rows(filter="keeper"), table.count_rows(filter="NOT keeper")
