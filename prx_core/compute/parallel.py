@@ -54,6 +54,14 @@ def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_
         yield number, result
 
 
+def run_on_worker(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0) -> Any:
+    """`fn(*args)` as one Ray task, for work whose memory grows with a table (building an index),
+    so the driver's does not."""
+    import ray
+
+    return ray.get(ray.remote(fn).options(num_cpus=num_cpus, max_retries=2).remote(*args))
+
+
 class TaskFailed(RuntimeError):
     """A task still failed after its retries; `cause` is the worker's exception."""
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from prx_core.compute.actors import ModelHost
-from prx_core.compute.parallel import Throttle
+from prx_core.compute.parallel import Throttle, run_on_worker
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.embeddings import EmbedBatch, EmbedderConfig
 from prx_core.stages.contents import UNIT_ROWS, captioned_contents, run_content_stage, stored_rows, without
@@ -112,15 +112,23 @@ def build_caption_embeddings(
     written = write_source_embeddings(source, storage, versions["samples"], progress)
     report.source_rows, report.skipped, report.source_dim = written.rows, written.skipped, written.dim
     report.dim_mismatch, report.source_written = written.mismatch, written.written
-    for table in TABLES:
-        uri = storage.lance_uri(table)
-        if lance_io.table_exists(uri, options):
-            report.indexes[table] = maintenance.refresh_table_indexes(uri, table, options)
-            report.coverage[table] = maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
+    report.indexes, report.coverage = run_on_worker(index_tables, storage)  # IVF training grows with rows
     report.caption_embeddings_version = lance_io.table_version(storage.lance_uri("caption_embeddings"), options)
     report.source_embeddings_version = lance_io.table_version(storage.lance_uri("source_embeddings"), options)
     report.seconds = time.monotonic() - start
     return report
+
+
+def index_tables(storage: Storage) -> tuple[dict[str, IndexReport], dict[str, VectorIndexCoverage]]:
+    """Catch both tables' indexes up with the new rows; how much of each the vector index covers."""
+    options = storage.lance_storage_options()
+    indexes, coverage = {}, {}
+    for table in TABLES:
+        uri = storage.lance_uri(table)
+        if lance_io.table_exists(uri, options):
+            indexes[table] = maintenance.refresh_table_indexes(uri, table, options)
+            coverage[table] = maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
+    return indexes, coverage
 
 
 def to_embedding_rows(batch: dict[str, np.ndarray], captioner_version: str, dim: int) -> pa.Table:

@@ -19,6 +19,7 @@ from typing import Any
 
 from lance.fragment import FragmentMetadata
 
+from prx_core.compute.parallel import run_on_worker
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 
@@ -81,8 +82,8 @@ class BatchedAppend:
     def finish(self) -> int | None:
         """Flush, then index the new fragments (a delta segment); the version readers see."""
         self.flush()
-        if self.refresh_indexes and lance_io.table_exists(self.uri, self.options):
-            self.version = maintenance.refresh_table_indexes(self.uri, self.table, self.options).version
+        if self.refresh_indexes and lance_io.table_exists(self.uri, self.options):  # on a worker: index memory
+            self.version = run_on_worker(maintenance.refresh_table_indexes, self.uri, self.table, self.options).version
         return self.version
 
 

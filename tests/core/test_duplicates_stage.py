@@ -26,6 +26,7 @@ from prx_core.store.storage import Storage
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BIG = 2**63 + 12345  # above int64: uint64 end to end
 POOL = [3, 7, 11, BIG, 2**64 - 1, 40, 41, 42, 43, 44, 45, 46]
+SMALL_CHANGE = 0.5  # these tables are tiny: a one-source change is a large share of their rows
 
 
 def phash_rows(source: str, items: list[tuple]) -> pa.Table:
@@ -125,7 +126,7 @@ def test_a_rerun_without_change_commits_nothing(storage: Storage) -> None:
 def test_adding_a_source_reads_only_its_rows(storage: Storage) -> None:
     build_duplicates(storage, rows_per_bucket=8)
     write_source(storage, "d", [("1", 13, 2, 90, 1), ("2", 3, 999, 90, 1), ("3", 12345, 1, 90, 1)], fragments=1)
-    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=2)
+    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=2, full_fraction=SMALL_CHANGE)
     assert table(storage) == reference(storage)
     assert (report.mode, report.changed_sources, report.rows_read, report.previous_rows_read) == (
         "incremental", ["d"], 3, 0)
@@ -142,7 +143,7 @@ def test_changing_a_source_recomputes_its_groups(storage: Storage) -> None:
     # c: BIG and 2^64-1 and 12 and 13 gone (12 and 2^64-1 shrink to one member: those groups vanish),
     # 7 added with the most pixels (a new keeper), 9 added (a's lone hash becomes a group)
     write_source(storage, "c", [("9", 7, 10_000, 50, 1), ("8", 9, 60, 90, 10), ("7", 555, 1, 1, 1)], fragments=1)
-    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=4)
+    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=4, full_fraction=SMALL_CHANGE)
     after = {r["group_id"]: r for r in table(storage) if r["keeper"]}
     assert table(storage) == reference(storage)
     assert (report.mode, report.changed_sources, report.rows_read) == ("incremental", ["c"], 3)
@@ -160,7 +161,7 @@ def test_removing_a_source_reads_only_its_previous_rows(storage: Storage) -> Non
     build_duplicates(storage, rows_per_bucket=8)
     previous = [r for r in table(storage) if r["source"] == "c"]
     commit_partition(storage, "phashes", source_predicate("c"), [])
-    report = build_duplicates(storage, unit_rows=3, rows_per_bucket=3)
+    report = build_duplicates(storage, unit_rows=3, rows_per_bucket=3, full_fraction=SMALL_CHANGE)
     assert table(storage) == reference(storage)
     assert not [r for r in table(storage) if r["source"] == "c"]
     assert (report.mode, report.changed_sources, report.rows_read) == ("incremental", ["c"], 0)
@@ -178,12 +179,12 @@ def test_a_fragment_shared_by_sources_changes_only_the_edited_one(storage: Stora
                      lance_io.write_fragments(storage.lance_uri("phashes"), shared, schemas.PHASHES))
     build_duplicates(storage, rows_per_bucket=8)
     write_source(storage, "e", [("3", 11, 10, 90, 1)], fragments=1)
-    report = build_duplicates(storage, unit_rows=1, rows_per_bucket=2)
+    report = build_duplicates(storage, unit_rows=1, rows_per_bucket=2, full_fraction=SMALL_CHANGE)
     assert table(storage) == reference(storage)
     assert (report.mode, report.changed_sources, report.rows_read, report.fragments_counted) == (
         "incremental", ["e"], 1, 2)  # the shared fragment is recounted, f's and g's rows in it are the same
     lance.dataset(storage.lance_uri("phashes")).delete("sample_id = 'f/2'")
-    report = build_duplicates(storage, unit_rows=1, rows_per_bucket=2)
+    report = build_duplicates(storage, unit_rows=1, rows_per_bucket=2, full_fraction=SMALL_CHANGE)
     assert table(storage) == reference(storage)
     assert (report.mode, report.changed_sources, report.rows_read, report.previous_rows_read) == (
         "incremental", ["f"], 2, 3)  # f/1 and f/3 of the shared fragment; f/1, f/2, f/3 were in groups
@@ -201,12 +202,13 @@ def test_full_runs_when_the_state_is_missing_the_table_changed_or_most_rows_chan
     assert build_duplicates(storage).mode == "unchanged"
     lance.dataset(uri).delete("source = 'b'")  # someone else's edit: not trusted
     write_source(storage, "d", [("1", 13, 2, 90, 1)])
-    changed = build_duplicates(storage)
+    changed = build_duplicates(storage, full_fraction=SMALL_CHANGE)
     assert changed.mode == "full" and changed.reason.startswith("duplicates changed since")
     assert table(storage) == reference(storage)
     write_source(storage, "a", random_items(9, 40))  # a holds most rows
-    most = build_duplicates(storage)
-    assert (most.mode, most.reason, most.changed_sources) == ("full", "the changed sources hold most rows", ["a"])
+    most = build_duplicates(storage, full_fraction=SMALL_CHANGE)
+    assert (most.mode, most.reason, most.changed_sources) == ("full", "the changed sources hold more than 50% of the rows",
+                                                              ["a"])
     assert table(storage) == reference(storage) and first.groups > 0
 
 
