@@ -27,7 +27,7 @@ from typing import Any
 
 RESULT = "PRX-BENCH-RESULT"
 STAGES = ("samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
-          "duplicates", "mds_shards", "skip_lists", "compact_corpus")
+          "duplicates", "duplicates_incremental", "mds_shards", "skip_lists", "compact_corpus")
 # The CPU graph from ingest to MDS and skip-lists; labels and duplicates (inputs of skip_lists)
 # and compaction are timed and reported, but are not part of it. `captions_model` captions again
 # with a stand-in captioner of a fixed cost per image (another captioner version: nothing reused),
@@ -39,13 +39,14 @@ RESUMABLE = {"samples": "units", "buckets": "units", "phashes": "units", "captio
 UNIT_PREFIX = {"units": "", "chunks": "chunk-"}  # the phase's unit ids under started/ and done/
 
 REPO = str(Path(__file__).resolve().parents[1])
+COPIED_FRACTION = 0.05  # duplicates_incremental: a new source of 5% of the rows, copies of existing photos
 
 MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a cost per process, not per row
     "samples": ("prx_core.stages.samples",), "buckets": ("prx_core.stages.buckets",),
     "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
     "captions_model": ("prx_core.stages.captions",), "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
-    "duplicates": ("prx_core.stages.duplicates",),
+    "duplicates": ("prx_core.stages.duplicates",), "duplicates_incremental": ("prx_core.stages.duplicates",),
     "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
     "compact_corpus": ("prx_core.store.maintenance", "prx_core.shards.publish"),
 }
@@ -86,11 +87,15 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
                                      "commits": r.commits, "model_busy_fraction": round(r.model_busy_fraction, 4)}
     if stage in ("caption_labels", "caption_embeddings"):
         return model_stage(stage, spec.name, storage, captioner, job)
-    if stage == "duplicates":
+    if stage in ("duplicates", "duplicates_incremental"):
         from prx_core.stages.duplicates import build_duplicates
 
+        if stage == "duplicates_incremental":
+            add_copied_source(storage, spec.name, COPIED_FRACTION)
         r = build_duplicates(storage)
-        return r.rows_read, None, {"groups": r.groups, "duplicates": r.duplicates}
+        return r.rows_read, r.units, {"groups": r.groups, "duplicates": r.duplicates, "mode": r.mode,
+                                      "phashes_rows": r.phashes_rows, "affected_hashes": r.affected_hashes,
+                                      "member_rows": r.member_rows, "buckets": r.buckets}
     if stage == "mds_shards":
         from prx_core.image.decode import DEFAULT_MAX_PIXELS
         from prx_core.stages.mds_shards import build_mds
@@ -104,6 +109,28 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         r = build_skip_lists(spec.name, storage, captioner, labeler, SkipPolicy())
         return r.samples, getattr(r, "units", None), {"skipped": r.skipped, "files": len(r.files)}
     return compact_corpus(storage)
+
+
+def add_copied_source(storage: Any, source: str, fraction: float) -> int:
+    """A new source `copied` holding the first `fraction` of `source`'s pHashes (the same photos
+    ingested again): every one of its rows joins a group. Written before the clock starts."""
+    from prx_core.store import lance_io, schemas
+    from prx_core.store.partitions import source_predicate, write_partition
+
+    phashes = lance_io.require_table(storage.lance_uri("phashes"), storage.lance_storage_options())
+    limit = max(1, int(phashes.count_rows(source_predicate(source)) * fraction))
+    rows = phashes.to_table(filter=source_predicate(source), limit=limit)
+    rows = rows.set_column(rows.schema.get_field_index("source"), "source", pa_strings(["copied"] * rows.num_rows))
+    ids = [f"copied/{s.split('/', 1)[1]}" for s in rows["sample_id"].to_pylist()]
+    rows = rows.set_column(rows.schema.get_field_index("sample_id"), "sample_id", pa_strings(ids))
+    write_partition(storage, "phashes", source_predicate("copied"), rows.cast(schemas.PHASHES))
+    return rows.num_rows
+
+
+def pa_strings(values: list[str]) -> Any:
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
 
 
 def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any]]:

@@ -25,9 +25,8 @@ CLI = str(Path(sys.executable).with_name("prx-corpus"))  # its own process, as a
 # benchmark starts its own Ray, which a Ray left running in this test process would refuse
 
 STAGES = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
-          "duplicates", "mds_shards", "skip_lists", "compact_corpus"]
-BOUNDED = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
-           "mds_shards", "skip_lists", "compact_corpus"]
+          "duplicates", "duplicates_incremental", "mds_shards", "skip_lists", "compact_corpus"]
+BOUNDED = [s for s in STAGES if s != "duplicates_incremental"]  # that one's work is 5% of the rows, by design
 UNIT_STAGES = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings"]
 SMALL, LARGE, UNIT = 300, 1200, 100
 
@@ -53,7 +52,8 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
         assert list(size["stages"]) == STAGES
         for stage, entry in size["stages"].items():
             assert "error" not in entry, entry
-            assert entry["rows"] == size["rows"], stage  # distinct photos, all bucketed: nothing rejected or merged
+            copied = size["rows"] // 20 if stage == "duplicates_incremental" else size["rows"]  # a new source of 5%
+            assert entry["rows"] == copied, stage  # distinct photos, all bucketed: nothing rejected or merged
             assert entry["rows_per_s"] > 0 and entry["seconds"] > 0 and entry["wall_s"] > entry["seconds"], stage
             assert 50 < entry["driver_peak_rss_mb"] < 4096, stage
         for stage in UNIT_STAGES:
@@ -65,6 +65,10 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
         assert unit_counts(size["stages"]["mds_shards"]) == {"route": n, "chunks": 2 * n, "index": 2 * n}
         assert unit_counts(size["stages"]["skip_lists"]) == {"chunks": 2 * n, "streams": 2}
         assert size["stages"]["duplicates"]["extra"]["duplicates"] == 0  # every pHash differs
+        incremental = size["stages"]["duplicates_incremental"]["extra"]  # the copies' groups only, not the table
+        assert incremental | {"buckets": 0} == {"mode": "incremental", "affected_hashes": n * 5, "member_rows": n * 10,
+                                                "duplicates": n * 5, "groups": n * 5, "phashes_rows": size["rows"] + n * 5,
+                                                "buckets": 0}
         for stage in ("captions_model", "caption_labels", "caption_embeddings"):  # stand-in models, batched appends
             extra = size["stages"][stage]["extra"]
             assert 0 < extra["model_busy_fraction"] <= 1 and extra["commits"] == 1 and extra["reused"] == 0, stage
