@@ -89,7 +89,7 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
         partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
         ds = require_table(uri, storage_options)
     else:
-        ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+        ds = compact_files(ds, uri, target_rows_per_fragment, storage_options)
     stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
     return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
@@ -108,6 +108,33 @@ class IndexReport:
     optimized: list[str]
     notes: list[str]
     version: int | None = None
+
+
+def compact_files(ds: LanceDataset, uri: str, target_rows: int, storage_options: StorageOptions) -> LanceDataset:
+    """Lance's `compact_files` with its rewrites on Ray workers: planned here from fragment
+    metadata, each task merges a group of small fragments (the rows pass through a worker, never
+    the driver), then one commit. The shared tables gain a fragment per batch of appends."""
+    import ray
+    from lance.optimize import Compaction
+
+    from prx_core.compute.parallel import imap_tasks
+
+    if not ray.is_initialized():  # a library call without Ray (a notebook, a script): in this process
+        ds.optimize.compact_files(target_rows_per_fragment=target_rows)
+        return ds
+    plan = Compaction.plan(ds, options={"target_rows_per_fragment": target_rows})
+    if not plan.num_tasks():
+        return ds
+    calls = ((task, uri, ds.version, storage_options) for task in plan.tasks)
+    rewrites = [rewrite for _, rewrite in imap_tasks(_rewrite_fragments, calls)]
+    Compaction.commit(ds, rewrites)
+    return require_table(uri, storage_options)
+
+
+def _rewrite_fragments(task: Any, uri: str, version: int, storage_options: StorageOptions) -> Any:
+    import lance
+
+    return task.execute(lance.dataset(uri, version=version, storage_options=storage_options or None))
 
 
 def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:

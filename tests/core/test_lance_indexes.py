@@ -58,17 +58,17 @@ def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
 
 
 def test_partition_tables_find_a_partition_through_a_bitmap_index(tmp_path: Path) -> None:
-    uri = str(tmp_path / "buckets.lance")
+    uri = str(tmp_path / "mds_index.lance")
     for source in "abc":
         lio.replace_partition(uri, where(source), rows(source, 20), SCHEMA)
-    report = maint.refresh_table_indexes(uri, "buckets")
+    report = maint.refresh_table_indexes(uri, "mds_index")
     assert report.created == ["source_bitmap"] and report.version == lio.table_version(uri)
     plan = lio.require_table(uri).scanner(filter=where("b"), columns=["sample_id"]).explain_plan()
     assert "ScalarIndexQuery" in plan and "source_bitmap" in plan, plan
     lio.replace_partition(uri, where("b"), rows("b", 5, "v2"), SCHEMA)  # unindexed fragment: caught up
-    assert maint.refresh_table_indexes(uri, "buckets").optimized == ["source_bitmap"]
+    assert maint.refresh_table_indexes(uri, "mds_index").optimized == ["source_bitmap"]
     assert content(uri, "b") == content_of(rows("b", 5, "v2"))
-    assert maint.refresh_table_indexes(uri, "duplicates").indexes == ["sample_id_btree", "source_bitmap"]  # no partition bitmap added
+    assert maint.refresh_indexes(uri, btree_columns=["sample_id"]).indexes == ["sample_id_btree", "source_bitmap"]
 
 
 def test_an_index_refresh_that_loses_a_race_is_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
