@@ -96,6 +96,10 @@ def test_embeds_each_caption_once_and_a_rerun_commits_nothing(tmp_path: Path) ->
     assert set(stored["embedder_id"].to_pylist()) == {config.embedder_id()}
     vectors = np.stack(stored["embedding"].to_numpy(zero_copy_only=False))
     np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    ids = stored["content_id"].to_pylist()  # the single-process reference: the same model in this process
+    reference = EmbedBatch(config)({"content_id": np.array(ids, dtype=object),
+                                    "caption": np.array([captions[int(c.rsplit("c", 1)[1])] for c in ids], dtype=object)})
+    np.testing.assert_allclose(vectors, reference["embedding"], atol=1e-5)
     sources = table(storage, "source_embeddings")
     assert sources.schema == schemas.source_embeddings_schema(512)
     assert sorted(sources["sample_id"].to_pylist()) == ["a/k0", "a/k1", "a/k3", "a/k6", "a/k7"]  # every sample
