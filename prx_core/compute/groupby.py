@@ -24,7 +24,6 @@ from prx_core.store.lance_io import StorageOptions
 
 BUCKET_ROWS = 1_000_000  # rows per reduce task: a bucket of the six pHash columns is ~70 MB
 MAX_BUCKETS = 256  # object refs grow with units x buckets: 256 keeps 1,000 units at 256k refs
-LOOKUP_BATCH = 20_000  # keys per IN-list a BTREE answers: 14 us/key at 20k-50k, 29 us at 5k (4M rows)
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
 _NIBBLE = np.zeros(256, np.uint64)
 _NIBBLE[_HEX] = np.arange(16, dtype=np.uint64)
@@ -132,18 +131,6 @@ def gather_keys(refs: Sequence[Any]) -> np.ndarray:
     """The distinct keys of the bucket's parts, sorted."""
     parts = gather(refs)
     return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.uint64)
-
-
-def lookup_in(ds: Any, column: str, literals: Sequence[str], columns: list[str], with_row_address: bool = False,
-              batch: int = LOOKUP_BATCH) -> pa.Table:
-    """Rows whose `column` is one of the SQL `literals`, in IN-list batches a BTREE index answers
-    (what `lookups.lookup_keys` does for strings, for any literal and with row addresses)."""
-    parts = [ds.to_table(columns=columns, filter=f"{column} IN ({', '.join(literals[i:i + batch])})",
-                         with_row_address=with_row_address) for i in range(0, len(literals), batch)]
-    if parts:
-        return pa.concat_tables(parts)
-    fields = [ds.schema.field(c) for c in columns] + ([pa.field("_rowaddr", pa.uint64())] if with_row_address else [])
-    return pa.schema(fields).empty_table()
 
 
 def count_values(uri: str, version: int, fragment_ids: Sequence[int], column: str,

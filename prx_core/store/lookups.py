@@ -4,6 +4,7 @@ key's BTREE index (prx_core.store.schemas.BTREE_COLUMNS)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -22,13 +23,21 @@ def lookup_keys(uri: str, key_column: str, keys: Sequence[str], columns: list[st
     ds = lance_io.require_table(uri, storage_options)
     if version is not None:
         ds = ds.checkout_version(version)
-    unique = sorted(set(keys))
-    parts = []
-    for start in range(0, len(unique), batch):
-        listed = ", ".join(lance_io.sql_literal(k) for k in unique[start:start + batch])
-        condition = f"{key_column} IN ({listed})" + (f" AND ({where})" if where else "")
-        parts.append(ds.to_table(columns=columns, filter=condition))
-    return pa.concat_tables(parts) if parts else pa.schema([ds.schema.field(c) for c in columns]).empty_table()
+    return lookup_literals(ds, key_column, [lance_io.sql_literal(k) for k in sorted(set(keys))], columns, where,
+                           batch=batch)
+
+
+def lookup_literals(ds: Any, column: str, literals: Sequence[str], columns: list[str], where: str | None = None,
+                    with_row_address: bool = False, batch: int = LOOKUP_BATCH) -> pa.Table:
+    """Rows of the dataset whose `column` is one of the SQL `literals` (quoted strings, numbers)
+    and match `where`, in IN-list batches a BTREE index answers; with their row addresses if asked."""
+    extra = f" AND ({where})" if where else ""
+    parts = [ds.to_table(columns=columns, filter=f"{column} IN ({', '.join(literals[i:i + batch])}){extra}",
+                         with_row_address=with_row_address) for i in range(0, len(literals), batch)]
+    if parts:
+        return pa.concat_tables(parts)
+    fields = [ds.schema.field(c) for c in columns] + ([pa.field("_rowaddr", pa.uint64())] if with_row_address else [])
+    return pa.schema(fields).empty_table()
 
 
 def caption_texts(storage: Storage, captioner_version: str, content_ids: Sequence[str],
