@@ -23,7 +23,12 @@ from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle, run_on_worker
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.embeddings import EmbedBatch, EmbedderConfig
-from prx_core.stages.contents import UNIT_ROWS, captioned_contents, run_content_stage, stored_rows, without
+from prx_core.stages.contents import (
+    UNIT_ROWS,
+    captioned_pending,
+    model_batches,
+    run_content_stage,
+)
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.appends import BatchedAppend
@@ -64,12 +69,7 @@ class CaptionEmbeddingsReport:
 
 def pending_embeddings(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
     """The unit's captioned contents without a vector (content_id, caption), and its counts."""
-    params = run.manifest.params
-    captions = captioned_contents(unit, run, params["captioner_version"])
-    where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} "
-             f"AND embedder_version = {lance_io.sql_literal(params['embedder_version'])}")
-    stored = stored_rows(run.storage, "caption_embeddings", captions["content_id"].to_pylist(), ["content_id"], where)
-    todo = without(captions, stored["content_id"])
+    captions, _, todo = captioned_pending(unit, run, "caption_embeddings", "embedder_version")
     return todo, {"rows": unit.rows, "captioned": captions.num_rows, "reused": captions.num_rows - todo.num_rows}
 
 
@@ -77,12 +77,8 @@ def embed_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
     """On an embedder actor: embed the unit's pending captions, write them as fragments."""
     todo, summary = pending_embeddings(unit, run)
     params = run.manifest.params
-    parts, model_seconds = [], 0.0
-    for start in range(0, todo.num_rows, params["batch_size"]):
-        batch = todo.slice(start, params["batch_size"])
-        out, seconds = host.run({"content_id": batch["content_id"].to_pylist(), "caption": batch["caption"].to_pylist()})
-        parts.append(to_embedding_rows(out, params["captioner_version"], params["dim"]))
-        model_seconds += seconds
+    outputs, model_seconds = model_batches(host, todo, params["batch_size"])
+    parts = [to_embedding_rows(out, params["captioner_version"], params["dim"]) for out in outputs]
     written = lance_io.write_fragments(run.storage.lance_uri("caption_embeddings"), pa.concat_tables(parts),
                                        schemas.CAPTION_EMBEDDINGS, run.storage.lance_storage_options()) if parts else []
     return {**summary, "embedded": todo.num_rows, "fragments": [f.to_json() for f in written],

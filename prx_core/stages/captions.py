@@ -26,7 +26,15 @@ from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.caption_base import SOURCE, VLLM, CaptionerConfig
 from prx_core.models.captioning import CaptionBatch
-from prx_core.stages.contents import UNIT_ROWS, owned_contents, prefetched, run_content_stage, stored_rows, without
+from prx_core.stages.contents import (
+    UNIT_ROWS,
+    model_batches,
+    owned_contents,
+    prefetched,
+    run_content_stage,
+    stored_rows,
+    without,
+)
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
 from prx_core.store.appends import BatchedAppend, keys_predicate
@@ -115,11 +123,9 @@ def caption_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
              for addresses in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
     parts, model_seconds = [], 0.0
     for inputs in prefetched(loads):
-        for start in range(0, inputs.num_rows, config.batch_size):
-            batch = inputs.slice(start, config.batch_size)
-            out, seconds = host.run({name: batch[name].to_pylist() for name in batch.column_names})
-            parts.append(pa.table(out))
-            model_seconds += seconds
+        outputs, seconds = model_batches(host, inputs, config.batch_size)
+        parts += [pa.table(out) for out in outputs]
+        model_seconds += seconds
     return {**summary, **caption_summary(run.storage, parts), "model_seconds": round(model_seconds, 4)}
 
 

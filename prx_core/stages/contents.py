@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Manifest, ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun, run_units
@@ -68,12 +69,19 @@ def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], column
     return lookup_keys(uri, "content_id", content_ids, columns, where, options)
 
 
-def captioned_contents(unit: Unit, run: UnitRun, captioner_version: str) -> pa.Table:
-    """(content_id, caption) of the unit's owned contents with a caption of that captioner."""
+def captioned_pending(unit: Unit, run: UnitRun, table: str, model_column: str,
+                      columns: Sequence[str] = ("content_id",)) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """For a stage that models captions: the unit's owned contents with a caption of the run's
+    captioner (content_id, caption), their `columns` in `table` for the run's captioner and
+    `model_column` version, and the captions without such a row (what the model still has to do)."""
+    params = run.manifest.params
     owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
-    where = f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''"
-    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"], where)
-    return captions.sort_by("content_id")
+    captioner = f"captioner_version = {lance_io.sql_literal(params['captioner_version'])}"
+    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"],
+                           f"{captioner} AND error = ''").sort_by("content_id")
+    stored = stored_rows(run.storage, table, captions["content_id"].to_pylist(), list(columns),
+                         f"{captioner} AND {model_column} = {lance_io.sql_literal(params[model_column])}")
+    return captions, stored, without(captions, stored["content_id"])
 
 
 def without(table: pa.Table, content_ids: Sequence[str] | pa.Array) -> pa.Table:
@@ -90,6 +98,17 @@ def prefetched(loads: Sequence[Callable[[], T]]) -> Iterator[T]:
             result = future.result()
             future = pool.submit(loads[index + 1]) if index + 1 < len(loads) else None
             yield result
+
+
+def model_batches(host: ModelHost, rows: pa.Table, batch_size: int) -> tuple[list[Any], float]:
+    """The model's output for each batch of `rows` (every column, as lists), and the seconds it worked."""
+    outputs, busy = [], 0.0
+    for start in range(0, rows.num_rows, batch_size):
+        batch = rows.slice(start, batch_size)
+        out, seconds = host.run({name: batch[name].to_pylist() for name in batch.column_names})
+        outputs.append(out)
+        busy += seconds
+    return outputs, busy
 
 
 def run_content_stage(

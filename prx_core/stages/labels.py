@@ -26,7 +26,12 @@ from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.stages.contents import UNIT_ROWS, captioned_contents, run_content_stage, stored_rows, without
+from prx_core.stages.contents import (
+    UNIT_ROWS,
+    captioned_pending,
+    model_batches,
+    run_content_stage,
+)
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
 from prx_core.store.appends import BatchedAppend
@@ -54,12 +59,7 @@ class LabelsReport:
 
 def pending_labels(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
     """The unit's captioned contents without a label (content_id, caption), and its counts so far."""
-    params = run.manifest.params
-    captions = captioned_contents(unit, run, params["captioner_version"])
-    where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} "
-             f"AND labeler_version = {lance_io.sql_literal(params['labeler_version'])}")
-    stored = stored_rows(run.storage, "caption_labels", captions["content_id"].to_pylist(), ["content_id", "label"], where)
-    todo = without(captions, stored["content_id"])
+    captions, stored, todo = captioned_pending(unit, run, "caption_labels", "labeler_version", ["content_id", "label"])
     return todo, {"rows": unit.rows, "captioned": captions.num_rows, "reused": captions.num_rows - todo.num_rows,
                   "labelled": todo.num_rows, "distribution": dict(Counter(stored["label"].to_pylist()))}
 
@@ -67,13 +67,8 @@ def pending_labels(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
 def label_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
     """On a labeller actor: label the unit's pending captions, write them as fragments."""
     todo, summary = pending_labels(unit, run)
-    parts, model_seconds = [], 0.0
-    batch_size = run.manifest.params["batch_size"]
-    for start in range(0, todo.num_rows, batch_size):
-        batch = todo.slice(start, batch_size)
-        out, seconds = host.run({"content_id": batch["content_id"].to_pylist(), "caption": batch["caption"].to_pylist()})
-        parts.append(pa.table(out))
-        model_seconds += seconds
+    outputs, model_seconds = model_batches(host, todo, run.manifest.params["batch_size"])
+    parts = [pa.table(out) for out in outputs]
     written = write_labels(run.storage, pa.concat_tables(parts), run.manifest.params["captioner_version"]) if parts else {}
     distribution = Counter(summary.pop("distribution")) + Counter(written.pop("distribution", {}))
     return {**summary, **written, "distribution": dict(distribution), "model_seconds": round(model_seconds, 4)}
@@ -116,7 +111,7 @@ def build_labels(
 
         results, versions = run_pipeline_stage(
             storage, source, "caption_labels", code_version, params, prepare=pending_labels,
-            read=lambda run, todo: todo, write=partial(_write_pipeline_labels, captioner_version=captioner_version),
+            read=lambda run, todo: todo, write=partial(write_labels, captioner_version=captioner_version),
             pipeline=partial(labels_vllm.label_dataset, config=config), appends=appends, progress=progress,
             unit_rows=unit_rows)
     else:
@@ -132,7 +127,3 @@ def build_labels(
         report.gpu_hours = results.seconds * config.replicas * config.tensor_parallel_size / 3600
     report.seconds = time.monotonic() - start
     return report
-
-
-def _write_pipeline_labels(storage: Storage, batch: pa.Table, captioner_version: str) -> dict[str, Any]:
-    return write_labels(storage, batch, captioner_version)
