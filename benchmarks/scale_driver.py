@@ -114,23 +114,19 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
 def add_copied_source(storage: Any, source: str, fraction: float) -> int:
     """A new source `copied` holding the first `fraction` of `source`'s pHashes (the same photos
     ingested again): every one of its rows joins a group. Written before the clock starts."""
+    import pyarrow as pa
+
     from prx_core.store import lance_io, schemas
     from prx_core.store.partitions import source_predicate, write_partition
 
     phashes = lance_io.require_table(storage.lance_uri("phashes"), storage.lance_storage_options())
     limit = max(1, int(phashes.count_rows(source_predicate(source)) * fraction))
     rows = phashes.to_table(filter=source_predicate(source), limit=limit)
-    rows = rows.set_column(rows.schema.get_field_index("source"), "source", pa_strings(["copied"] * rows.num_rows))
+    rows = rows.set_column(rows.schema.get_field_index("source"), "source", pa.array(["copied"] * rows.num_rows, pa.string()))
     ids = [f"copied/{s.split('/', 1)[1]}" for s in rows["sample_id"].to_pylist()]
-    rows = rows.set_column(rows.schema.get_field_index("sample_id"), "sample_id", pa_strings(ids))
+    rows = rows.set_column(rows.schema.get_field_index("sample_id"), "sample_id", pa.array(ids, pa.string()))
     write_partition(storage, "phashes", source_predicate("copied"), rows.cast(schemas.PHASHES))
     return rows.num_rows
-
-
-def pa_strings(values: list[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array(values, pa.string())
 
 
 def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any]]:
