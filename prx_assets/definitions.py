@@ -59,8 +59,8 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
     storage, captioner, labeler, embedder, policy = (
         resources[k] for k in ("storage", "captioner", "labeler", "embedder", "policy"))
     return [
-        raw_source, samples_asset(storage), buckets_asset(storage), phashes, duplicates, captions_asset(captioner),
-        caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
+        raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
+        captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
         mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy),
     ]
 

@@ -7,7 +7,7 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
 from prx_core.stages.samples import build_samples, count_sample_ids, rejected_files
 from prx_core.store import maintenance
-from prx_resources import CatalogResource, ExplorerResource, StorageResource, UnitsResource
+from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
@@ -20,19 +20,22 @@ CHECKS = [
 ]
 
 
-def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
+def samples_asset(settings: StorageResource, captions: CaptionerResource | None = None) -> dg.AssetsDefinition:
+    caption_cap = (captions or CaptionerResource()).caption_cap_version()  # "2-": source captions are cleaned
+
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"1-{settings.pixel_cap_version()}")
+              code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}")
     def samples(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
-        explorer: ExplorerResource, units: UnitsResource,
+        explorer: ExplorerResource, units: UnitsResource, captioner: CaptionerResource,
     ) -> dg.MaterializeResult:
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
-        `rejects` with a reason; replaces this source's rows in one commit."""
+        `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
+        replaces this source's rows in one commit."""
         spec = catalog.source(context.partition_key)
         store = storage.storage()
         report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
-                               units.samples_bytes)
+                               units.samples_bytes, captioner.max_caption_chars)
         ids = count_sample_ids(store, spec.name, report.samples_version)
         health = maintenance.fragment_health(store.lance_uri("samples"), storage_options=store.lance_storage_options())
         total = report.rows + report.rejected
@@ -52,6 +55,7 @@ def samples_asset(settings: StorageResource) -> dg.AssetsDefinition:
             metadata={
                 "rows": report.rows, "rejects": report.rejected, "bytes": report.bytes,
                 "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
+                "captions_cleaned": report.captions_cleaned, "captions_truncated": report.captions_truncated,
                 "reject_reasons": counts_table(report.reasons, "reason", total),
                 "rejected_files": dg.MetadataValue.json(rejected_files(store, spec.name)),
                 **units_metadata(report.units),

@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field
 
 from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS
 from prx_core.models.embeddings import MODEL_PACKAGE, EmbedderConfig
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.prompts import PROMPT_VERSION
@@ -54,16 +55,27 @@ class CaptionerResource(dg.ConfigurableResource):
     concurrency: int | None = Field(default=None, description="openai: requests in flight per actor, capped by batch_size (default 8).")
     timeout_s: float | None = Field(default=None, description="openai: deadline of one request attempt in seconds (default 120).")
     max_retries: int | None = Field(default=None, description="openai: retries on 429/5xx/timeouts/connection errors, backoff with jitter (default 4).")
+    max_response_bytes: int | None = Field(default=None, description="openai: a bigger response body is a failed request (default 8 MiB).")
+    allow_insecure_http: bool | None = Field(default=None, description="openai: allow sending the API key over plain "
+                                             "http:// to a host that is not loopback (default false: refused).")
+    max_caption_chars: int = Field(default=DEFAULT_MAX_CAPTION_CHARS, description="Every caption (source captions at "
+                                   "ingest, generated ones) is cleaned of control characters and cut to this many "
+                                   "characters at a word boundary (prx_core.models.caption_text).")
 
     def config(self) -> CaptionerConfig:
         names = ("tensor_parallel_size", "replicas", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env",
-                 "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries")
+                 "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries", "max_response_bytes",
+                 "allow_insecure_http")
         optional = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return CaptionerConfig(
             backend=self.backend, model=self.model, prompt_version=self.prompt_version,
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            max_pixels=self.max_pixels, batch_size=self.batch_size, **optional,
+            max_pixels=self.max_pixels, batch_size=self.batch_size, max_caption_chars=self.max_caption_chars, **optional,
         )
+
+    def caption_cap_version(self) -> str:
+        """Changes which source captions are cut: part of the code version of `samples`."""
+        return f"cap{self.max_caption_chars}"
 
 
 class LabelerResource(dg.ConfigurableResource):
@@ -84,6 +96,9 @@ class LabelerResource(dg.ConfigurableResource):
     concurrency: int | None = Field(default=None, description="llm: requests in flight per actor (default 16).")
     timeout_s: float | None = Field(default=None, description="llm: per-request timeout in seconds (default 30).")
     max_retries: int | None = Field(default=None, description="llm: retries on 408/409/429/5xx, timeouts, connection errors (default 4).")
+    max_response_bytes: int | None = Field(default=None, description="llm: a bigger response body is a failed request (default 8 MiB).")
+    allow_insecure_http: bool | None = Field(default=None, description="llm: allow sending the API key over plain "
+                                             "http:// to a host that is not loopback (default false: refused).")
     temperature: float | None = Field(default=None, description="llm: sampling temperature (default 0).")
     max_tokens: int | None = Field(default=None, description="llm: answer token budget (default 16).")
     constrained: str | None = Field(default=None, description="llm: output constraint: none (default) | json_schema (OpenAI response_format enum) | structured_outputs (vLLM >= 0.10.2) | guided_choice (vLLM < 0.12; newer servers ignore it).")
@@ -99,8 +114,9 @@ class LabelerResource(dg.ConfigurableResource):
 
     def config(self) -> LabelerConfig:
         names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
-                 "max_retries", "temperature", "max_tokens", "constrained", "transport", "replicas",
-                 "tensor_parallel_size", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env")
+                 "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens", "constrained",
+                 "transport", "replicas", "tensor_parallel_size", "max_model_len", "accelerator_type", "engine_kwargs",
+                 "runtime_env")
         overrides = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return LabelerConfig(backend=self.backend, thinking=self.thinking, **overrides)
 

@@ -16,6 +16,8 @@ import numpy as np
 from PIL import Image
 
 from prx_core.image.decode import Rejection, decode_image
+from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars, clean_caption
+from prx_core.models.openai_http import DEFAULT_MAX_RESPONSE_BYTES, check_endpoint
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 
 SOURCE = "source"
@@ -58,6 +60,8 @@ class CaptionerConfig:
     timeout_s: float = 120.0  # per request attempt
     max_retries: int = 4  # extra attempts on 429, 5xx, timeouts and connection errors
     backoff_s: float = 0.5  # first backoff; doubles per attempt, full jitter, capped at 30 s
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # a bigger response body is a failed request
+    allow_insecure_http: bool = False  # send the API key over plain http:// to a non-loopback host
     # vllm backend only (`model`: a Hub id or a local checkpoint directory); of these, only the
     # output-changing OUTPUT_ENGINE_KWARGS enter version().
     tensor_parallel_size: int = 1  # GPUs per vLLM replica
@@ -69,6 +73,9 @@ class CaptionerConfig:
     # source backend only: a stand-in model cost per image (benchmarks measure the orchestration
     # around a model with it). It enters version(), so stand-in captions are never reused as real ones.
     seconds_per_image: float = 0.0
+    # every backend: captions (generated, and source captions at ingest) are cleaned and cut to
+    # this many characters (prx_core.models.caption_text); enters version() when not the default.
+    max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
 
     def __post_init__(self) -> None:
         if self.backend not in KNOWN_BACKENDS:
@@ -89,6 +96,9 @@ class CaptionerConfig:
             raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}")
         if self.max_pixels < MIN_MAX_PIXELS:
             raise ValueError(f"max_pixels must be at least {MIN_MAX_PIXELS}, got {self.max_pixels}")
+        check_max_chars(self.max_caption_chars)
+        if self.backend == OPENAI:
+            check_endpoint(self.endpoint, self.api_key_env, self.allow_insecure_http, self.max_response_bytes)
 
     def captioner_id(self) -> str:
         """Human-readable and stable: "source" or "<backend>:<model name>:<12 hex of version>"."""
@@ -103,7 +113,9 @@ class CaptionerConfig:
         """What the output depends on; batch_size does not (one result per image either way)."""
         if self.backend == SOURCE:  # no model, prompt, sampling or pixels
             stand_in = {"stand_in_seconds_per_image": self.seconds_per_image} if self.seconds_per_image else {}
-            return {"backend": SOURCE, "rule": "strip", **stand_in}  # a stand-in never reuses real captions
+            # "clean": the source caption cleaned and capped (was "strip": stored captions copied
+            # before cleaning existed are re-made); a stand-in never reuses real captions
+            return {"backend": SOURCE, "rule": "clean", "max_caption_chars": self.max_caption_chars, **stand_in}
         sampling: dict[str, float] = {"temperature": float(self.temperature)}
         if self.temperature > 0:  # greedy decoding ignores top_p
             sampling["top_p"] = float(self.top_p)
@@ -118,6 +130,8 @@ class CaptionerConfig:
             "max_new_tokens": self.max_new_tokens,
             "max_pixels": self.max_pixels,
         }
+        if self.max_caption_chars != DEFAULT_MAX_CAPTION_CHARS:  # the default keeps earlier versions valid
+            inputs["max_caption_chars"] = self.max_caption_chars
         if self.backend == VLLM:
             inputs["engine"] = {k: self.engine_kwargs[k] for k in OUTPUT_ENGINE_KWARGS if k in self.engine_kwargs}
         return inputs
@@ -215,6 +229,14 @@ def shrink_to_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
     scale = math.sqrt(max_pixels / (width * height))
     size = (max(1, math.floor(width * scale)), max(1, math.floor(height * scale)))
     return image.resize(size, Image.Resampling.BICUBIC, reducing_gap=2.0)
+
+
+def generated_caption(text: object, max_chars: int, tokens: int | None = None,
+                      empty: str = "the model generated no text") -> CaptionResult:
+    """A model's answer as a stored caption: cleaned and capped like every caption
+    (prx_core.models.caption_text); nothing left is an `empty_caption` failure."""
+    caption = clean_caption(text, max_chars).text
+    return CaptionResult(caption, tokens=tokens) if caption else CaptionResult.failed(EMPTY_CAPTION, empty)
 
 
 def check_lengths(images: Sequence[bytes], original_captions: Sequence[str | None]) -> None:

@@ -29,19 +29,22 @@ from prx_core.models.caption_base import (
     to_optional_str,
     word_count,
 )
+from prx_core.models.caption_text import clean_caption
 
 
 class SourceCaptioner(Captioner):
-    """Keeps the source dataset's caption: the baseline, and the no-GPU path."""
+    """Keeps the source dataset's caption: the baseline, and the no-GPU path. Ingest cleaned and
+    capped it already; it is cleaned again (a no-op then) for rows ingested before that existed."""
 
     def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
         check_lengths(images, original_captions)
         if self.config.seconds_per_image:
             time.sleep(self.config.seconds_per_image * len(images))
+        cleaned = [clean_caption(text, self.config.max_caption_chars).text for text in original_captions]
         return [
-            CaptionResult(text.strip()) if text and text.strip()
+            CaptionResult(text) if text
             else CaptionResult.failed(NO_SOURCE_CAPTION, "the source has no caption for this image")
-            for text in original_captions
+            for text in cleaned
         ]
 
 

@@ -9,8 +9,10 @@ auth) is the shared `prx_core.models.openai_http.ChatClient`. An image that stil
 next materialization.
 
 Error reason codes (the part before ": "): `http_error` ("http_error: 500 <body>"), `timeout`,
-`connection_error`, `bad_response` (no `choices[0].message.content`), `empty_caption` and
-`decode_error:<reason>` (the image never left the machine).
+`connection_error`, `response_too_large` (a body over `max_response_bytes`), `bad_response`
+(anything but a completion with text content: parsing never raises, whatever the body holds),
+`empty_caption` and `decode_error:<reason>` (the image never left the machine). The caption is
+cleaned and capped like every stored caption (prx_core.models.caption_text).
 """
 
 from __future__ import annotations
@@ -23,19 +25,21 @@ from typing import Any, Sequence
 
 from prx_core.models import openai_http as http
 from prx_core.models.caption_base import (
-    EMPTY_CAPTION,
     Captioner,
     CaptionerConfig,
     CaptionResult,
     check_lengths,
+    generated_caption,
     prepare_image,
 )
+from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS
 from prx_core.models.prompts import CAPTION_PROMPT
 
 HTTP_ERROR = "http_error"
 TIMEOUT = "timeout"
 CONNECTION_ERROR = "connection_error"
 BAD_RESPONSE = "bad_response"
+RESPONSE_TOO_LARGE = "response_too_large"
 JPEG_QUALITY = 90
 
 
@@ -116,7 +120,7 @@ class OpenAICaptioner(Captioner):
         reply = await post(request_body(self.config, jpeg))
         if reply.text is None:
             return Attempt(caption_failure(reply, self.config.timeout_s), None, reply.attempts)
-        result, usage = parse_response(reply.text)
+        result, usage = parse_response(reply.text, self.config.max_caption_chars)
         return Attempt(result, usage, reply.attempts)
 
 
@@ -126,25 +130,48 @@ def caption_failure(reply: http.Reply, timeout_s: float) -> CaptionResult:
         reason, message = HTTP_ERROR, f"{reply.status} {' '.join(reply.detail.split())[:300]}"
     elif reply.failure == http.TIMEOUT:
         reason, message = TIMEOUT, f"no answer within {timeout_s:g} s"
+    elif reply.failure == http.TOO_LARGE:
+        reason, message = RESPONSE_TOO_LARGE, reply.detail
     else:
         reason, message = CONNECTION_ERROR, reply.detail
     suffix = f" (after {reply.attempts} attempts)" if reply.attempts > 1 else ""
     return CaptionResult.failed(reason, message + suffix)
 
 
-def parse_response(text: str) -> tuple[CaptionResult, dict[str, int] | None]:
-    """`choices[0].message.content` as the caption, and the integer `usage` counts if present."""
+def parse_response(text: str, max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
+                   ) -> tuple[CaptionResult, dict[str, int] | None]:
+    """`choices[0].message.content` (a string, or content parts with string `text`) as the caption,
+    cleaned and capped, and the integer `usage` counts if present. Never raises: any other body
+    is a `bad_response` result."""
     try:
         content, body = http.parse_chat(text)
+        caption = content_text(content)
+        if caption is None:
+            return CaptionResult.failed(BAD_RESPONSE, f"message content is {describe(content)}"), None
+        raw = body.get("usage") if isinstance(body, dict) else None
+        usage = {k: v for k, v in raw.items() if k in ("prompt_tokens", "completion_tokens")
+                 and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62} if isinstance(raw, dict) else {}
+        return generated_caption(caption, max_caption_chars, empty="the endpoint returned no text"), usage or None
     except http.BAD_SHAPE as exc:
-        return CaptionResult.failed(BAD_RESPONSE, f"{type(exc).__name__}: {' '.join(text.split())[:200]}"), None
-    if isinstance(content, list):  # some servers answer with content parts
-        content = "".join(part.get("text", "") for part in content if isinstance(part, dict))
-    if not isinstance(content, str):
-        return CaptionResult.failed(BAD_RESPONSE, f"message content is {type(content).__name__}"), None
-    raw = body.get("usage") if isinstance(body, dict) else None
-    usage = {k: v for k, v in raw.items() if k in ("prompt_tokens", "completion_tokens") and isinstance(v, int)} \
-        if isinstance(raw, dict) else {}
-    caption = content.strip()
-    result = CaptionResult(caption) if caption else CaptionResult.failed(EMPTY_CAPTION, "the endpoint returned no text")
-    return result, usage or None
+        return CaptionResult.failed(BAD_RESPONSE, f"{exc} in {' '.join(str(text)[:400].split())[:200]}"), None
+    except Exception as exc:  # the contract: a result, never an exception, whatever the body holds
+        return CaptionResult.failed(BAD_RESPONSE, f"{type(exc).__name__}: {str(exc)[:200]}"), None
+
+
+def content_text(content: object) -> str | None:
+    """The text of `message.content`: a string, or the concatenated string `text` of content
+    parts (some servers answer with parts; parts without text are skipped); None otherwise."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return None
+    texts = [part.get("text", "") for part in content if isinstance(part, dict)]
+    return "".join(texts) if all(isinstance(t, str) for t in texts) else None
+
+
+def describe(value: object) -> str:
+    """A value's kind for an error message: its type, and for a list, its parts' types."""
+    if isinstance(value, list):
+        kinds = sorted({type(v.get("text")).__name__ if isinstance(v, dict) else type(v).__name__ for v in value[:100]})
+        return f"a list of {', '.join(kinds) or 'nothing'}"
+    return type(value).__name__

@@ -11,13 +11,13 @@ from typing import Any, Sequence
 from PIL import Image
 
 from prx_core.models.caption_base import (
-    EMPTY_CAPTION,
     GENERATION_ERROR,
     MIN_MAX_PIXELS,
     Captioner,
     CaptionerConfig,
     CaptionResult,
     check_lengths,
+    generated_caption,
     prepare_image,
 )
 from prx_core.models.prompts import CAPTION_PROMPT
@@ -73,10 +73,7 @@ class TransformersCaptioner(Captioner):
             if len(images) == 1:
                 return [CaptionResult.failed(GENERATION_ERROR, f"{type(exc).__name__}: {exc}")]
             return [result for image in images for result in self.caption_images([image])]
-        return [
-            CaptionResult(text, tokens=count) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
-            for text, count in zip(texts, counts)
-        ]
+        return [generated_caption(text, self.config.max_caption_chars, count) for text, count in zip(texts, counts)]
 
     def generate(self, images: list[Image.Image]) -> tuple[list[str], list[int]]:
         """Captions and the number of tokens generated for each (padding excluded)."""

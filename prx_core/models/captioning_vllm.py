@@ -16,8 +16,9 @@ Per row:
   row, never as an exception.
 - Ray's stages: PrepareMultimodal (vLLM parses the image out of the messages), ChatTemplate,
   Tokenize, vLLMEngine (the GPU), Detokenize.
-- postprocess: `generated_text` -> caption, `num_generated_tokens` kept for tokens/s; empty text
-  or missing fields become `empty_caption` / `generation_error` rows. Rows the engine failed
+- postprocess: `generated_text` -> caption (cleaned, capped and made one paragraph,
+  prx_core.models.caption_text), `num_generated_tokens` kept for tokens/s; empty text or missing
+  fields become `empty_caption` / `generation_error` rows. Rows the engine failed
   (`should_continue_on_error`, `__inference_error__` set) bypass postprocess inside Ray and are
   turned into `generation_error` rows by `finalize_row`.
 """
@@ -31,11 +32,11 @@ from typing import Any, Protocol
 
 from prx_core.models.caption_base import (
     DECODE_ERROR,
-    EMPTY_CAPTION,
     GENERATION_ERROR,
     VLLM,
     CaptionerConfig,
     CaptionResult,
+    generated_caption,
     prepare_image,
     to_bytes,
     word_count,
@@ -153,6 +154,7 @@ class Postprocess:
         self.captioner_id = config.captioner_id()
         self.version = config.version()
         self.prompt_version = config.recorded_prompt_version()
+        self.max_caption_chars = config.max_caption_chars
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         tokens = row.get("num_generated_tokens")
@@ -163,8 +165,9 @@ class Postprocess:
         elif row.get("generated_text") is None:
             result = CaptionResult.failed(GENERATION_ERROR, "the engine returned no generated_text")
         else:
-            text = " ".join(str(row["generated_text"]).split())  # one paragraph, as asked
-            result = CaptionResult(text) if text else CaptionResult.failed(EMPTY_CAPTION, "the model generated no text")
+            result = generated_caption(row["generated_text"], self.max_caption_chars)
+            if result.caption is not None:  # one paragraph, as asked (never longer than cleaned)
+                result = CaptionResult(" ".join(result.caption.split()))
         caption = result.caption or ""
         return {
             "content_id": str(row["content_id"]),

@@ -14,6 +14,7 @@ from typing import Any
 
 from prx_core.models.caption_base import OUTPUT_ENGINE_KWARGS
 from prx_core.models.embeddings import model_identity
+from prx_core.models.openai_http import DEFAULT_MAX_RESPONSE_BYTES, check_endpoint
 from prx_core.models.prompts import LABEL_INSTRUCTION, LABEL_INSTRUCTION_VERSION
 
 LABELS = ("visual", "text", "nsfw")
@@ -72,6 +73,8 @@ class LabelerConfig:
     timeout_s: float = 30.0  # per request
     max_retries: int = 4  # on 408/409/429/5xx, timeouts and connection errors, with exponential backoff
     backoff_s: float = 1.0  # first backoff cap; doubles per retry, full jitter, Retry-After a floor (openai_http)
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES  # a bigger response body is a failed request
+    allow_insecure_http: bool = False  # send the API key over plain http:// to a non-loopback host
     temperature: float = 0.0
     max_tokens: int = 16
     constrained: str = "none"  # none | json_schema (OpenAI enum) | structured_outputs (vLLM) | guided_choice (vLLM < 0.12)
@@ -175,6 +178,8 @@ def validate_llm_config(config: LabelerConfig) -> None:
         raise ValueError("timeout_s must be > 0, backoff_s and temperature >= 0")
     if min(config.replicas, config.tensor_parallel_size, config.max_model_len) < 1:
         raise ValueError("replicas, tensor_parallel_size and max_model_len must be >= 1")
+    if config.transport == "openai":
+        check_endpoint(config.endpoint, config.api_key_env, config.allow_insecure_http, config.max_response_bytes)
 
 
 def llm_version_payload(config: LabelerConfig) -> dict[str, Any]:

@@ -23,7 +23,8 @@ echoes of injected instructions, lookalike characters, empty) is an `unparseable
 
 A failure is a `LabelResult` with label "" and `error` = "<code>: <detail>", codes:
 `unparseable`, `http_<status>` (after retries for retryable statuses), `timeout`, `connection`,
-`bad_response` (a 200 whose body is not a chat completion), `generation_error` (the vLLM engine
+`bad_response` (a 200 whose body is not a chat completion, however odd: parsing never raises),
+`response_too_large` (a body over `max_response_bytes`), `generation_error` (the vLLM engine
 failed the row). The stage stores no row for it, so the next materialization retries it. A blank
 caption needs no model: visual, score 0 (as minilm). A label's score is 1.0 (no calibrated score).
 """
@@ -35,7 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from prx_core.models.label_base import LABELS, Labeler, LabelerConfig, LabelResult
-from prx_core.models.openai_http import BAD_SHAPE, HTTP, TIMEOUT, ChatClient, Post, Reply, parse_chat
+from prx_core.models.openai_http import BAD_SHAPE, HTTP, TIMEOUT, TOO_LARGE, ChatClient, Post, Reply, parse_chat
 from prx_core.models.prompts import LABEL_INSTRUCTION
 
 MAX_ANSWER_CHARS = 200  # a valid answer is a word or {"label": "..."}; longer is unparseable as is
@@ -83,7 +84,7 @@ def parse_label(answer: object) -> str | None:
     if s.startswith("{"):
         try:
             obj = json.loads(s)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(obj, dict) or set(obj) != {"label"} or not isinstance(obj["label"], str):
             return None
@@ -97,9 +98,11 @@ def parse_label(answer: object) -> str | None:
 
 
 def result_from_answer(answer: object) -> LabelResult:
+    """The label of any answer, or an `unparseable` failure quoting it (a non-string by its type:
+    its repr could be huge or nested deeper than repr allows)."""
     label = parse_label(answer)
     if label is None:
-        return failure("unparseable", repr(answer)[:120])
+        return failure("unparseable", repr(answer[:200])[:120] if isinstance(answer, str) else type(answer).__name__)
     return LabelResult(label, 1.0, {name: float(name == label) for name in LABELS})
 
 
@@ -177,14 +180,19 @@ class OpenAILLMLabeler(Labeler):
     async def _label_one(self, caption: str, post: Post) -> LabelResult:
         if is_blank(caption):
             return blank_result()
-        reply = await post(build_chat_request(self.config, caption))
-        if reply.text is None:
-            return http_failure(reply, self.config.timeout_s)
-        try:
-            answer, _ = parse_chat(reply.text)
-        except BAD_SHAPE as exc:
-            return failure("bad_response", type(exc).__name__)
-        return result_from_answer(answer)
+        return label_from_reply(await post(build_chat_request(self.config, caption)), self.config.timeout_s)
+
+
+def label_from_reply(reply: Reply, timeout_s: float) -> LabelResult:
+    """How one request ended as a label or a failure with its code; never raises, whatever the
+    server sent (`parse_chat` reduces every odd body to BadResponse, `parse_label` takes any value)."""
+    if reply.text is None:
+        return http_failure(reply, timeout_s)
+    try:
+        answer, _ = parse_chat(reply.text)
+    except BAD_SHAPE as exc:
+        return failure("bad_response", str(exc)[:120])
+    return result_from_answer(answer)
 
 
 def http_failure(reply: Reply, timeout_s: float) -> LabelResult:
@@ -193,4 +201,6 @@ def http_failure(reply: Reply, timeout_s: float) -> LabelResult:
         return failure(f"http_{reply.status}", reply.detail[:120])
     if reply.failure == TIMEOUT:
         return failure("timeout", f"{timeout_s}s")
+    if reply.failure == TOO_LARGE:
+        return failure("response_too_large", reply.detail[:120])
     return failure("connection", reply.detail[:120])

@@ -3,12 +3,14 @@
 Ingest validates every image by decoding it once, DCT-scaled to the smallest size the pHash
 still accepts (truncation still surfaces: the whole entropy stream is read), and records what
 later stages need without decoding again: upright size, format, mode, orientation, JPEG quality
-and the pHash.
+and the pHash. Source captions are untrusted text: cleaned and capped here
+(prx_core.models.caption_text), with how many were cleaned and truncated counted for the report.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,7 @@ from prx_core.image.decode import (
 )
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.image.phash import PHASH_DECODE_SIZE, phash
+from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, clean_caption
 from prx_core.store import schemas
 from prx_core.store.partitions import reject_row
 
@@ -63,9 +66,13 @@ def content_id(data: bytes) -> str:
 
 
 def ingest_batch(
-    source: str, batch: pa.RecordBatch | pa.Table, max_pixels: int = DEFAULT_MAX_PIXELS
+    source: str, batch: pa.RecordBatch | pa.Table, max_pixels: int = DEFAULT_MAX_PIXELS,
+    max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS, counts: Counter[str] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
-    """Split source records (`prx_core.sources.readers.RECORD_SCHEMA`) into samples and rejects."""
+    """Split source records (`prx_core.sources.readers.RECORD_SCHEMA`) into samples and rejects.
+    Captions of accepted samples are cleaned and capped; `counts` (if given) gains
+    `captions_cleaned` and `captions_truncated`."""
+    counts = Counter() if counts is None else counts
     samples: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
     for record in batch.to_pylist():
@@ -77,6 +84,8 @@ def ingest_batch(
         if isinstance(facts, Rejection):
             rejects.append(reject_row(sid, source, key, cid, "samples", facts.reason, facts.message))
             continue
+        caption = clean_caption(record["caption"], max_caption_chars)
+        counts.update(captions_cleaned=int(caption.cleaned), captions_truncated=int(caption.truncated))
         samples.append(
             {
                 "sample_id": sid,
@@ -92,7 +101,7 @@ def ingest_batch(
                 "jpeg_quality": facts.jpeg_quality,
                 "phash": facts.phash,
                 "num_bytes": len(data),
-                "original_caption": record["caption"],
+                "original_caption": caption.text,
                 "embedding": record["embedding"],
             }
         )

@@ -26,6 +26,7 @@ from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.shuffle import KeyCounts, count_keys
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
+from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import fragment_sizes, read_fragment
@@ -57,6 +58,8 @@ class SamplesReport:
     rejects_version: int
     reasons: dict[str, int] = field(default_factory=dict)
     units: UnitResults | None = None
+    captions_cleaned: int = 0  # source captions that held control characters (prx_core.models.caption_text)
+    captions_truncated: int = 0  # source captions longer than max_caption_chars, cut
 
     @property
     def images_per_second(self) -> float:
@@ -93,7 +96,8 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
             read = 0
             try:
                 for batch in read_fragment(spec, fragment, storage.storage_options):
-                    samples, refused = ingest_batch(spec.name, batch, params["max_pixels"])
+                    samples, refused = ingest_batch(spec.name, batch, params["max_pixels"],
+                                                    params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts)
                     rejects.append(refused)
                     read += batch.num_rows
                     counts.update(rows=samples.num_rows, bytes=int(pc.sum(samples["num_bytes"]).as_py() or 0))
@@ -109,6 +113,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {
         "rows": counts["rows"], "bytes": counts["bytes"], "rejected": refused.num_rows,
         "reasons": dict(Counter(refused["reason"].to_pylist())), "source_fragments": len(unit.spec["fragments"]),
+        "captions_cleaned": counts["captions_cleaned"], "captions_truncated": counts["captions_truncated"],
         **unit_outputs(storage, "samples", written, refused_fragments),
     }
 
@@ -129,13 +134,16 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
 
 
 def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES) -> SamplesReport:
+                  progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES,
+                  max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS) -> SamplesReport:
     """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`."""
+    check_max_chars(max_caption_chars)
     start = time.monotonic()
     sizes = fragment_sizes(spec, storage.storage_options)
     units = group_fragments(sizes, unit_bytes)
     manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "2",
-                        {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes})
+                        {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes,
+                         "max_caption_chars": max_caption_chars})
     lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, ingest_unit, progress=progress)
@@ -147,6 +155,7 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
         source=spec.name, rows=results.total("rows"), bytes=results.total("bytes"), fragments_read=len(sizes),
         seconds=time.monotonic() - start, rejected=results.total("rejected"), samples_version=samples_version,
         rejects_version=rejects_version, reasons=reasons, units=results,
+        captions_cleaned=results.total("captions_cleaned"), captions_truncated=results.total("captions_truncated"),
     )
 
 

@@ -84,9 +84,11 @@ def test_config_version_ignores_transport_and_validates() -> None:
     from prx_resources.models import CaptionerResource
 
     resource = CaptionerResource(backend="openai", model="m", endpoint="http://v:8000/v1", api_key_env="K",
-                                 concurrency=3, timeout_s=7.5, max_retries=1)
+                                 concurrency=3, timeout_s=7.5, max_retries=1, allow_insecure_http=True,
+                                 max_response_bytes=4096, max_caption_chars=500)
     assert resource.config() == CaptionerConfig("openai", model="m", endpoint="http://v:8000/v1", api_key_env="K",
-                                                concurrency=3, timeout_s=7.5, max_retries=1)
+                                                concurrency=3, timeout_s=7.5, max_retries=1, allow_insecure_http=True,
+                                                max_response_bytes=4096, max_caption_chars=500)
 
 
 def test_api_key_comes_from_the_named_env_var(monkeypatch: pytest.MonkeyPatch) -> None:

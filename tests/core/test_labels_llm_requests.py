@@ -104,10 +104,12 @@ def test_config_validation_and_resource() -> None:
     with pytest.raises(ValueError, match="PRX_TEST_UNSET_KEY"):
         build_labeler(llm(endpoint="http://127.0.0.1:9/v1", api_key_env="PRX_TEST_UNSET_KEY"))
     resource = LabelerResource(backend="llm", model="m", endpoint="http://h:8000/v1", api_key_env="K", concurrency=3,
-                               timeout_s=5.0, max_retries=1, temperature=0.0, max_tokens=8, constrained="guided_choice")
+                               timeout_s=5.0, max_retries=1, temperature=0.0, max_tokens=8, constrained="guided_choice",
+                               allow_insecure_http=True, max_response_bytes=4096)
     config = resource.config()
     assert (config.model, config.endpoint, config.api_key_env, config.concurrency, config.timeout_s, config.max_retries,
             config.max_tokens, config.constrained) == ("m", "http://h:8000/v1", "K", 3, 5.0, 1, 8, "guided_choice")
+    assert config.allow_insecure_http and config.max_response_bytes == 4096
     assert LabelerResource().config() == LabelerConfig()  # minilm untouched by the optional fields
 
 
