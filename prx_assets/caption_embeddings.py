@@ -6,12 +6,16 @@ from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
 from prx_assets.common import GROUP, SOURCES, lance_versions, progress, units_metadata
+from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.caption_embeddings import TABLES, build_caption_embeddings
 from prx_resources import CaptionerResource, EmbedderResource, StorageResource
+from prx_resources.checks import ChecksResource
 
 CHECKS = [
     dg.AssetCheckSpec("caption_embeddings_coverage", asset="caption_embeddings", blocking=True,
-                      description="Every captioned eligible content has a caption embedding."),
+                      description=rate_description("caption_embeddings_coverage",
+                                                   "Captioned eligible contents with a caption embedding (an embedder "
+                                                   "error fails its unit, so this counts what a run left out).")),
     dg.AssetCheckSpec("caption_embeddings_indexed", asset="caption_embeddings",
                       description="The vector indexes of caption_embeddings and source_embeddings cover every "
                                   "fragment (tables below the index threshold pass with a note)."),
@@ -27,7 +31,7 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
               automation_condition=CHEAP)
     def caption_embeddings(
         context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        embedder: EmbedderResource, ray: RayResource,
+        embedder: EmbedderResource, ray: RayResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         """MiniLM vectors of the source's captions (shared, upserted) and its own CLIP vectors
         (`source_embeddings`, replaced per source); cosine vector indexes `embedding_vector`."""
@@ -37,8 +41,9 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
                                           progress=progress(context, f"caption_embeddings[{context.partition_key}]"))
         coverage = {t: report.coverage[t] for t in TABLES if t in report.coverage}
         checks = [
-            dg.AssetCheckResult(check_name="caption_embeddings_coverage", passed=report.covered == report.captioned,
-                                metadata={"captioned": report.captioned, "embedded": report.covered}),
+            rate_check("caption_embeddings_coverage", checks, checked=report.captioned,
+                       failed=max(report.captioned - report.covered, 0), captioned=report.captioned,
+                       embedded=report.covered),
             dg.AssetCheckResult(check_name="caption_embeddings_indexed", severity=dg.AssetCheckSeverity.WARN,
                                 passed=all(c.complete for c in coverage.values()),
                                 metadata={f"{t}": c.note for t, c in coverage.items()}),

@@ -6,11 +6,15 @@ from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.labels import build_labels
 from prx_resources import CaptionerResource, LabelerResource, StorageResource
+from prx_resources.checks import ChecksResource
 
 CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", blocking=True,
-                            description="Every captioned eligible content has a label.")]
+                            description=rate_description("caption_labels_coverage",
+                                                         "Captioned eligible contents with a label; skip_lists skips "
+                                                         "the others (`unlabelled`) while its policy skips labels."))]
 
 
 def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
@@ -18,7 +22,7 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
               code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP)
     def caption_labels(
         context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        labeler: LabelerResource, ray: RayResource,
+        labeler: LabelerResource, ray: RayResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         config = labeler.config()
         report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
@@ -32,8 +36,9 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
                       "failures": counts_table(report.failures, "reason"),
                       "label_distribution": counts_table(report.distribution, "label"),
                       **lance_versions(**report.read_versions, caption_labels=report.labels_version)},
-            check_results=[dg.AssetCheckResult(check_name="caption_labels_coverage", passed=labelled == report.captioned,
-                                               metadata={"captioned": report.captioned, "labelled": labelled})],
+            check_results=[rate_check("caption_labels_coverage", checks, checked=report.captioned,
+                                      failed=max(report.captioned - labelled, 0), offenders=report.offenders,
+                                      captioned=report.captioned, labelled=labelled)],
             data_version=dg.DataVersion(f"caption_labels@{report.labels_version}"),
         )
 

@@ -5,11 +5,15 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.captions import build_captions
 from prx_resources import CaptionerResource, ExplorerResource, StorageResource
+from prx_resources.checks import ChecksResource
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
-                            description="Every eligible (bucketed) content of the source has a caption.")]
+                            description=rate_description("captions_coverage",
+                                                         "Eligible (bucketed) contents of the source with a caption; "
+                                                         "mds_shards refuses the others (reject `no_caption`)."))]
 
 
 def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
@@ -19,7 +23,7 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
               code_version=captioner.config().version(), pool="gpu")
     def captions(
         context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource,
-        explorer: ExplorerResource,
+        explorer: ExplorerResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         store, config = storage.storage(), captioner.config()
         report = build_captions(context.partition_key, store, config, actors=captioner.actors,
@@ -41,10 +45,8 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                 **lance_versions(**report.read_versions, captions=report.captions_version),
                 **explorer.metadata(context.partition_key),
             },
-            check_results=[dg.AssetCheckResult(
-                check_name="captions_coverage", passed=report.missing == 0,
-                metadata={"eligible": report.eligible, "missing": report.missing,
-                          "missing_sample": str(report.failed_examples)})],
+            check_results=[rate_check("captions_coverage", checks, checked=report.eligible, failed=report.missing,
+                                      offenders=report.offenders, eligible=report.eligible, missing=report.missing)],
             data_version=dg.DataVersion(f"captions@{report.captions_version}"),
         )
 

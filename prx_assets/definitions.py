@@ -25,6 +25,7 @@ from prx_assets.skip_lists import skip_lists_asset
 from prx_resources import (
     CaptionerResource,
     CatalogResource,
+    ChecksResource,
     EmbeddedRay,
     EmbedderResource,
     ExplorerResource,
@@ -51,6 +52,7 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "explorer": ExplorerResource(**settings.section("explorer")),
         "units": UnitsResource(**settings.section("units")),
         "training": TrainingResource(**settings.section("training")),
+        "checks": ChecksResource(**settings.section("checks")),
         "ray": ray,
     }
 

@@ -1,7 +1,7 @@
 """Which corpus the definitions build, from the environment (and an optional YAML file).
 
 `PRX_ROOT` (corpus root, local or s3://), `PRX_SOURCES` (the catalog) and `PRX_CONFIG` (a YAML
-file with resource fields: storage, captioner, labeler, embedder, skip_policy, explorer, ray, units, training) are
+file with resource fields: storage, captioner, labeler, embedder, skip_policy, explorer, ray, units, training, checks) are
 read once when the code location loads, because the captioner, labeler, embedder and policy
 settings become the `code_version`s of their assets. The defaults are the demo that `make demo` builds.
 """
@@ -20,7 +20,8 @@ from prx_core.sources.catalog import CatalogError
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".prx" / "demo" / "corpus"
 DEFAULT_SOURCES = REPO / ".prx" / "demo" / "sources" / "sources.yaml"
-SECTIONS = ("storage", "captioner", "labeler", "embedder", "skip_policy", "explorer", "ray", "units", "training")
+SECTIONS = ("storage", "captioner", "labeler", "embedder", "skip_policy", "explorer", "ray", "units", "training",
+            "checks")
 PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
               "mds_shards"]
 ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]

@@ -4,6 +4,7 @@ Assets read through these and call `prx_core`; nothing here does image work itse
 """
 
 from prx_resources.catalog import CatalogResource
+from prx_resources.checks import ChecksResource
 from prx_resources.explorer import ExplorerResource
 from prx_resources.models import CaptionerResource, EmbedderResource, LabelerResource, SkipPolicyResource
 from prx_resources.ray import EmbeddedRay, RayCluster
@@ -14,6 +15,7 @@ from prx_resources.units import UnitsResource
 __all__ = [
     "CaptionerResource",
     "CatalogResource",
+    "ChecksResource",
     "EmbeddedRay",
     "EmbedderResource",
     "ExplorerResource",

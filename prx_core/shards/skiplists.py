@@ -111,18 +111,22 @@ def encode(header: dict, indices: np.ndarray) -> bytes:
 
 def decode_header(data: bytes, where: str) -> tuple[dict, int]:
     """(header, byte offset of the indices) from the start of a `.skip` file."""
-    if data[:len(MAGIC)] != MAGIC:
+    if data[:len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 4:
         raise ValueError(f"{where}: not a skip-list file (no {MAGIC!r} magic)")
     (length,) = struct.unpack("<I", data[len(MAGIC):len(MAGIC) + 4])
     try:
         header = json.loads(data[len(MAGIC) + 4:len(MAGIC) + 4 + length])
     except ValueError as exc:
         raise ValueError(f"{where}: unreadable skip-list header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ValueError(f"{where}: unreadable skip-list header: not a JSON object")
     return header, len(MAGIC) + 4 + length
 
 
 def decode(data: bytes, where: str) -> tuple[dict, np.ndarray]:
     header, offset = decode_header(data, where)
+    if offset > len(data) or (len(data) - offset) % 8:
+        raise ValueError(f"{where}: truncated skip-list ({len(data)} bytes)")
     indices = np.frombuffer(data, "<i8", offset=offset)
     validate_header(header, indices, where)
     return header, indices

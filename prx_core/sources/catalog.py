@@ -72,6 +72,8 @@ def load_catalog(path: str | Path) -> Catalog:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise CatalogError(f"{path}: not valid YAML: {exc}") from exc
+    except RecursionError as exc:  # pyyaml recurses once per nesting level
+        raise CatalogError(f"{path}: not valid YAML: nested too deeply") from exc
     return parse_catalog(document, base_dir=path.resolve().parent, origin=str(path))
 
 
@@ -81,7 +83,7 @@ def parse_catalog(document: Any, base_dir: Path, origin: str = "<catalog>") -> C
         raise CatalogError(f"{origin}: expected a mapping with a 'sources' list")
     unknown_top = set(document) - {"sources"}
     if unknown_top:
-        raise CatalogError(f"{origin}: unknown top-level field(s): {', '.join(sorted(unknown_top))}")
+        raise CatalogError(f"{origin}: unknown top-level field(s): {', '.join(sorted(map(str, unknown_top)))}")
     entries = document["sources"]
     if not isinstance(entries, list) or not entries:
         raise CatalogError(f"{origin}: 'sources' must be a non-empty list")
@@ -109,7 +111,7 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
 
     unknown = set(entry) - set(_FIELDS)
     if unknown:
-        raise fail(sorted(unknown)[0], f"unknown field (allowed: {', '.join(_FIELDS)})")
+        raise fail(sorted(map(str, unknown))[0], f"unknown field (allowed: {', '.join(_FIELDS)})")
     if not isinstance(name, str) or not NAME_PATTERN.match(name):
         raise fail("name", f"must match [a-z0-9_]+ (it is the partition key), got {name!r}")
     fmt = entry.get("format")

@@ -27,8 +27,10 @@ from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.caption_base import SOURCE, VLLM, CaptionerConfig
 from prx_core.models.captioning import CaptionBatch
 from prx_core.stages.contents import (
+    FAILED_EXAMPLES,
     UNIT_ROWS,
     model_batches,
+    offending_samples,
     owned_contents,
     prefetched,
     run_content_stage,
@@ -65,6 +67,7 @@ class CaptionsReport:
     commits: int = 0  # Lance commits of this run (batched appends, failed-row deletes)
     failed_examples: list[str] = field(default_factory=list)  # a few content_ids still without a caption
     units: UnitResults | None = None
+    offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason of those
 
     @property
     def images_per_second(self) -> float:
@@ -154,6 +157,8 @@ def caption_summary(storage: Storage, parts: list[pa.Table]) -> dict[str, Any]:
             "words": sum(words), "in_100_200_words": sum(100 <= w <= 200 for w in words), "output_tokens": tokens,
             "failed_examples": [c for c, e in zip(rows["content_id"].to_pylist(), errors) if e][:5],
             "fragments": [f.to_json() for f in written]}
+            "failed_detail": [[c, e.split(":", 1)[0]] for c, e in zip(rows["content_id"].to_pylist(), errors)
+                              if e][:FAILED_EXAMPLES],
 
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:
@@ -189,5 +194,7 @@ def build_captions(
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
     if config.backend == VLLM:
         report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
+    report.offenders = offending_samples(storage, source, [d for s in results.summaries
+                                                           for d in s.get("failed_detail") or []], versions["buckets"])
     report.seconds = time.monotonic() - start
     return report

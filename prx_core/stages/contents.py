@@ -29,6 +29,7 @@ from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
 
 UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
+FAILED_EXAMPLES = 100  # offending contents a stage reports (per unit and in all) for its coverage check
 T = TypeVar("T")
 
 
@@ -82,6 +83,24 @@ def captioned_pending(unit: Unit, run: UnitRun, table: str, model_column: str,
     stored = stored_rows(run.storage, table, captions["content_id"].to_pylist(), list(columns),
                          f"{captioner} AND {model_column} = {lance_io.sql_literal(params[model_column])}")
     return captions, stored, without(captions, stored["content_id"])
+
+
+def offending_samples(storage: Storage, source: str, failures: Sequence[Sequence[str]],
+                      buckets_version: int | None = None) -> list[dict[str, str]]:
+    """A coverage check's offenders: (content_id, reason) pairs -> rows naming the sample that owns
+    each content (its first bucketed sample in the source), from one lookup on `buckets`' content_id
+    index; at most FAILED_EXAMPLES, sorted by sample_id."""
+    reasons = {str(c): str(r) for c, r in list(failures)[:FAILED_EXAMPLES]}
+    if not reasons:
+        return []
+    owners = lookup_keys(storage.lance_uri("buckets"), "content_id", sorted(reasons), ["content_id", "sample_id"],
+                         f"{source_predicate(source)} AND tier IS NOT NULL", storage.lance_storage_options(),
+                         buckets_version)
+    first: dict[str, str] = {}
+    for content, sample in zip(owners["content_id"].to_pylist(), owners["sample_id"].to_pylist()):
+        first[content] = min(first.get(content, sample), sample)
+    rows = [{"sample_id": first.get(c, ""), "content_id": c, "reason": r} for c, r in reasons.items()]
+    return sorted(rows, key=lambda row: (row["sample_id"], row["content_id"]))
 
 
 def without(table: pa.Table, content_ids: Sequence[str] | pa.Array) -> pa.Table:

@@ -27,9 +27,11 @@ from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
 from prx_core.stages.contents import (
+    FAILED_EXAMPLES,
     UNIT_ROWS,
     captioned_pending,
     model_batches,
+    offending_samples,
     run_content_stage,
 )
 from prx_core.stages.model_pipeline import run_pipeline_stage
@@ -52,6 +54,7 @@ class LabelsReport:
     failed: int = 0  # of `labelled` (attempted): no label stored, retried next time
     failures: dict[str, int] = field(default_factory=dict)  # error code -> count
     read_versions: dict[str, int] = field(default_factory=dict)
+    offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason of a few failures
     gpu_hours: float | None = None  # llm over vllm: engine replicas x GPUs each x labelling time
     commits: int = 0
     units: UnitResults | None = None
@@ -78,9 +81,12 @@ def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -
     """`caption_labels` fragments of the successful labels; failures are counted, not stored."""
     failures: Counter[str] = Counter()
     if "error" in labelled.column_names:
+    detail: list[list[str]] = []
         errors = labelled["error"].cast(pa.string()).fill_null("")
         failures.update(e.split(":", 1)[0] for e in errors.to_pylist() if e)
         labelled = labelled.filter(pc.equal(errors, ""))
+        detail = [[str(c), e.split(":", 1)[0]] for c, e in zip(labelled["content_id"].to_pylist(), errors.to_pylist())
+                  if e][:FAILED_EXAMPLES]
     rows = pa.table({
         "content_id": labelled["content_id"].cast(pa.string()),
         "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),
@@ -91,8 +97,8 @@ def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -
     }, schema=schemas.CAPTION_LABELS)
     written = lance_io.write_fragments(storage.lance_uri("caption_labels"), rows, schemas.CAPTION_LABELS,
                                        storage.lance_storage_options()) if rows.num_rows else []
-    return {"failed": sum(failures.values()), "failures": dict(failures), "fragments": [f.to_json() for f in written],
-            "distribution": dict(Counter(rows["label"].to_pylist()))}
+    return {"failed": sum(failures.values()), "failures": dict(failures), "failed_detail": detail,
+            "fragments": [f.to_json() for f in written], "distribution": dict(Counter(rows["label"].to_pylist()))}
 
 
 def build_labels(
@@ -122,7 +128,10 @@ def build_labels(
     report = LabelsReport(source, results.total("captioned"), results.total("reused"), results.total("labelled"), 0.0,
                           distribution=results.counts("distribution"), labels_version=appends.version,
                           failed=results.total("failed"), failures=results.counts("failures"), read_versions=versions,
-                          commits=appends.commits, units=results)
+                          commits=appends.commits, units=results,
+                          offenders=offending_samples(storage, source, [d for s in results.summaries
+                                                                       for d in s.get("failed_detail") or []],
+                                                      versions["buckets"]))
     if vllm:
         report.gpu_hours = results.seconds * config.replicas * config.tensor_parallel_size / 3600
     report.seconds = time.monotonic() - start

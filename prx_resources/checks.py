@@ -1,0 +1,46 @@
+"""How much per-sample failure the blocking data-quality checks tolerate (`checks:` in PRX_CONFIG).
+
+A source of 100M web images always holds some samples a model cannot caption or label; one of
+them must not stop the source. Each rate check passes while its failure rate (failed / checked)
+is at most its threshold, with the count, the rate and up to `examples` offending samples in its
+metadata, and fails (blocking what depends on it) above. The samples it counted never reach
+training unnoticed: an uncaptioned sample is refused by `mds_shards` (reject `no_caption`), an
+unlabelled one is skipped by `skip_lists` (reason `unlabelled`) while the policy skips labels.
+
+The invariant checks (`samples_unique_sample_ids`, `buckets_in_trainer_set`,
+`duplicates_one_keeper`, `mds_shards_readable`) have no threshold: a violation there is a
+pipeline bug, not bad input, and is exact.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from prx_core.stages.contents import FAILED_EXAMPLES
+
+MAX_EXAMPLES = FAILED_EXAMPLES  # offending samples the stages collect per check; `examples` shows at most this many
+RATE_CHECKS = ("captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage")
+
+
+class ChecksResource(dg.ConfigurableResource):
+    """Per rate check, the largest failure rate (0..1) that still passes; 0 makes it exact."""
+
+    captions_coverage: float = Field(
+        default=0.001, ge=0, le=1,
+        description="Eligible contents without a caption (e.g. a `source` caption that is missing): "
+                    "largest passing share. Uncaptioned samples are refused by mds_shards (no_caption).")
+    caption_labels_coverage: float = Field(
+        default=0.001, ge=0, le=1,
+        description="Captioned contents without a label (a labeller error): largest passing share. "
+                    "Unlabelled samples are skipped by skip_lists (unlabelled) when the policy skips labels.")
+    caption_embeddings_coverage: float = Field(
+        default=0.001, ge=0, le=1,
+        description="Captioned contents without a caption embedding: largest passing share (explorer only).")
+    examples: int = Field(default=20, ge=0, le=MAX_EXAMPLES,
+                          description="Offending samples listed in a rate check's metadata.")
+
+    def max_rate(self, check: str) -> float:
+        if check not in RATE_CHECKS:
+            raise ValueError(f"{check} is not a rate check; rate checks are {', '.join(RATE_CHECKS)}")
+        return float(getattr(self, check))
