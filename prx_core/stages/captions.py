@@ -66,8 +66,8 @@ class CaptionsReport:
     gpu_hours: float | None = None  # vllm: engine replicas x GPUs each x generation time
     commits: int = 0  # Lance commits of this run (batched appends, failed-row deletes)
     failed_examples: list[str] = field(default_factory=list)  # a few content_ids still without a caption
-    units: UnitResults | None = None
     offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason of those
+    units: UnitResults | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -156,9 +156,9 @@ def caption_summary(storage: Storage, parts: list[pa.Table]) -> dict[str, Any]:
             "failures": dict(Counter(e.split(":", 1)[0] for e in errors if e)),
             "words": sum(words), "in_100_200_words": sum(100 <= w <= 200 for w in words), "output_tokens": tokens,
             "failed_examples": [c for c, e in zip(rows["content_id"].to_pylist(), errors) if e][:5],
-            "fragments": [f.to_json() for f in written]}
             "failed_detail": [[c, e.split(":", 1)[0]] for c, e in zip(rows["content_id"].to_pylist(), errors)
                               if e][:FAILED_EXAMPLES],
+            "fragments": [f.to_json() for f in written]}
 
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:
@@ -192,9 +192,9 @@ def build_captions(
         model_seconds=sum(float(s.get("model_seconds") or 0) for s in results.summaries), actors=actors,
         commits=appends.commits, units=results,
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
-    if config.backend == VLLM:
-        report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
     report.offenders = offending_samples(storage, source, [d for s in results.summaries
                                                            for d in s.get("failed_detail") or []], versions["buckets"])
+    if config.backend == VLLM:
+        report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
     report.seconds = time.monotonic() - start
     return report

@@ -53,8 +53,8 @@ class LabelsReport:
     labels_version: int | None = None
     failed: int = 0  # of `labelled` (attempted): no label stored, retried next time
     failures: dict[str, int] = field(default_factory=dict)  # error code -> count
-    read_versions: dict[str, int] = field(default_factory=dict)
     offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason of a few failures
+    read_versions: dict[str, int] = field(default_factory=dict)
     gpu_hours: float | None = None  # llm over vllm: engine replicas x GPUs each x labelling time
     commits: int = 0
     units: UnitResults | None = None
@@ -80,13 +80,13 @@ def label_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
 def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -> dict[str, Any]:
     """`caption_labels` fragments of the successful labels; failures are counted, not stored."""
     failures: Counter[str] = Counter()
-    if "error" in labelled.column_names:
     detail: list[list[str]] = []
+    if "error" in labelled.column_names:
         errors = labelled["error"].cast(pa.string()).fill_null("")
         failures.update(e.split(":", 1)[0] for e in errors.to_pylist() if e)
-        labelled = labelled.filter(pc.equal(errors, ""))
         detail = [[str(c), e.split(":", 1)[0]] for c, e in zip(labelled["content_id"].to_pylist(), errors.to_pylist())
                   if e][:FAILED_EXAMPLES]
+        labelled = labelled.filter(pc.equal(errors, ""))
     rows = pa.table({
         "content_id": labelled["content_id"].cast(pa.string()),
         "captioner_version": pa.array([captioner_version] * labelled.num_rows, pa.string()),
