@@ -27,31 +27,75 @@ def quiet_ray_data() -> None:
 
 
 def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_cpus: float = 1.0,
-               max_retries: int = 2, max_in_flight: int | None = None) -> Iterator[tuple[int, Any]]:
+               max_retries: int = 2, max_in_flight: int | None = None, time_limit_s: float | None = None,
+               began: Callable[[int], bool] | None = None, yield_failures: bool = False) -> Iterator[tuple[int, Any]]:
     """`fn(*args)` for every args tuple of `calls` as Ray tasks, yielding (call number, result) in
     completion order, at most `max_in_flight` at once (default: twice the cluster's CPUs) so the
     driver holds few results and calls are read lazily. A task is retried `max_retries` times (a
-    dead worker, a transient storage error); then its error is raised as `TaskFailed`."""
+    dead worker, a transient storage error); then its error is raised as `TaskFailed`, or yielded
+    as the result with `yield_failures` (the other tasks go on).
+
+    With `time_limit_s`, a task running longer, retries included, is cancelled (its worker killed:
+    a hang in C code, or a task Ray keeps retrying after out-of-memory kills) and fails with a
+    `TimeoutError`. Its clock starts once a slot of the cluster's CPUs is free for it (tasks start
+    in submission order) and, with `began(call number)`, once that says the call has begun on a
+    worker (polled), so neither the queue nor a slow worker start counts."""
     import ray
 
     task = ray.remote(fn).options(num_cpus=num_cpus, max_retries=max_retries, retry_exceptions=max_retries > 0)
-    limit = max_in_flight or max(2, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    pending: dict[Any, int] = {}
+    cpus = ray.cluster_resources().get("CPU", 1)
+    limit = max_in_flight or max(2, 2 * int(cpus))
+    slots = max(1, int(cpus // max(num_cpus, 1e-9)))
+    poll = None if time_limit_s is None else min(max(time_limit_s / 10, 0.5), 30.0)
+    pending: dict[Any, int] = {}  # in submission order
+    clock: dict[Any, float] = {}  # when each running task's time limit started counting
     numbered = enumerate(calls)
-    while True:
-        for number, args in itertools.islice(numbered, max(0, limit - len(pending))):
-            pending[task.remote(*args)] = number
-        if not pending:
-            return
-        (ready,), _ = ray.wait(list(pending), num_returns=1)
-        number = pending.pop(ready)
-        try:
-            result = ray.get(ready)
-        except Exception as exc:
-            for ref in pending:
-                ray.cancel(ref)
-            raise TaskFailed(number, getattr(exc, "cause", None) or exc) from exc  # RayTaskError wraps the cause
-        yield number, result
+    try:
+        while True:
+            for number, args in itertools.islice(numbered, max(0, limit - len(pending))):
+                pending[task.remote(*args)] = number
+            if not pending:
+                return
+            timeout = None
+            if time_limit_s is not None:
+                now = time.monotonic()
+                running = list(itertools.islice(pending, slots))
+                for ref in running:
+                    if ref not in clock and (began is None or began(pending[ref])):
+                        clock[ref] = now
+                counted = [clock[r] for r in running if r in clock]
+                timeout = max(0.0, min(counted) + time_limit_s - now) if counted else None
+                if len(counted) < len(running):  # some have not begun yet: look again soon
+                    timeout = poll if timeout is None else min(timeout, poll)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=timeout)
+            if not ready:
+                now = time.monotonic()
+                over = [r for r in pending if r in clock and now - clock[r] >= time_limit_s]
+                if not over:
+                    continue  # a poll: nothing over its limit yet
+                ref = over[0]
+                ray.cancel(ref, force=True)
+                number, since = pending.pop(ref), clock.pop(ref)
+                failure = TaskFailed(number, TimeoutError(
+                    f"still running after {now - since:.0f} s, over the {time_limit_s:g} s time limit; cancelled"))
+                if not yield_failures:
+                    raise failure
+                yield number, failure
+                continue
+            (ref,) = ready
+            number = pending.pop(ref)
+            clock.pop(ref, None)
+            try:
+                result = ray.get(ref)
+            except Exception as exc:
+                failure = TaskFailed(number, getattr(exc, "cause", None) or exc)  # RayTaskError wraps the cause
+                if not yield_failures:
+                    raise failure from exc
+                result = failure
+            yield number, result
+    finally:
+        for ref in pending:  # a failure raised, or the caller stopped reading
+            ray.cancel(ref)
 
 
 def run_on_worker(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0) -> Any:

@@ -38,6 +38,7 @@ from prx_core.store.storage import Storage, put_atomic
 
 RUNS = "_runs"
 COMMITTED = "committed"
+UNIT_SECONDS = 4 * 3600  # default time limit of one unit: several times a default-sized unit's run
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,12 @@ class UnitRun:
         """An empty marker: which units were running when a run died (the work a resume redoes)."""
         put_atomic(self.storage.filesystem(), _join(self.uri, "started", unit_id), b"")
 
+    def has_started(self, unit_id: str) -> bool:
+        """Whether a worker began the unit (in this attempt or a run of it that died)."""
+        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        fs.invalidate_cache(marker)  # s3fs caches listings: a marker written since must be seen
+        return fs.exists(marker)
+
     def started(self) -> set[str]:
         return {_stem(p) for p in _children(self.storage.filesystem(), _join(self.uri, "started"))}
 
@@ -166,6 +173,10 @@ class UnitResults:
             total.update(summary.get(key) or {})
         return dict(sorted(total.items()))
 
+    def failed(self) -> list[str]:
+        """Units that failed and were recorded by the stage's `on_failed` (their loss as rejects)."""
+        return [s["unit"] for s in self.summaries if s.get("failed")]
+
     def worker_peak_rss_mb(self) -> float:
         return max((float(s.get("worker_peak_rss_mb") or 0) for s in self.summaries), default=0.0)
 
@@ -175,6 +186,7 @@ class UnitResults:
 
 UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
 ModelUnitFn = Callable[[ModelHost, Unit, UnitRun], dict[str, Any]]
+FailedFn = Callable[[Unit, UnitRun, str], Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -195,15 +207,20 @@ class UnitFailed(RuntimeError):
 def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn | ModelUnitFn, *, progress: Throttle | None = None,
               num_cpus: float = 1.0, max_retries: int = 2, max_in_flight: int | None = None,
               phase: str = "units", model: ModelSpec | None = None,
-              on_result: Callable[[dict[str, Any]], None] | None = None) -> UnitResults:
+              on_result: Callable[[dict[str, Any]], None] | None = None,
+              time_limit_s: float | None = UNIT_SECONDS, on_failed: FailedFn | None = None) -> UnitResults:
     """Run every unit not yet recorded as one Ray task each (at most `max_in_flight` at once, by
     default twice the cluster's CPUs), in plan order, completions in any order.
 
-    A task is retried `max_retries` times (a worker that died, a transient storage error), then
-    the run fails naming the unit. With `PRX_PAUSE_AT=<asset>:<phase>:<k>` the driver pauses after
-    the k-th completion of this call (kill tests). A stage with several passes runs each as a
-    `phase` with its own unit ids. With `model`, units run on `model.actors` actors that each
-    build the model once, and `fn(host, unit, run)` uses it through `host.run` (compute.actors).
+    A task is retried `max_retries` times (a worker that died, a transient storage error) and
+    cancelled after `time_limit_s` (retries included; a hang, or a worker Ray keeps restarting
+    after out-of-memory kills). A unit that still fails stops the run naming the unit, or, with
+    `on_failed`, is recorded as `on_failed(unit, run, message)` plus that `failed` message (the
+    stage writes its loss as rejects there, on the driver) while the other units go on.
+    With `PRX_PAUSE_AT=<asset>:<phase>:<k>` the driver pauses after the k-th completion of this
+    call (kill tests). A stage with several passes runs each as a `phase` with its own unit ids.
+    With `model`, units run on `model.actors` actors that each build the model once, and
+    `fn(host, unit, run)` uses it through `host.run` (compute.actors; no time limit there).
     `on_result` sees each new summary as it arrives (batched commits of shared tables).
     """
     start = time.monotonic()
@@ -219,13 +236,17 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn | ModelUnitFn, *, 
     todo = [u for u in units if u.id not in done]
     calls = ((fn, unit, run) for unit in todo)
     if model is None:
-        results = imap_tasks(_execute, calls, num_cpus=num_cpus, max_retries=max_retries, max_in_flight=max_in_flight)
+        results = imap_tasks(_execute, calls, num_cpus=num_cpus, max_retries=max_retries, max_in_flight=max_in_flight,
+                             time_limit_s=time_limit_s, began=lambda n: run.has_started(todo[n].id),
+                             yield_failures=on_failed is not None)
     else:
         results = imap_actors(model.factory, _execute_on_actor, calls, actors=model.actors, num_cpus=model.num_cpus,
                               num_gpus=model.num_gpus, max_retries=max_retries, runtime_env=model.runtime_env)
     ran = 0
     try:
         for number, summary in results:
+            if isinstance(summary, TaskFailed):
+                summary = _record_failure(run, todo[number], summary, on_failed, max_retries)
             if on_result is not None:
                 on_result(summary)
             done[todo[number].id] = summary
@@ -235,9 +256,27 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn | ModelUnitFn, *, 
                 progress(len(done), len(units), rows_done, total_rows)
             pause_point(f"{run.manifest.asset}:{phase}:{ran}")
     except TaskFailed as exc:
-        raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {todo[exc.number].id} failed after "
-                         f"{max_retries} retries: {type(exc.cause).__name__}: {exc.cause}"[:2000]) from exc
+        raise UnitFailed(f"{run.manifest.asset}[{run.manifest.partition}] unit {todo[exc.number].id} "
+                         f"{_failure_text(exc, max_retries)}"[:2000]) from exc
     return UnitResults([done[u.id] for u in units], ran, skipped, time.monotonic() - start)
+
+
+def _failure_text(exc: TaskFailed, max_retries: int) -> str:
+    if isinstance(exc.cause, TimeoutError):
+        return f"timed out: {exc.cause}"
+    return f"failed after {max_retries} retries: {type(exc.cause).__name__}: {exc.cause}"
+
+
+def _record_failure(run: UnitRun, unit: Unit, exc: TaskFailed, on_failed: FailedFn | None,
+                    max_retries: int) -> dict[str, Any]:
+    """A unit that kept failing, as the stage's summary of its loss; recorded, so a resume of the
+    same attempt does not spend another time limit on it."""
+    assert on_failed is not None  # failures are yielded only with a handler
+    message = f"unit {unit.id} {_failure_text(exc, max_retries)}"[:1000]
+    summary = {**dict(on_failed(unit, run, message)), "unit": unit.id, "rows_planned": unit.rows, "failed": message}
+    summary.setdefault("rows", 0)
+    run.record(unit.id, summary)
+    return summary
 
 
 def _execute_on_actor(host: ModelHost, fn: ModelUnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:

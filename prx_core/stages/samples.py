@@ -6,6 +6,10 @@ the accepted rows straight into uncommitted Lance fragments of up to a million r
 table needs no compaction of its image bytes) and its refusals into `rejects` fragments. The
 driver holds one summary per unit and swaps the source's rows in one commit, so a crash at any
 point leaves the previous version whole, and a rerun resumes from the recorded units.
+
+A fragment that cannot be read is one `unreadable_fragment` reject (with the rows read before);
+a unit that keeps failing (a worker killed out of memory, a hang past `unit_seconds`) becomes
+one such reject per fragment of the unit, carrying the error, and the rest of the source goes on.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.shuffle import KeyCounts, count_keys
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import UNIT_SECONDS, Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
 from prx_core.sources.catalog import SourceSpec
@@ -94,6 +98,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     def accepted() -> Iterator[pa.RecordBatch]:
         for fragment in unit.spec["fragments"]:
             read = 0
+            pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
                 for batch in read_fragment(spec, fragment, storage.storage_options):
                     samples, refused = ingest_batch(spec.name, batch, params["max_pixels"],
@@ -118,13 +123,25 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     }
 
 
-def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception) -> pa.Table:
+def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception | str) -> pa.Table:
     """One reject row standing for the unreadable rest of a source fragment (a corrupt parquet
-    file or tar shard): the run goes on, and the loss is visible with its cause."""
+    file or tar shard, or a unit that kept failing): the run goes on, and the loss is visible
+    with its cause."""
     name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."
-    message = f"{type(exc).__name__}: {exc}"[:300] + f" (after {rows_read} rows)"
+    cause = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+    message = cause[:300] + f" (after {rows_read} rows)"
     row = reject_row(f"{source}/{name}", source, name, None, "samples", UNREADABLE_FRAGMENT, message)
     return pa.Table.from_pylist([row], schema=schemas.REJECTS)
+
+
+def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
+    """On the driver, for a unit that kept failing: its fragments as `unreadable_fragment` rejects
+    (nothing of it is kept: what its attempts wrote is never committed)."""
+    source = run.manifest.partition
+    refused = pa.concat_tables([unreadable_fragment(source, f, 0, message) for f in unit.spec["fragments"]])
+    return {"rows": 0, "bytes": 0, "rejected": refused.num_rows, "reasons": {UNREADABLE_FRAGMENT: refused.num_rows},
+            "source_fragments": len(unit.spec["fragments"]),
+            **unit_outputs(run.storage, "samples", [], write_rejects(run.storage, refused))}
 
 
 def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
@@ -135,8 +152,10 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
 
 def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
                   progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES,
-                  max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS) -> SamplesReport:
-    """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`."""
+                  max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS,
+                  unit_seconds: float = UNIT_SECONDS) -> SamplesReport:
+    """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`;
+    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects."""
     check_max_chars(max_caption_chars)
     start = time.monotonic()
     sizes = fragment_sizes(spec, storage.storage_options)
@@ -146,7 +165,7 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
                          "max_caption_chars": max_caption_chars})
     lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
     run = UnitRun.open(storage, manifest)
-    results = run_units(run, units, ingest_unit, progress=progress)
+    results = run_units(run, units, ingest_unit, progress=progress, time_limit_s=unit_seconds, on_failed=failed_unit)
     pause_point("samples:before_commit")  # fragments written, nothing committed
     samples_version, rejects_version = commit_unit_outputs(storage, "samples", spec.name, "samples", results.summaries)
     run.finish()

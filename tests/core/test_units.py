@@ -108,3 +108,48 @@ def test_record_is_atomic_json(tmp_path: Path) -> None:
     run.record("u1", {"rows": 3})
     files = os.listdir(os.path.join(run.uri, "done"))
     assert files == ["u1.json"] and json.loads(Path(run.uri, "done", "u1.json").read_text()) == {"rows": 3}
+
+
+def hang_or_fail(unit: Unit, run: UnitRun) -> dict:
+    """Hangs (a stuck decoder, a worker Ray keeps restarting) or raises where the spec says so."""
+    import time
+
+    if unit.spec.get("hang"):
+        time.sleep(3600)
+    if unit.spec.get("fail"):
+        raise ValueError(f"planted failure in {unit.id}")
+    return {"rows": unit.rows}
+
+
+def lost(unit: Unit, run: UnitRun, message: str) -> dict:
+    return {"rows": 0, "lost": message}
+
+
+def test_a_unit_past_its_time_limit_is_cancelled_and_recorded_as_failed(tmp_path: Path) -> None:
+    import time
+
+    run = UnitRun.open(Storage(str(tmp_path)), manifest())
+    plan = [Unit("u000", 1, {}), Unit("u001", 1, {}), Unit("u002", 1, {"hang": True})]
+    began = time.monotonic()
+    result = run_units(run, plan, hang_or_fail, time_limit_s=5, on_failed=lost)
+    assert time.monotonic() - began < 60
+    assert result.failed() == ["u002"] and result.total("rows") == 2
+    failed = result.summaries[2]
+    assert "over the 5 s time limit" in failed["failed"] and failed["lost"] == failed["failed"]
+    assert set(run.completed()) == {"u000", "u001", "u002"}  # a resume does not wait on it again
+
+
+def test_a_unit_that_keeps_raising_is_recorded_and_the_rest_go_on(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    run = UnitRun.open(storage, manifest())
+    result = run_units(run, units(4, fail={1}), hang_or_fail, max_retries=1, on_failed=lost)
+    assert result.failed() == ["u001"] and result.ran == 4
+    assert "failed after 1 retries: ValueError: planted failure in u001" in result.summaries[1]["failed"]
+    again = run_units(UnitRun.open(storage, manifest()), units(4, fail={1}), hang_or_fail, on_failed=lost)
+    assert again.skipped == 4 and again.failed() == ["u001"]
+
+
+def test_without_a_handler_a_hung_unit_fails_the_run_naming_it(tmp_path: Path) -> None:
+    run = UnitRun.open(Storage(str(tmp_path)), manifest())
+    with pytest.raises(UnitFailed, match=r"unit u001 timed out: still running after \d+ s, over the 4 s time limit"):
+        run_units(run, [Unit("u000", 1, {}), Unit("u001", 1, {"hang": True})], hang_or_fail, time_limit_s=4)
