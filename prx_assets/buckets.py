@@ -4,10 +4,10 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
 from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import build_buckets
-from prx_resources import StorageResource, UnitsResource
+from prx_resources import CatalogResource, StorageResource, UnitsResource
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
 CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=True,
@@ -17,10 +17,10 @@ CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP)
-    def buckets(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
+    def buckets(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
                 units: UnitsResource) -> dg.MaterializeResult:
         """Dropped samples (below the 384² floor, aspect ratio outside [0.5, 2]) go to `rejects`."""
-        source = context.partition_key
+        source = catalog_source(context, catalog).name
         report = build_buckets(source, storage.storage(), storage.max_tier, progress(context, f"buckets[{source}]"),
                                units.buckets_rows)
         placed = [key.split("/") for key in report.histogram]

@@ -5,10 +5,10 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, progress, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.caption_embeddings import TABLES, build_caption_embeddings
-from prx_resources import CaptionerResource, EmbedderResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource
 from prx_resources.checks import ChecksResource
 
 CHECKS = [
@@ -30,11 +30,12 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
               kinds={"ray", "lance"}, code_version=f"{embedder.config().version()}-{captioner.config().version()}",
               automation_condition=CHEAP)
     def caption_embeddings(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        embedder: EmbedderResource, ray: RayResource, checks: ChecksResource,
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+        captioner: CaptionerResource, embedder: EmbedderResource, ray: RayResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         """MiniLM vectors of the source's captions (shared, upserted) and its own CLIP vectors
         (`source_embeddings`, replaced per source); cosine vector indexes `embedding_vector`."""
+        catalog_source(context, catalog)
         config = embedder.config()
         report = build_caption_embeddings(context.partition_key, storage.storage(), captioner.config().version(), config,
                                           actors=embedder.actors,

@@ -5,10 +5,10 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.labels import build_labels
-from prx_resources import CaptionerResource, LabelerResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource
 from prx_resources.checks import ChecksResource
 
 CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", blocking=True,
@@ -21,9 +21,10 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP)
     def caption_labels(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        labeler: LabelerResource, ray: RayResource, checks: ChecksResource,
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+        captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
+        catalog_source(context, catalog)
         config = labeler.config()
         report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
                               actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}]"))

@@ -4,10 +4,10 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.captions import build_captions
-from prx_resources import CaptionerResource, ExplorerResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource
 from prx_resources.checks import ChecksResource
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
@@ -22,9 +22,10 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=captioner.config().version(), pool="gpu")
     def captions(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource,
-        explorer: ExplorerResource, checks: ChecksResource,
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+        captioner: CaptionerResource, ray: RayResource, explorer: ExplorerResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
+        catalog_source(context, catalog)
         store, config = storage.storage(), captioner.config()
         report = build_captions(context.partition_key, store, config, actors=captioner.actors,
                                 progress=progress(context, f"captions[{context.partition_key}]"))

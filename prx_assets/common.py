@@ -9,7 +9,8 @@ import dagster as dg
 
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
-from prx_core.sources.catalog import Catalog
+from prx_core.sources.catalog import NAME_PATTERN, Catalog, SourceSpec
+from prx_core.store.locks import RUN_LABEL
 
 SOURCES = dg.DynamicPartitionsDefinition(name="sources")
 GROUP = "corpus"
@@ -30,6 +31,25 @@ def sync_partitions(instance: dg.DagsterInstance, catalog: Catalog) -> tuple[lis
     for name in removed:
         instance.delete_dynamic_partition(SOURCES.name, name)
     return added, removed
+
+
+def catalog_source(context: dg.AssetExecutionContext, catalog: Any) -> SourceSpec:
+    """The catalog's source for this run's partition, checked before anything touches storage.
+
+    Anyone who can reach the UI or the GraphQL API can add a `sources` partition (`..`, `evil`);
+    a key that is not a catalog name fails the asset here, so it never becomes a path or a
+    predicate. Also names this run in the partition lock the stage takes (`prx_core.store.locks`).
+    """
+    key, asset = context.partition_key, context.assets_def.key.to_user_string()
+    names = catalog.load().names
+    if not isinstance(key, str) or not NAME_PATTERN.fullmatch(key) or key not in names:
+        raise dg.Failure(
+            description=f"partition {key!r} of asset {asset!r} is not a source of the catalog {catalog.path} "
+                        f"(known: {', '.join(names)}); nothing was read or written. Add the source to the catalog, "
+                        "or delete the partition (the sources sensor keeps partitions equal to the catalog).",
+            allow_retries=False)
+    RUN_LABEL.set(f"dagster run {context.run_id}")
+    return catalog.source(key)
 
 
 def md_table(rows: Iterable[Mapping[str, Any]], columns: list[str] | None = None) -> dg.MetadataValue:

@@ -4,13 +4,22 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, md_table, progress, units_metadata
+from prx_assets.common import (
+    GROUP,
+    SOURCES,
+    catalog_source,
+    counts_table,
+    lance_versions,
+    md_table,
+    progress,
+    units_metadata,
+)
 from prx_core.shards.verify import verify_streams
 from prx_core.stages.mds_shards import MdsReport, build_mds
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
-from prx_resources import CaptionerResource, StorageResource, TrainingResource, UnitsResource
+from prx_resources import CaptionerResource, CatalogResource, StorageResource, TrainingResource, UnitsResource
 
 CHECKS = [
     dg.AssetCheckSpec(
@@ -31,10 +40,10 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions"], check_specs=CHECKS,
               kinds={"ray", "s3"}, code_version=f"2-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}")
     def mds_shards(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource, ray: RayResource,
-        units: UnitsResource, training: TrainingResource,
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+        captioner: CaptionerResource, ray: RayResource, units: UnitsResource, training: TrainingResource,
     ) -> dg.MaterializeResult:
-        source, store = context.partition_key, storage.storage()
+        source, store = catalog_source(context, catalog).name, storage.storage()
         report = build_mds(source, store, captioner.config().version(), storage.max_tier, storage.max_pixels,
                            progress(context, f"mds_shards[{source}]", unit="chunks"), units.mds_route_rows,
                            units.mds_chunk_rows)

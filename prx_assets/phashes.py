@@ -4,16 +4,16 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, progress, units_metadata
 from prx_core.stages.phashes import build_phashes
-from prx_resources import StorageResource, UnitsResource
+from prx_resources import CatalogResource, StorageResource, UnitsResource
 
 
 @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="1")
-def phashes(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
+def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
             units: UnitsResource) -> dg.MaterializeResult:
     """Hashes from a DCT-scaled decode; feeds the global `duplicates`."""
-    source = context.partition_key
+    source = catalog_source(context, catalog).name
     report = build_phashes(source, storage.storage(), storage.max_pixels, progress(context, f"phashes[{source}]"),
                            units.phashes_rows)
     return dg.MaterializeResult(

@@ -3,7 +3,7 @@
 
 import dagster as dg
 
-from prx_assets.common import GROUP, SOURCES
+from prx_assets.common import GROUP, SOURCES, catalog_source
 from prx_core.sources.readers import observe_source
 from prx_resources import CatalogResource, StorageResource
 
@@ -12,7 +12,7 @@ from prx_resources import CatalogResource, StorageResource
 def raw_source(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource) -> dg.MaterializeResult:
     """Lists the source's files or Lance fragments; its data version is a fingerprint of names and
     sizes, so `samples` is marked stale exactly when the source changed."""
-    spec = catalog.source(context.partition_key)
+    spec = catalog_source(context, catalog)
     seen = observe_source(spec, storage.storage_options)
     return dg.MaterializeResult(
         metadata={

@@ -4,7 +4,7 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
 from prx_core.stages.samples import build_samples, count_sample_ids, rejected_files
 from prx_core.store import maintenance
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
@@ -32,7 +32,7 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
         `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
         replaces this source's rows in one commit."""
-        spec = catalog.source(context.partition_key)
+        spec = catalog_source(context, catalog)
         store = storage.storage()
         report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
                                units.samples_bytes, captioner.max_caption_chars)

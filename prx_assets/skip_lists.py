@@ -5,9 +5,9 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, lance_versions, md_table, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, md_table, progress, units_metadata
 from prx_core.stages.skip_lists import build_skip_lists
-from prx_resources import CaptionerResource, LabelerResource, SkipPolicyResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
 
 REWRITE_ABOVE = 0.10  # substitution over-samples; above this a stream should be rewritten
 CHECKS = [dg.AssetCheckSpec("skip_lists_fraction", asset="skip_lists",
@@ -20,11 +20,11 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
               check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP)
     def skip_lists(
-        context: dg.AssetExecutionContext, storage: StorageResource, captioner: CaptionerResource,
-        labeler: LabelerResource, policy: SkipPolicyResource, ray: RayResource,
+        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+        captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource, ray: RayResource,
     ) -> dg.MaterializeResult:
         rules = policy.policy()
-        source = context.partition_key
+        source = catalog_source(context, catalog).name
         report = build_skip_lists(source, storage.storage(), captioner.config().version(),
                                   labeler.config().version(), rules, progress(context, f"skip_lists[{source}]", unit="chunks"))
         table = [{"stream": s.stream, "samples": s.size, "skipped": s.skipped, "fraction": round(s.fraction, 3),

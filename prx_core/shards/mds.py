@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from streaming import MDSWriter
 from streaming.base.format.mds.encodings import mds_encode
 
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 MDS_COLUMNS: dict[str, str] = {
@@ -95,7 +96,7 @@ def stream_name(tier: int, width: int, height: int) -> str:
 
 
 def stream_uri(root: str, source: str, tier: int, width: int, height: int) -> str:
-    return join_uri(_normalize(root), "mds", source, *stream_name(tier, width, height).split("/"))
+    return join_uri(_normalize(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
 
 
 def _normalize(root: str) -> str:
@@ -193,7 +194,7 @@ def list_streams(root: str, source: str | None = None, storage_options: dict | N
     fs.invalidate_cache()
     prefix = fs._strip_protocol(base).rstrip("/") + "/"
     found = []
-    for path in fs.glob(join_uri(base, source or "*", "*", "*", INDEX)):
+    for path in fs.glob(join_uri(base, validate_source_name(source) if source is not None else "*", "*", "*", INDEX)):
         src, tier, bucket, _ = path[len(prefix):].split("/")
         size = BUCKET_FOLDER.fullmatch(bucket)
         if not src.startswith(".") and tier.isdigit() and size:

@@ -29,6 +29,7 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
 RETENTION_SECONDS = 7 * 24 * 3600  # superseded chunks outlive the index that dropped them by this much
@@ -102,8 +103,7 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
     all are written; streams of the source absent from `rows` are unpublished. What the small
     corpora of tests and scripts use, and the reference the distributed stage is checked against.
     `grouped` declares rows arrive stream after stream (refused otherwise)."""
-    if not source or "/" in source or source.startswith("."):
-        raise ValueError(f"invalid source name {source!r}")
+    validate_source_name(source)
     root = _normalize(root)
     by_stream: dict[StreamKey, list[dict]] = {}
     last: StreamKey | None = None
@@ -182,12 +182,13 @@ def prune_streams(root: str, retention_seconds: float = RETENTION_SECONDS, stora
 
 def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None) -> list[str]:
     base = join_uri(root, "mds")
+    folder = join_uri(base, validate_source_name(source)) if source is not None else base
     fs.invalidate_cache()
     if not fs.exists(base):
         return []
     prefix = fs._strip_protocol(base).rstrip("/") + "/"
     found = set()
-    for path in fs.find(join_uri(base, source) if source else base):
+    for path in fs.find(folder):
         parts = path[len(prefix):].split("/")
         if len(parts) >= 4 and not parts[0].startswith(".") and parts[1].isdigit() and BUCKET_FOLDER.fullmatch(parts[2]):
             found.add(join_uri(base, *parts[:3]))

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out")
@@ -40,7 +41,7 @@ IDS_SUFFIX = ".ids.parquet"
 
 def stream_key(source: str, tier: int, width: int, height: int) -> str:
     """`<source>/<tier>/<w>x<h>`: how a skip-list and the loader's stream plan find each other."""
-    return f"{source}/{int(tier)}/{int(width)}x{int(height)}"
+    return f"{validate_source_name(source)}/{int(tier)}/{int(width)}x{int(height)}"
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,13 @@ def skiplist_uri(root: str, source: str, tier: int, width: int, height: int, rea
 
 
 def stream_folder(root: str, source: str, tier: int, width: int, height: int) -> str:
-    return join_uri(_normalize(root), "skiplists", source, str(int(tier)), f"{int(width)}x{int(height)}")
+    return join_uri(source_folder(root, source), str(int(tier)), f"{int(width)}x{int(height)}")
+
+
+def source_folder(root: str, source: str) -> str:
+    """`<root>/skiplists/<source>`: the only place a source's skip-list paths start from, so a
+    name that is not a catalog name (`..`, `a/b`) never becomes a path to write or delete."""
+    return join_uri(_normalize(root), "skiplists", validate_source_name(source))
 
 
 def _normalize(root: str) -> str:
@@ -190,6 +197,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
     """Replace all skip-lists of `source` (small corpora, tests; the stage writes stream by stream
     on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs."""
     root = _normalize(root)
+    validate_source_name(source)
     seen: set[tuple[int, int, int, str]] = set()
     by_stream: dict[tuple[int, int, int], list[SkipList]] = {}
     for skip in skip_lists:
@@ -214,7 +222,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
 def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
                          keep: set[tuple[int, int, int]]) -> None:
     """Delete the skip-lists of the source's streams not in `keep` (and any leftover file)."""
-    base = join_uri(_normalize(root), "skiplists", source)
+    base = source_folder(root, source)
     fs.invalidate_cache()
     if not fs.exists(base):
         return
@@ -239,7 +247,7 @@ def list_skip_files(root: str, source: str | None = None, tier: int | None = Non
     fs.invalidate_cache()
     base = join_uri(root, "skiplists")
     prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    pattern = join_uri(base, source or "*", "*" if tier is None else str(int(tier)), "*", f"*{SUFFIX}")
+    pattern = join_uri(base, validate_source_name(source) if source is not None else "*", "*" if tier is None else str(int(tier)), "*", f"*{SUFFIX}")
     return sorted(join_uri(base, p[len(prefix):]) for p in fs.glob(pattern)
                   if not p[len(prefix):].startswith("."))
 

@@ -26,6 +26,15 @@ class CatalogError(ValueError):
     """An invalid catalog; the message names the file, the source and the field."""
 
 
+def validate_source_name(name: object) -> str:
+    """`name` if it is a valid source name (the partition key, a path segment under the corpus
+    root), else ValueError: a key like `..` or `a/b` must never reach a path or a deletion."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise ValueError(f"invalid source name {name!r}: a source name must match [a-z0-9_]+ "
+                         "(it is the partition key and a folder name under the corpus root)")
+    return name
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     """One source dataset; `name` is its Dagster partition key."""
@@ -112,7 +121,7 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
     unknown = set(entry) - set(_FIELDS)
     if unknown:
         raise fail(sorted(map(str, unknown))[0], f"unknown field (allowed: {', '.join(_FIELDS)})")
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise fail("name", f"must match [a-z0-9_]+ (it is the partition key), got {name!r}")
     fmt = entry.get("format")
     if fmt not in FORMATS:

@@ -19,6 +19,7 @@ from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
 from prx_core.image.buckets import TIERS, Drop, assign_buckets
 from prx_core.store import lance_io, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
@@ -82,6 +83,7 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     }
 
 
+@exclusive("buckets")
 def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1], progress: Throttle | None = None,
                   unit_rows: int = UNIT_ROWS) -> BucketsReport:
     options = storage.lance_storage_options()

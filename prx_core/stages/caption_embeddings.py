@@ -32,6 +32,7 @@ from prx_core.stages.contents import (
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.appends import BatchedAppend
+from prx_core.store.locks import exclusive
 from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage
 
@@ -85,6 +86,7 @@ def embed_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
             "model_seconds": round(model_seconds, 4)}
 
 
+@exclusive("caption_embeddings")
 def build_caption_embeddings(
     source: str, storage: Storage, captioner_version: str, config: EmbedderConfig, *, actors: int = 1,
     progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, model: ModelSpec | None = None,

@@ -40,6 +40,7 @@ from prx_core.stages.contents import (
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
 from prx_core.store.appends import BatchedAppend, keys_predicate
+from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
 
 CAPTION_KEYS = ["content_id", "captioner_version"]
@@ -165,6 +166,7 @@ def to_caption_rows(batch: pa.Table) -> pa.Table:
     return pa.table({name: batch[name].cast(schemas.CAPTIONS.field(name).type) for name in schemas.CAPTIONS.names})
 
 
+@exclusive("captions")
 def build_captions(
     source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, progress: Throttle | None = None,
     unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,

@@ -35,6 +35,7 @@ from prx_core.stages.duplicates_state import (
     untouched_since,
 )
 from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
 
 CODE_VERSION = "2"  # part of the state: another version recomputes everything
@@ -97,6 +98,7 @@ def keeper_order(row: dict) -> tuple:
     return (-row["pixels"], -quality, -(row["num_bytes"] or 0), row["sample_id"])
 
 
+@exclusive("duplicates", partition="corpus")
 def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
                      rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
                      full_fraction: float = FULL_FRACTION) -> DuplicatesReport:

@@ -37,6 +37,7 @@ from prx_core.stages.contents import (
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
 from prx_core.store.appends import BatchedAppend
+from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
 
 LABEL_KEYS = ["content_id", "captioner_version", "labeler_version"]
@@ -101,6 +102,7 @@ def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -
             "fragments": [f.to_json() for f in written], "distribution": dict(Counter(rows["label"].to_pylist()))}
 
 
+@exclusive("caption_labels")
 def build_labels(
     source: str, storage: Storage, captioner_version: str, config: LabelerConfig, *, actors: int = 1,
     progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,

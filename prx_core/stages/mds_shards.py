@@ -40,6 +40,7 @@ from prx_core.image.imaging import process_image
 from prx_core.shards.mds import StreamKey, chunk_complete, read_chunk_record, stream_name, stream_uri, write_chunk
 from prx_core.shards.publish import StreamReport, publish_source
 from prx_core.store import lance_io, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.lookups import caption_texts
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
@@ -253,6 +254,7 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": n, **unit_outputs(storage, "mds_index", written, refused_fragments)}
 
 
+@exclusive("mds_shards")
 def build_mds(
     source: str, storage: Storage, captioner_version: str, max_tier: int = TIERS[-1],
     max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,

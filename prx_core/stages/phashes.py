@@ -23,6 +23,7 @@ from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_uni
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.image.phash import PHASH_DECODE_SIZE, phash
 from prx_core.store import lance_io, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
@@ -89,6 +90,7 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": len(hashes), "failed": len(rejects), **unit_outputs(storage, "phashes", written, refused)}
 
 
+@exclusive("phashes")
 def build_phashes(source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
                   unit_rows: int = UNIT_ROWS) -> PhashesReport:
     start = time.monotonic()

@@ -35,6 +35,7 @@ from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.store import lance_io, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
@@ -150,6 +151,7 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
+@exclusive("samples")
 def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
                   progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES,
                   max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS,

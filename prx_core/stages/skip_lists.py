@@ -27,6 +27,7 @@ from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_uni
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.store import lance_io
+from prx_core.store.locks import exclusive
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.storage import Storage, join_uri
 
@@ -36,11 +37,15 @@ SCRATCH_SCHEMA = pa.schema([("index", pa.int64()), ("sample_id", pa.string()), (
 
 @dataclass(frozen=True)
 class SkipPolicy:
-    """Which samples to skip: duplicates that lose to a keeper, labels, explicit opt-outs."""
+    """Which samples to skip: duplicates that lose to a keeper, labels, explicit opt-outs, and
+    (while labels are skipped) samples without a label: `caption_labels_coverage` passes below
+    its threshold with a few labeller failures, and a sample whose label is unknown is not
+    known to be free of text or nsfw, so it is skipped (reason `unlabelled`) rather than trained on."""
 
     duplicates: bool = True
     labels: tuple[str, ...] = SKIP_LABELS
     opt_out: tuple[str, ...] = ()  # source_keys or sample_ids
+    unlabelled: bool = True
 
     def version(self) -> str:
         payload = json.dumps(asdict(self), sort_keys=True)
@@ -90,13 +95,14 @@ def skip_chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
         reasons.append(("duplicate", set(losers["sample_id"].to_pylist()), ids))
     if params["labels"] and inputs.get("caption_labels") is not None:
         where = (f"captioner_version = {lance_io.sql_literal(params['captioner_version'])} AND labeler_version = "
-                 f"{lance_io.sql_literal(params['labeler_version'])} AND label IN "
-                 f"({', '.join(lance_io.sql_literal(label) for label in params['labels'])})")
+                 f"{lance_io.sql_literal(params['labeler_version'])}")
         labels = lookup_keys(storage.lance_uri("caption_labels"), "content_id", contents, ["content_id", "label"],
                              where, options, inputs["caption_labels"])
         for label in params["labels"]:
             hit = labels.filter(pc.field("label") == label)["content_id"].to_pylist()
             reasons.append((label, set(hit), contents))
+        if params.get("unlabelled"):
+            reasons.append(("unlabelled", set(contents) - set(labels["content_id"].to_pylist()), contents))
     if params["opt_out"]:
         wanted = set(params["opt_out"])
         keys = [sid if sid in wanted else sid.split("/", 1)[1] for sid in ids]  # a sample_id or a source_key
@@ -159,6 +165,7 @@ def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
     return plans
 
 
+@exclusive("skip_lists")
 def build_skip_lists(
     source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,
     progress: Throttle | None = None,

@@ -9,12 +9,15 @@ from typing import Any
 import pyarrow as pa
 from lance.fragment import FragmentMetadata
 
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 
 
 def source_predicate(source: str) -> str:
-    return f"source = {lance_io.sql_literal(source)}"
+    """The filter of one source's rows; every per-source read, replace and delete builds it here,
+    so a source name that is not a catalog name (`..`, `a/b`, ``) is refused before any I/O."""
+    return f"source = {lance_io.sql_literal(validate_source_name(source))}"
 
 
 def rejects_predicate(source: str, stage: str) -> str:

@@ -1,0 +1,322 @@
+"""Per-partition write locks: at most one writer of a (asset, partition) at a time, whoever runs it.
+
+Two runs of one partition at once corrupt it (both replaces of a new partition commit; one run's
+cleanup deletes the other's staging), so every writing stage holds a lock object under the root:
+
+    <root>/_locks/<asset>/<partition>.lock     JSON: owner, run, host, pid, since, heartbeat, ttl
+
+It is created atomically (local files: O_CREAT|O_EXCL; S3: a conditional PUT `If-None-Match: *`,
+which AWS S3, MinIO and moto honour) and refreshed by a heartbeat thread every `ttl / 3` seconds.
+A lock is stale, and is taken over, when its heartbeat is older than `ttl` (the storage's own
+modification time), or at once when its holder ran on this host and its process is gone. Taking
+over is done by one breaker at a time (`<lock>.break`, created the same atomic way), which deletes
+the stale lock only if it is still the one judged stale. Other object stores get the same
+protocol without the conditional writes: best effort, a lost race shows up as a lost lock.
+A holder whose lock was taken over (it stalled longer than `ttl`) fails when it releases, so
+the run is marked failed and rerun, never silently trusted. Dagster's run queue adds a second
+guard (one run per partition, `dagster.yaml`); this lock covers writers outside Dagster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import errno
+import functools
+import inspect
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import fsspec
+
+from prx_core.sources.catalog import validate_source_name
+from prx_core.store.storage import Storage, is_remote
+
+LOCKS = "_locks"
+TTL_SECONDS = float(os.environ.get("PRX_LOCK_TTL_SECONDS", "300"))
+BREAKER_TTL_SECONDS = 60.0
+# who is writing, for the message another writer gets (a Dagster asset sets its run id here)
+RUN_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("prx_run_label", default=None)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PartitionLocked(RuntimeError):
+    """Another writer holds the partition: the message says who and since when."""
+
+
+class LockLost(RuntimeError):
+    """This writer's lock expired and was taken over while it ran: its results are suspect."""
+
+
+@dataclass
+class PartitionLock:
+    """The lock of one (asset, partition) under a corpus root; `acquire` / `release`, or `with`."""
+
+    storage: Storage
+    asset: str
+    partition: str
+    ttl: float = TTL_SECONDS
+    run: str | None = None
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    lost: bool = False
+    since: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        validate_source_name(self.asset)  # both are path segments under the root
+        validate_source_name(self.partition)
+        self.run = self.run or RUN_LABEL.get() or f"pid {os.getpid()} on {socket.gethostname()}"
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri(LOCKS, self.asset, f"{self.partition}.lock")
+
+    def record(self) -> dict[str, Any]:
+        now = time.time()
+        return {"asset": self.asset, "partition": self.partition, "token": self.token, "run": self.run,
+                "host": socket.gethostname(), "pid": os.getpid(), "since": self.since or now,
+                "heartbeat": now, "ttl": self.ttl}
+
+    def acquire(self) -> PartitionLock:
+        """Take the lock or raise PartitionLocked naming the holder; a stale lock is taken over."""
+        store = _store_for(self.storage)
+        self.since = time.time()
+        for _ in range(3):  # a stale lock broken by us or another breaker: try again
+            if store.create(self.uri, _encode(self.record())):
+                self._thread = threading.Thread(target=self._beat, name=f"lock-{self.asset}-{self.partition}",
+                                                daemon=True)
+                self._thread.start()
+                return self
+            held = store.read(self.uri)
+            if held is None:
+                continue  # released in between
+            holder, modified = held
+            if not _stale(holder, modified, self.ttl):
+                raise PartitionLocked(describe(self.asset, self.partition, holder))
+            _break(store, self.uri, holder)
+        raise PartitionLocked(f"partition {self.partition!r} of asset {self.asset!r}: could not take its lock "
+                              f"{self.uri} (it keeps changing hands); retry")
+
+    def release(self) -> None:
+        """Stop the heartbeat and delete the lock if it is still ours; LockLost if it was not."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        store = _store_for(self.storage)
+        held = store.read(self.uri)
+        if held is not None and held[0].get("token") == self.token:
+            store.delete(self.uri)
+        elif not self.lost:
+            self.lost = True
+        if self.lost:
+            raise LockLost(f"partition {self.partition!r} of asset {self.asset!r}: the lock {self.uri} expired "
+                           f"(no heartbeat for {self.ttl:.0f}s) and was taken over while this run wrote; another "
+                           "writer may have run at the same time: rerun the partition")
+
+    def _beat(self) -> None:
+        store = _store_for(self.storage)
+        while not self._stop.wait(self.ttl / 3):
+            held = store.read(self.uri)
+            if held is None or held[0].get("token") != self.token:
+                self.lost = True
+                return
+            with contextlib.suppress(OSError):
+                store.refresh(self.uri, _encode(self.record()))
+
+    def __enter__(self) -> PartitionLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def describe(asset: str, partition: str, holder: dict[str, Any]) -> str:
+    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(holder.get("since") or 0)))
+    return (f"partition {partition!r} of asset {asset!r} is being written by {holder.get('run') or 'another writer'} "
+            f"since {since}; wait for it to finish (a crashed writer's lock expires "
+            f"{float(holder.get('ttl') or TTL_SECONDS):.0f}s after its last heartbeat)")
+
+
+@contextlib.contextmanager
+def partition_lock(storage: Storage, asset: str, partition: str, ttl: float = TTL_SECONDS) -> Iterator[PartitionLock]:
+    """Hold the lock of (asset, partition) for the block."""
+    lock = PartitionLock(storage, asset, partition, ttl).acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+@contextlib.contextmanager
+def run_label(label: str) -> Iterator[None]:
+    """Name the writer (e.g. `dagster run <id>`) in the locks taken inside the block."""
+    reset = RUN_LABEL.set(label)
+    try:
+        yield
+    finally:
+        RUN_LABEL.reset(reset)
+
+
+def exclusive(asset: str, partition: str | None = None) -> Callable[[F], F]:
+    """Decorate a stage entry point taking `source` (a name) or `spec` (a SourceSpec) and `storage`:
+    the source name is validated before anything else, then the call holds the partition's lock
+    (`partition` names the one lock of an unpartitioned stage)."""
+
+    def decorate(fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs).arguments
+            source = partition or (bound["source"] if "source" in bound else getattr(bound.get("spec"), "name", None))
+            validate_source_name(source)
+            with partition_lock(bound["storage"], asset, source):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# -- the two kinds of storage ---------------------------------------------------------------------------
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode()
+
+
+def _stale(holder: dict[str, Any], modified: float, ttl: float) -> bool:
+    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
+        return True
+    return time.time() - modified > float(holder.get("ttl") or ttl)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def _break(store: _Store, uri: str, stale: dict[str, Any]) -> None:
+    """Delete the stale lock at `uri`, one breaker at a time, only if it is still the stale one."""
+    breaker = uri + ".break"
+    if not store.create(breaker, _encode({"token": uuid.uuid4().hex, "since": time.time()})):
+        held = store.read(breaker)
+        if held is not None and time.time() - held[1] > BREAKER_TTL_SECONDS:
+            store.delete(breaker)  # a breaker that died while breaking
+        return
+    try:
+        held = store.read(uri)
+        if held is not None and held[0].get("token") == stale.get("token"):
+            store.delete(uri)
+    finally:
+        store.delete(breaker)
+
+
+class _Store:
+    """create (atomic, False when it exists), read -> (record, modified time), refresh, delete."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+
+    def create(self, uri: str, data: bytes) -> bool:
+        raise NotImplementedError
+
+    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
+        raise NotImplementedError
+
+    def refresh(self, uri: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def delete(self, uri: str) -> None:
+        raise NotImplementedError
+
+
+class _LocalStore(_Store):
+    def create(self, uri: str, data: bytes) -> bool:
+        os.makedirs(os.path.dirname(uri), exist_ok=True)
+        try:
+            fd = os.open(uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        return True
+
+    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
+        try:
+            with open(uri, "rb") as handle:
+                data, modified = handle.read(), os.fstat(handle.fileno()).st_mtime
+        except FileNotFoundError:
+            return None
+        return _decode(data), modified
+
+    def refresh(self, uri: str, data: bytes) -> None:
+        tmp = f"{uri}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, uri)
+
+    def delete(self, uri: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(uri)
+
+
+class _ObjectStore(_Store):
+    """S3 (conditional PUT) and, best effort, any other fsspec object store."""
+
+    def create(self, uri: str, data: bytes) -> bool:
+        if not self.fs.protocol or "s3" not in _protocols(self.fs):
+            if self.read(uri) is not None:
+                return False
+            self.fs.pipe_file(uri, data)  # best effort: no atomic create on this store
+            return True
+        try:
+            self.fs.pipe_file(uri, data, mode="create")
+        except FileExistsError:
+            return False
+        return True
+
+    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
+        self.fs.invalidate_cache(uri)
+        try:
+            data = self.fs.cat_file(uri)
+            info = self.fs.info(uri)
+        except FileNotFoundError:
+            return None
+        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
+        return _decode(data), stamp
+
+    def refresh(self, uri: str, data: bytes) -> None:
+        self.fs.pipe_file(uri, data)
+
+    def delete(self, uri: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(uri)
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+
+
+def _decode(data: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return {}  # a torn or foreign file: no token, so it can only expire
+    return record if isinstance(record, dict) else {}
+
+
+def _store_for(storage: Storage) -> _Store:
+    return _ObjectStore(storage.filesystem()) if is_remote(storage.root) else _LocalStore(storage.filesystem())
