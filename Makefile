@@ -33,11 +33,7 @@ doctor: setup
 clean:
 	rm -rf .prx .pytest_cache test-artifacts
 
-# Re-resolve requirements.lock after changing dependencies in pyproject.toml. torch is pinned to
-# the CPU build that lies on these machines; its CUDA wheels and torchvision are not installed
-# (scripts/setup.sh says why).
+# Re-resolve requirements.lock after changing dependencies in pyproject.toml.
 lock:
-	$(BIN)/pip install -q uv && mkdir -p .prx && echo "torch==2.13.0" >.prx/torch-override.txt && \
-	$(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 --override .prx/torch-override.txt \
-		--python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line \
-		| grep -vE '^(nvidia-|cuda-|triton==|torchvision==)' >requirements.lock
+	$(BIN)/pip install -q uv && $(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 \
+		--python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line -o requirements.lock

@@ -59,14 +59,14 @@ install_python() {
         return
     fi
     say "installing Python dependencies (first run: several minutes; torch is large)"
+    local free_gb
+    free_gb=$(df -Pk "$VENV" | awk 'NR==2 {print int($4 / 1048576)}')
+    [ "${free_gb:-0}" -ge 10 ] || warn "only ${free_gb} GB free under $VENV: the install needs about 9 GB (torch's CUDA wheels)"
     pip_q install -q --upgrade pip setuptools wheel
     local start=$SECONDS
-    # The lock (make lock) is resolved ahead of time and complete, so it goes in without pip's
-    # resolver (which backtracks for many minutes over s3fs/aiobotocore/botocore here). torch is
-    # the 190 MB CPU build: the CUDA build and its nvidia-* wheels take 5 GB of disk for nothing
-    # on a CPU machine, and torchvision (a mosaicml-streaming dependency used only by its
-    # unused `streaming.vision`) is left out because PyPI's build does not load beside it.
-    pip_q install -q --no-deps -r "$ROOT/requirements.lock"
+    # The lock (make lock) is resolved ahead of time: pip's own resolver backtracks for many
+    # minutes over s3fs/aiobotocore/botocore here. The project itself goes in without deps.
+    pip_q install -q -r "$ROOT/requirements.lock"
     pip_q install -q --no-deps -e "$ROOT$extras"
     say "dependencies installed in $((SECONDS - start)) s"
     rm -f "$VENV/.prx-pillow"   # a fresh resolve may have put stock Pillow back

@@ -20,7 +20,7 @@ from prx_core.store.storage import Storage
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 PINNED = (
     "dagster", "dagster-webserver", "dagster-k8s", "dagster-ray", "pylance", "lance-ray", "ray",
-    "mosaicml-streaming", "torch", "transformers", "numpy", "pyarrow", "s3fs",
+    "mosaicml-streaming", "torch", "torchvision", "transformers", "numpy", "pyarrow", "s3fs",
 )
 CODECS = {"JPEG": "jpg", "PNG (zlib)": "zlib", "WebP": "webp", "TIFF (libtiff)": "libtiff", "LittleCMS2": "littlecms2"}
 PILLOW_SIMD_STAMP = ".prx-pillow"  # written by scripts/setup.sh into the venv
