@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
-REASONS = ("duplicate", "text", "nsfw", "opt_out")
+REASONS = ("duplicate", "text", "nsfw", "opt_out", "unlabelled")
 CREATED_BY = "prx-corpus"
 FORMAT_VERSION = 2
 MAGIC = b"PRXSKIP2"
