@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from prx_core.sources.catalog import CatalogError
+from prx_core.store.credentials import SecretInConfigError, refuse_literal_secrets
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".prx" / "demo" / "corpus"
@@ -66,5 +67,9 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
         unknown = sorted(set(config) - set(SECTIONS))
         if unknown:
             raise SettingsError(f"{path}: unknown sections {unknown}; expected some of {list(SECTIONS)}")
+        try:  # the config is stored with every run and sent to Ray tasks: never a secret in it
+            refuse_literal_secrets(config, path)
+        except SecretInConfigError as exc:
+            raise SettingsError(str(exc)) from None
     return Settings(root=env.get("PRX_ROOT", str(DEFAULT_ROOT)), sources=env.get("PRX_SOURCES", str(DEFAULT_SOURCES)),
                     config=config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS
@@ -18,6 +18,14 @@ from prx_core.models.embeddings import MODEL_PACKAGE, EmbedderConfig
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.prompts import PROMPT_VERSION
 from prx_core.stages.skip_lists import SKIP_LABELS, SkipPolicy
+from prx_core.store.credentials import refuse_literal_secrets
+
+
+def no_secret_values(value: Any, info: Any) -> Any:
+    """These fields are stored in every run's job snapshot and shipped to Ray (runtime_env): a
+    token in them would be persisted, so it is refused (the workers' own env must carry it)."""
+    refuse_literal_secrets(value, info.field_name)
+    return value
 
 
 class CaptionerResource(dg.ConfigurableResource):
@@ -55,6 +63,8 @@ class CaptionerResource(dg.ConfigurableResource):
     concurrency: int | None = Field(default=None, description="openai: requests in flight per actor, capped by batch_size (default 8).")
     timeout_s: float | None = Field(default=None, description="openai: deadline of one request attempt in seconds (default 120).")
     max_retries: int | None = Field(default=None, description="openai: retries on 429/5xx/timeouts/connection errors, backoff with jitter (default 4).")
+
+    _no_secrets = field_validator("engine_kwargs", "runtime_env")(no_secret_values)
     max_response_bytes: int | None = Field(default=None, description="openai: a bigger response body is a failed request (default 8 MiB).")
     allow_insecure_http: bool | None = Field(default=None, description="openai: allow sending the API key over plain "
                                              "http:// to a host that is not loopback (default false: refused).")
@@ -112,6 +122,8 @@ class LabelerResource(dg.ConfigurableResource):
     engine_kwargs: dict[str, Any] | None = Field(default=None, description="llm/vllm: extra vLLM engine arguments, as is.")
     runtime_env: dict[str, Any] | None = Field(default=None, description="llm/vllm: Ray runtime_env of the vLLM workers.")
 
+    _no_secrets = field_validator("engine_kwargs", "runtime_env")(no_secret_values)
+
     def config(self) -> LabelerConfig:
         names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
                  "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens", "constrained",
@@ -140,9 +152,6 @@ class SkipPolicyResource(dg.ConfigurableResource):
     duplicates: bool = Field(default=True, description="Skip duplicates that lose to their group's keeper.")
     labels: list[str] = Field(default_factory=lambda: list(SKIP_LABELS), description="Caption labels to skip.")
     opt_out: list[str] = Field(default_factory=list, description="source_keys or sample_ids to skip (opt-outs).")
-    unlabelled: bool = Field(default=True, description="While `labels` is not empty, also skip samples without a "
-                                                       "label (a labeller failure below caption_labels_coverage's "
-                                                       "threshold): their label is unknown.")
 
     def policy(self) -> SkipPolicy:
-        return SkipPolicy(self.duplicates, tuple(self.labels), tuple(self.opt_out), self.unlabelled)
+        return SkipPolicy(self.duplicates, tuple(self.labels), tuple(self.opt_out))

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from dagster_ray import Lifecycle, LocalRay, RayResource
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
+
+from prx_core.store.credentials import refuse_literal_secrets
 
 
 def never_cleanup() -> Lifecycle:
@@ -32,6 +34,13 @@ class EmbeddedRay(LocalRay):
     )
     lifecycle: Lifecycle = Field(default_factory=never_cleanup, description="Keep `never`: see never_cleanup().")
     _reused: bool = PrivateAttr(default=False)
+
+    @field_validator("ray_init_options")
+    @classmethod
+    def _no_secret_values(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """Stored in every run's job snapshot: a runtime_env token there would be persisted."""
+        refuse_literal_secrets(value, "ray.ray_init_options")
+        return value
 
     def connect(self, context: Any) -> Any:
         import ray

@@ -23,6 +23,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.pop("DAGSTER_HOME", None)
 os.environ.pop("PRX_ROOT", None)
+# S3 credentials of the loopback endpoint come from the environment, as in production (storage
+# options never hold secrets); set before any Ray starts, so every Ray worker inherits them.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 tempfile.tempdir = None  # re-read TMPDIR
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -94,12 +98,9 @@ def s3_endpoint() -> dict:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    options = {"client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}  # credentials: env
     yield {"endpoint": endpoint, "storage_options": options}
     server.stop()

@@ -13,6 +13,8 @@ from typing import Any
 
 import fsspec
 
+from prx_core.store.credentials import redact, refuse_literal_secrets, resolve_references
+
 REMOTE_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
 
 
@@ -28,15 +30,34 @@ def join_uri(base: str, *parts: str) -> str:
 
 
 def filesystem_for(uri: str, storage_options: dict[str, Any] | None = None) -> fsspec.AbstractFileSystem:
-    """The fsspec filesystem that serves `uri` (local files, or s3:// through s3fs)."""
+    """The fsspec filesystem that serves `uri` (local files, or s3:// through s3fs). `{env: NAME}`
+    references are resolved here, in the process that does the I/O; without credentials in the
+    options, s3fs reads the standard AWS chain (env vars, profile, IAM role) itself."""
     if is_remote(uri):
-        return fsspec.filesystem(uri.split("://", 1)[0], **(storage_options or {}))
+        return fsspec.filesystem(uri.split("://", 1)[0], **resolve_references(storage_options or {}))
     return fsspec.filesystem("file")
 
 
-def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, str]:
-    """s3fs options as pylance (object_store) expects them."""
-    opts = dict(storage_options or {})
+class LanceOptions(dict):
+    """pylance storage options as resolved in this process. Pickled (e.g. as a Ray task argument)
+    as the unresolved s3fs options, so the receiving worker resolves `{env: NAME}` from its own
+    environment and no secret value travels; its repr hides secrets."""
+
+    def __init__(self, resolved: dict[str, str], source: dict[str, Any] | None) -> None:
+        super().__init__(resolved)
+        self.source = dict(source or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return lance_storage_options, (self.source,)
+
+    def __repr__(self) -> str:
+        return repr(redact(dict(self)))
+
+
+def lance_storage_options(storage_options: dict[str, Any] | None) -> LanceOptions:
+    """s3fs options as pylance (object_store) expects them, references resolved in this process.
+    Without credentials in the options, Lance reads the standard AWS env vars itself."""
+    opts = resolve_references(dict(storage_options or {}))
     client = opts.pop("client_kwargs", {}) or {}
     mapping = {
         "key": "aws_access_key_id",
@@ -51,7 +72,7 @@ def lance_storage_options(storage_options: dict[str, Any] | None) -> dict[str, s
         out["aws_region"] = str(client["region_name"])
     if out.get("aws_endpoint", "").startswith("http://"):
         out["allow_http"] = "true"
-    return out
+    return LanceOptions(out, storage_options)
 
 
 def put_atomic(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
@@ -76,14 +97,18 @@ def put_atomic(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
 class Storage:
     """A corpus root (local folder or object-store prefix) plus its connection options.
 
-    `storage_options` are s3fs keyword arguments (`key`, `secret`, `endpoint_url`, ...);
-    `lance_storage_options()` translates them for pylance.
+    `storage_options` are s3fs keyword arguments (`endpoint_url`, `client_kwargs`, ...);
+    `lance_storage_options()` translates them for pylance. A Storage is pickled into Ray tasks, so
+    it holds no secret: a literal key/secret/token is refused (`SecretInConfigError`); credentials
+    come from each process's environment (the AWS chain, or `{env: NAME}` references resolved
+    when the filesystem is built; see prx_core.store.credentials).
     """
 
     root: str
     storage_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        refuse_literal_secrets(self.storage_options, f"storage_options of {self.root}")
         if not is_remote(self.root):
             object.__setattr__(self, "root", os.path.abspath(os.path.expanduser(self.root)))
 
@@ -100,7 +125,7 @@ class Storage:
     def filesystem(self) -> fsspec.AbstractFileSystem:
         return filesystem_for(self.root, self.storage_options)
 
-    def lance_storage_options(self) -> dict[str, str]:
+    def lance_storage_options(self) -> LanceOptions:
         return lance_storage_options(self.storage_options)
 
     def check_writable(self) -> tuple[bool, str]:
