@@ -19,7 +19,10 @@ from prx_core.store.storage import is_remote, join_uri
 FORMATS = ("parquet", "imagefolder", "webdataset", "lance")
 NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
 _COLUMN_FIELDS = ("image_column", "caption_column", "key_column", "embedding_column")
-_FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "weight")
+_LIMIT_FIELDS = ("max_image_bytes", "max_caption_bytes")
+_FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "weight", *_LIMIT_FIELDS)
+DEFAULT_MAX_IMAGE_BYTES = 64 << 20  # a bigger image or caption is a reject, checked before reading it
+DEFAULT_MAX_CAPTION_BYTES = 64 << 10
 
 
 class CatalogError(ValueError):
@@ -47,6 +50,8 @@ class SourceSpec:
     key_column: str | None = None
     embedding_column: str | None = None
     weight: float = 1.0
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_caption_bytes: int = DEFAULT_MAX_CAPTION_BYTES
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,12 +149,17 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
     weight = entry.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         raise fail("weight", f"must be a positive number, got {weight!r}")
+    limits = {f: getattr(SourceSpec, f) if entry.get(f) is None else entry[f] for f in _LIMIT_FIELDS}  # null: default
+    for field, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise fail(field, f"must be a positive whole number of bytes, got {value!r}")
     return SourceSpec(
         name=name,
         format=fmt,
         uri=_resolve_uri(uri.strip(), base_dir),
         weight=float(weight),
         **columns,
+        **limits,
     )
 
 

@@ -79,6 +79,10 @@ def ingest_batch(
         data: bytes = record["image"] or b""
         key = record["source_key"]
         sid = schemas.sample_id(source, key)
+        if record.get("reject_reason"):  # refused by the reader (a link, an oversized member, a repeated key)
+            rejects.append(reject_row(sid, source, key, None, "samples", record["reject_reason"],
+                                      record.get("reject_message") or ""))
+            continue
         cid = content_id(data)
         facts = inspect_image(data, max_pixels)
         if isinstance(facts, Rejection):

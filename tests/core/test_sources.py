@@ -54,6 +54,7 @@ def test_lance_source(tmp_path: Path, demo_dir: Path, demo_files) -> None:
     parquet = load_catalog(demo_dir / "sources.yaml").get("stock_photos")
     table = pa.Table.from_batches(list(read_source(parquet)))
     uri = str(tmp_path / "photos.lance")
+    table = table.select(["source_key", "image", "caption", "embedding"])
     lance.write_dataset(table.rename_columns(["k", "img", "alt", "clip"]), uri, max_rows_per_file=50)
     spec = SourceSpec("photos_lance", "lance", uri, image_column="img", caption_column="alt", key_column="k",
                       embedding_column="clip")

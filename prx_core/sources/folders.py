@@ -1,0 +1,192 @@
+"""Image folders: image files with sidecar `<stem>.txt` captions, one fragment per folder.
+
+A folder source never reads outside its root: symbolic links (files or directories) and
+non-regular files (FIFOs, devices) are never opened; each becomes a reject with a reason, so a
+caption linked to `/proc/self/environ` cannot become a caption. Local files are opened with
+`O_NOFOLLOW` and checked with `fstat`, so a file swapped for a link after the listing is refused
+too. Keys are unique by construction (`folder_leaf_keys`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.records import (
+    BAD_NAME,
+    CAPTION_EXTENSIONS,
+    CAPTION_TOO_LARGE,
+    IMAGE_EXTENSIONS,
+    IMAGE_TOO_LARGE,
+    NOT_REGULAR_FILE,
+    SYMLINK,
+    UNREADABLE_FILE,
+    Batches,
+    decode_caption,
+    is_utf8,
+    printable_name,
+    record,
+    refused,
+)
+from prx_core.store.storage import filesystem_for, is_remote
+
+Refusal = tuple[str, str]
+
+
+def extension(name: str) -> str:
+    return name.rsplit(".", 1)[-1].lower()
+
+
+def folder_leaf_keys(names: Iterable[str]) -> dict[str, str]:
+    """The key of every image file among one folder's file `names`: its stem (`x.jpg` -> `x`, what
+    keys have always been), or its full name when the stem is ambiguous: another image shares it
+    (`x.jpg` and `x.png` -> `x.jpg`, `x.png`) or an image is named exactly that (`x.jpg.png` next
+    to `x.jpg`). Unique: full names are distinct, a kept stem belongs to one image and is no
+    image's full name. A key therefore depends only on its own folder's listing."""
+    images = sorted({n for n in names if extension(n) in IMAGE_EXTENSIONS})
+    stems = Counter(posixpath.splitext(n)[0] for n in images)
+    full = set(images)
+    keys = {}
+    for name in images:
+        stem = posixpath.splitext(name)[0]
+        keys[name] = stem if stems[stem] == 1 and stem not in full else name
+    return keys
+
+
+def list_folders(fs: Any, uri: str) -> list[tuple[str, int]]:
+    """Every folder under `uri` (itself included) holding image files, with the bytes of its images;
+    one listing per folder, so memory holds one folder's entries at a time. Symbolically linked
+    directories are not walked: each is listed as a fragment of its own, which reads as one
+    `symlink` reject (the loss stays visible)."""
+    prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
+    out, todo = [], [uri]
+    while todo:
+        folder = todo.pop()
+        images = 0
+        for entry in fs.ls(folder, detail=True):
+            name = prefix + entry["name"] if prefix and not entry["name"].startswith(prefix) else entry["name"]
+            is_image = extension(name) in IMAGE_EXTENSIONS
+            if entry.get("islink") and not is_image and extension(name) not in CAPTION_EXTENSIONS:
+                if not prefix and os.path.isdir(name):  # a stat, nothing under it is read
+                    out.append((name, 1))
+            elif entry["type"] == "directory" and not entry.get("islink"):
+                todo.append(name)
+            elif is_image:
+                images += int(entry.get("size") or 0) or 1
+        if images:
+            out.append((folder, images))
+    return sorted(out)
+
+
+def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+    """Image files of one folder with sidecar `<stem>.txt` (or `.caption`) captions; key = the
+    folder's path relative to the source root, then `folder_leaf_keys`."""
+    fs = filesystem_for(spec.uri, storage_options)
+    remote = is_remote(spec.uri)
+    rel = relative_folder(spec.uri, folder)
+    batches = Batches()
+    if not remote and outside_root(spec.uri, folder):
+        yield from batches.add(refused(printable_name(rel or "."), SYMLINK, f"folder {printable_name(rel)!r} is a "
+                                       "symbolic link or resolves outside the source root: not followed"))
+        yield from batches.flush()
+        return
+    entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(folder, detail=True)
+               if not (e["type"] == "directory" and not e.get("islink"))}
+    keys = folder_leaf_keys(entries)
+    for name, leaf in keys.items():
+        key = posixpath.join(rel, leaf) if rel else leaf
+        if not is_utf8(key):
+            row = refused(printable_name(key), BAD_NAME, "file or folder name is not UTF-8")
+        else:
+            row = read_sample(fs, remote, spec, key, entries, name)
+        yield from batches.add(row)
+    yield from batches.flush()
+
+
+def read_sample(fs: Any, remote: bool, spec: SourceSpec, key: str, entries: dict[str, dict[str, Any]],
+                name: str) -> dict[str, Any]:
+    """One image and its sidecar caption, or a refusal naming the file that was refused."""
+    stem = posixpath.splitext(name)[0]
+    sidecar = next((entries[f"{stem}.{e}"] for e in CAPTION_EXTENSIONS if f"{stem}.{e}" in entries), None)
+    caption = None
+    if sidecar is not None:
+        text = read_file(fs, remote, sidecar, spec.max_caption_bytes, CAPTION_TOO_LARGE)
+        if isinstance(text, tuple):
+            return refused(key, *text)
+        caption = decode_caption(text)
+    image = read_file(fs, remote, entries[name], spec.max_image_bytes, IMAGE_TOO_LARGE)
+    if isinstance(image, tuple):
+        return refused(key, *image)
+    return record(key, image, caption)
+
+
+def read_file(fs: Any, remote: bool, entry: dict[str, Any], limit: int, too_large: str) -> bytes | Refusal:
+    """The bytes of a listed file, or (reason, message): never through a link, never a FIFO or a
+    device, never more than `limit` bytes."""
+    path, base = entry["name"], printable_name(posixpath.basename(entry["name"]))
+    if entry.get("islink"):
+        return SYMLINK, f"{base} is a symbolic link: folder sources never follow links"
+    if entry["type"] != "file":
+        return NOT_REGULAR_FILE, f"{base} is not a regular file ({entry['type']})"
+    if int(entry.get("size") or 0) > limit:
+        return too_large, f"{base} has {entry['size']} bytes, over the source's limit of {limit}"
+    try:
+        if remote:  # a ranged read: an object replaced by a bigger one after the listing stays bounded
+            data = fs.cat_file(path, start=0, end=limit + 1) if int(entry.get("size") or 0) else b""
+        else:
+            data = read_local(path, limit + 1)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return SYMLINK, f"{base} is a symbolic link: folder sources never follow links"
+        return UNREADABLE_FILE, f"{base}: {type(exc).__name__}: {exc.strerror or exc}"
+    if isinstance(data, tuple):
+        return data
+    if len(data) > limit:
+        return too_large, f"{base} has more than {limit} bytes, the source's limit"
+    return data
+
+
+def read_local(path: str, most: int) -> bytes | Refusal:
+    """Up to `most` bytes of a local regular file, opened without following a link (O_NOFOLLOW) and
+    without blocking on a FIFO, then checked with fstat: a file swapped after the listing is refused."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return NOT_REGULAR_FILE, f"{printable_name(posixpath.basename(path))} is not a regular file"
+        chunks, left = [], most
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def relative_folder(uri: str, folder: str) -> str:
+    """`folder` relative to the source root ('' for the root itself); a folder that is not under
+    the root (a fragment id like `<root>/../x`) is an error, never a read."""
+    root = posixpath.normpath(uri.split("://", 1)[-1])
+    path = posixpath.normpath(folder.split("://", 1)[-1])
+    if path == root:
+        return ""
+    if not path.startswith(root.rstrip("/") + "/"):
+        raise ValueError(f"folder {folder!r} is not under the source root {uri!r}")
+    return path[len(root.rstrip("/")) + 1:]
+
+
+def outside_root(uri: str, folder: str) -> bool:
+    """A local folder that is a link, or resolves (through a linked parent) outside the root."""
+    root, path = os.path.realpath(uri), os.path.realpath(folder)
+    return os.path.islink(folder) or (path != root and not path.startswith(root.rstrip(os.sep) + os.sep))
