@@ -264,3 +264,31 @@ def test_catalog_limits(tmp_path: Path) -> None:
         (tmp_path / "sources.yaml").write_text(yaml.safe_dump({"sources": [{**entry, "max_caption_bytes": bad}]}))
         with pytest.raises(CatalogError, match="source 'w': field 'max_caption_bytes': must be a positive whole"):
             load_catalog(tmp_path / "sources.yaml")
+
+
+# --- through the samples stage ------------------------------------------------------------------------
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_samples_stage_turns_a_hostile_folder_into_rejects(tmp_path: Path) -> None:
+    """The review's folder (`x.gif` and `x.webp`) plus links, a FIFO and an oversized image: the
+    source publishes its good samples, every refusal is a reject with its reason, ids are unique."""
+    from prx_core.stages.samples import build_samples, count_sample_ids
+    from prx_core.store.storage import Storage
+
+    root, outside = tmp_path / "src", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "environ").write_text("AWS_SECRET_ACCESS_KEY=hunter2")
+    (root / "x.gif").write_bytes(png(1))  # PIL sniffs the content, not the name
+    (root / "x.webp").write_bytes(png(2))
+    (root / "x.txt").write_text("two pictures, one caption")
+    (root / "env.png").write_bytes(png(3))
+    (root / "env.txt").symlink_to(outside / "environ")
+    (root / "big.png").write_bytes(png(4) + b"\0" * 4096)
+    os.mkfifo(root / "pipe.png")
+    spec = SourceSpec("hostile", "imagefolder", str(root), max_image_bytes=len(png(4)) + 100)
+    storage = Storage(str(tmp_path / "corpus"))
+    report = build_samples(spec, storage)
+    assert report.rows == 2 and report.reasons == {"symlink": 1, "not_regular_file": 1, "image_too_large": 1}
+    ids = count_sample_ids(storage, "hostile", report.samples_version)
+    assert ids.rows == ids.distinct == 2
