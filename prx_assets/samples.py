@@ -5,14 +5,19 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
-from prx_core.stages.samples import build_samples, count_sample_ids, rejected_files
+from prx_assets.rate_checks import rate_check, rate_description
+from prx_core.stages.sample_keys import settle_sample_ids
+from prx_core.stages.samples import build_samples, rejected_files
 from prx_core.store import maintenance
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
+from prx_resources.checks import ChecksResource
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
     dg.AssetCheckSpec("samples_unique_sample_ids", asset="samples", blocking=True,
-                      description="No sample_id appears twice in the table."),
+                      description=rate_description("samples_unique_sample_ids",
+                                                   "Rows whose sample_id repeats another row's (below the threshold "
+                                                   "they move to rejects as duplicate_key).")),
     dg.AssetCheckSpec("samples_fragment_health", asset="samples",
                       description=f"Few, large Lance fragments: warns above {SMALL_FRAGMENT_BUDGET} small ones (run compact_corpus)."),
     dg.AssetCheckSpec("samples_reject_reasons", asset="samples",
@@ -27,7 +32,7 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
               code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}")
     def samples(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
-        explorer: ExplorerResource, units: UnitsResource, captioner: CaptionerResource,
+        explorer: ExplorerResource, units: UnitsResource, captioner: CaptionerResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
         `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
@@ -36,13 +41,13 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         store = storage.storage()
         report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
                                units.samples_bytes, captioner.max_caption_chars)
-        ids = count_sample_ids(store, spec.name, report.samples_version)
+        keys = settle_sample_ids(store, report, checks.max_rate("samples_unique_sample_ids"))
         health = maintenance.fragment_health(store.lance_uri("samples"), storage_options=store.lance_storage_options())
         total = report.rows + report.rejected
         checks = [
-            dg.AssetCheckResult(check_name="samples_unique_sample_ids", passed=ids.duplicate_rows == 0,
-                                metadata={"rows": ids.rows, "distinct": ids.distinct,
-                                          "duplicated": dg.MetadataValue.json(ids.examples)}),
+            rate_check("samples_unique_sample_ids", checks, checked=keys.rows, failed=keys.duplicate_rows,
+                       offenders=keys.offenders, rows=keys.rows, distinct=keys.rows - keys.duplicate_rows,
+                       moved_to_rejects=keys.duplicate_rows if keys.resolved else 0),
             dg.AssetCheckResult(check_name="samples_fragment_health", passed=health.small_fragments <= SMALL_FRAGMENT_BUDGET,
                                 severity=dg.AssetCheckSeverity.WARN,
                                 metadata={"fragments": health.fragments, "rows": health.rows,

@@ -5,11 +5,12 @@ them must not stop the source. Each rate check passes while its failure rate (fa
 is at most its threshold, with the count, the rate and up to `examples` offending samples in its
 metadata, and fails (blocking what depends on it) above. The samples it counted never reach
 training unnoticed: an uncaptioned sample is refused by `mds_shards` (reject `no_caption`), an
-unlabelled one is skipped by `skip_lists` (reason `unlabelled`) while the policy skips labels.
+unlabelled one is skipped by `skip_lists` (reason `unlabelled`) while the policy skips labels, a
+row whose sample_id repeats another is moved to `rejects` (reason `duplicate_key`) before any
+stage reads the table.
 
-The invariant checks (`samples_unique_sample_ids`, `buckets_in_trainer_set`,
-`duplicates_one_keeper`, `mds_shards_readable`) have no threshold: a violation there is a
-pipeline bug, not bad input, and is exact.
+The invariant checks (`buckets_in_trainer_set`, `duplicates_one_keeper`, `mds_shards_readable`)
+have no threshold: a violation there is a pipeline bug, not bad input, and is exact.
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ from pydantic import Field
 from prx_core.stages.contents import FAILED_EXAMPLES
 
 MAX_EXAMPLES = FAILED_EXAMPLES  # offending samples the stages collect per check; `examples` shows at most this many
-RATE_CHECKS = ("captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage")
+RATE_CHECKS = ("samples_unique_sample_ids", "captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage")
 
 
 class ChecksResource(dg.ConfigurableResource):
     """Per rate check, the largest failure rate (0..1) that still passes; 0 makes it exact."""
 
+    samples_unique_sample_ids: float = Field(
+        default=0.001, ge=0, le=1,
+        description="Rows whose sample_id repeats one already in the source (a key column repeated across "
+                    "files): largest passing share. Below it the extra rows move to rejects (duplicate_key); "
+                    "above it nothing is changed and the check blocks (fix the catalog's key).")
     captions_coverage: float = Field(
         default=0.001, ge=0, le=1,
         description="Eligible contents without a caption (e.g. a `source` caption that is missing): "
