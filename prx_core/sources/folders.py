@@ -187,6 +187,9 @@ def relative_folder(uri: str, folder: str) -> str:
 
 
 def outside_root(uri: str, folder: str) -> bool:
-    """A local folder that is a link, or resolves (through a linked parent) outside the root."""
+    """A local folder that is a link, or resolves (through a linked parent) outside the root. The
+    root itself may be a link: it is the operator's choice, made in the catalog."""
+    if os.path.normpath(folder) == os.path.normpath(uri):
+        return False
     root, path = os.path.realpath(uri), os.path.realpath(folder)
     return os.path.islink(folder) or (path != root and not path.startswith(root.rstrip(os.sep) + os.sep))

@@ -90,6 +90,14 @@ def test_folder_refuses_links_and_special_files(tmp_path: Path) -> None:
     assert all(m for m in refused["message"].to_pylist())
 
 
+def test_a_linked_root_is_the_operators_choice(tmp_path: Path) -> None:
+    (tmp_path / "v1" / "sub").mkdir(parents=True)
+    (tmp_path / "v1" / "a.jpg").write_bytes(b"a")
+    (tmp_path / "v1" / "sub" / "b.jpg").write_bytes(b"b")
+    (tmp_path / "current").symlink_to(tmp_path / "v1")
+    assert reasons(SourceSpec("f", "imagefolder", str(tmp_path / "current"))) == {"a": None, "sub/b": None}
+
+
 def test_folder_fragment_outside_the_root_is_refused(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "other").mkdir()
