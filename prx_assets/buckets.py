@@ -11,7 +11,10 @@ from prx_resources import CatalogResource, StorageResource, UnitsResource
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
 CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=True,
-                            description="Every bucket is one of the PRX trainer's 13 sizes of its tier.")]
+                            description="Every bucket is one of the PRX trainer's 13 sizes of its tier. Exact, no "
+                                        "threshold: buckets come from a pure function of the size, so one outside "
+                                        "the set is a code bug (and mds_shards would write a stream the trainer "
+                                        "cannot batch), never bad input.")]
 
 
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:

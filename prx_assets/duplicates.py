@@ -14,7 +14,9 @@ from prx_core.store import lance_io
 from prx_resources import StorageResource
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
-                            description="Every group has exactly one keeper, and it has the most pixels.")]
+                            description="Every group has exactly one keeper, and it has the most pixels. Exact, no "
+                                        "threshold: groups are computed, so a bad group is a pipeline bug, and "
+                                        "skip_lists would drop both copies or none.")]
 SAMPLE_ROWS = 30
 
 

@@ -26,7 +26,8 @@ CHECKS = [
         "mds_shards_readable", asset="mds_shards", blocking=True,
         description="Streams read back with mosaicml-streaming, one worker task per shard: per-stream counts equal "
                     "the bucketed rows, xxh64 hashes valid, stored JPEG bytes byte-identical to the encode, quality 92, "
-                    "bucket-sized."),
+                    "bucket-sized. Exact, no threshold: samples the writer refuses (no_caption, undecodable) are "
+                    "rejects before this point, so a mismatch here is a broken write a trainer would read."),
     dg.AssetCheckSpec(
         "mds_shards_stream_sizes", asset="mds_shards",
         description="Warns about streams smaller than the global batch size: the PRX trainer's per_stream batching "
