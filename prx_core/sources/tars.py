@@ -37,6 +37,7 @@ from prx_core.sources.records import (
 )
 from prx_core.store.storage import filesystem_for
 
+MAX_HEADER_BYTES = 1 << 20  # a PAX or GNU long-name header tarfile would read whole into memory
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -64,8 +65,23 @@ def read_webdataset(spec: SourceSpec, path: str, storage_options: dict[str, Any]
                              "read as a compressed shard")
         handle.seek(0)
         mode = "r|gz" if gzipped else "r:"
-        with tarfile.open(fileobj=handle, mode=mode, encoding="utf-8", errors="surrogateescape") as tar:
+        with tarfile.open(fileobj=handle, mode=mode, encoding="utf-8", errors="surrogateescape",
+                          tarinfo=_BoundedTarInfo) as tar:
             yield from _samples(spec, tar)
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """tarfile reads a PAX or GNU long-name header's data whole, whatever size it declares (a
+    gzip shard can expand one to gigabytes): such a header over MAX_HEADER_BYTES ends the shard
+    with a clear error (the samples stage records the rest as `unreadable_fragment`)."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                    tarfile.SOLARIS_XHDTYPE)
+        if self.type in extended and self.size > MAX_HEADER_BYTES:
+            raise tarfile.ReadError(f"extended header of {self.size} bytes (over {MAX_HEADER_BYTES}) "
+                                    f"at offset {self.offset}")
+        return super()._proc_member(tarfile_)
 
 
 class _Sample:
@@ -84,7 +100,16 @@ def _samples(spec: SourceSpec, tar: tarfile.TarFile) -> Iterator[pa.RecordBatch]
     batches = Batches()
     seen = SeenKeys()
     current: _Sample | None = None
-    while (member := tar.next()) is not None:
+    while True:
+        try:
+            member = tar.next()
+        except Exception:  # a corrupt or refused header: hand out what was read, lose only the rest
+            if current is not None:
+                yield from batches.add(current.row())
+            yield from batches.flush()
+            raise
+        if member is None:
+            break
         tar.members.clear()  # tarfile keeps every header otherwise: memory grows with the member count
         if member.isdir():
             continue

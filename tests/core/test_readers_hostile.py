@@ -219,6 +219,30 @@ def test_oversized_and_unneeded_members_are_never_read(tmp_path: Path) -> None:
     assert peak < 16 << 20, f"peak Python allocations {peak >> 20} MB"
 
 
+def test_a_huge_extended_header_is_refused_unread(tmp_path: Path) -> None:
+    """A 100 KB .tar.gz whose PAX header declares (and gunzips to) 100 MB: tarfile would hold it
+    whole; the shard stops with a clear error after the samples before it, in bounded memory."""
+    src = tmp_path / "src"
+    src.mkdir()
+    good = write_tar(tmp_path / "good.tar", [("a.jpg", b"a")]).read_bytes()[:1024]  # header + data, no EOF
+    pax = tarfile.TarInfo("././@PaxHeader")
+    pax.type, pax.size = tarfile.XHDTYPE, 100 << 20
+    stream = good + pax.tobuf(tarfile.USTAR_FORMAT) + bytes(100 << 20) + bytes(1024)
+    (src / "s.tar.gz").write_bytes(gzip.compress(stream, compresslevel=1))
+    spec = SourceSpec("w", "webdataset", str(src))
+    got: list[str] = []
+    tracemalloc.start()
+    try:
+        with pytest.raises(tarfile.ReadError, match="extended header of 104857600 bytes"):
+            for batch in read_fragment(spec, str(src / "s.tar.gz")):
+                got += batch.column("source_key").to_pylist()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak Python allocations {peak >> 20} MB"
+    assert got == ["a"]  # what came before the bad header is kept
+
+
 def test_caption_limit_is_per_source(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
