@@ -48,7 +48,7 @@ def catalog_source(context: dg.AssetExecutionContext, catalog: Any) -> SourceSpe
                         f"(known: {', '.join(names)}); nothing was read or written. Add the source to the catalog, "
                         "or delete the partition (the sources sensor keeps partitions equal to the catalog).",
             allow_retries=False)
-    RUN_LABEL.set(f"dagster run {context.run_id}")
+    RUN_LABEL.set(f"dagster run {context.run.run_id}")
     return catalog.source(key)
 
 

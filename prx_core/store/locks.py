@@ -1,20 +1,15 @@
-"""Per-partition write locks: at most one writer of a (asset, partition) at a time, whoever runs it.
+"""Per-partition write locks: at most one writer of an (asset, partition) at a time, whoever runs it.
 
 Two runs of one partition at once corrupt it (both replaces of a new partition commit; one run's
-cleanup deletes the other's staging), so every writing stage holds a lock object under the root:
-
-    <root>/_locks/<asset>/<partition>.lock     JSON: owner, run, host, pid, since, heartbeat, ttl
-
-It is created atomically (local files: O_CREAT|O_EXCL; S3: a conditional PUT `If-None-Match: *`,
-which AWS S3, MinIO and moto honour) and refreshed by a heartbeat thread every `ttl / 3` seconds.
-A lock is stale, and is taken over, when its heartbeat is older than `ttl` (the storage's own
-modification time), or at once when its holder ran on this host and its process is gone. Taking
-over is done by one breaker at a time (`<lock>.break`, created the same atomic way), which deletes
-the stale lock only if it is still the one judged stale. Other object stores get the same
-protocol without the conditional writes: best effort, a lost race shows up as a lost lock.
-A holder whose lock was taken over (it stalled longer than `ttl`) fails when it releases, so
-the run is marked failed and rerun, never silently trusted. Dagster's run queue adds a second
-guard (one run per partition, `dagster.yaml`); this lock covers writers outside Dagster.
+cleanup deletes the other's staging), so every writing stage holds a lock object under the root,
+`<root>/_locks/<asset>/<partition>.lock` (JSON: token, run, host, pid, since, heartbeat, ttl),
+created atomically (local files: O_CREAT|O_EXCL; S3: a PUT with `If-None-Match: *`, honoured by
+AWS S3, MinIO and moto) and refreshed by a heartbeat thread every `ttl / 3` seconds. A lock is
+stale when its storage modification time is older than `ttl`, or at once when its holder ran on
+this host and its process is gone; one breaker at a time (`<lock>.break`) deletes it if it is
+still the one judged stale. Other object stores: the same protocol, best effort (no atomic create).
+A holder whose lock was taken over (stalled longer than `ttl`) fails when it releases, so its run
+is rerun, never trusted. Dagster's run queue adds one run per partition (`dagster.yaml`).
 """
 
 from __future__ import annotations
@@ -207,7 +202,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _break(store: _Store, uri: str, stale: dict[str, Any]) -> None:
+def _break(store: _LocalStore, uri: str, stale: dict[str, Any]) -> None:
     """Delete the stale lock at `uri`, one breaker at a time, only if it is still the stale one."""
     breaker = uri + ".break"
     if not store.create(breaker, _encode({"token": uuid.uuid4().hex, "since": time.time()})):
@@ -223,26 +218,12 @@ def _break(store: _Store, uri: str, stale: dict[str, Any]) -> None:
         store.delete(breaker)
 
 
-class _Store:
+class _LocalStore:
     """create (atomic, False when it exists), read -> (record, modified time), refresh, delete."""
 
     def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
         self.fs = fs
 
-    def create(self, uri: str, data: bytes) -> bool:
-        raise NotImplementedError
-
-    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
-        raise NotImplementedError
-
-    def refresh(self, uri: str, data: bytes) -> None:
-        raise NotImplementedError
-
-    def delete(self, uri: str) -> None:
-        raise NotImplementedError
-
-
-class _LocalStore(_Store):
     def create(self, uri: str, data: bytes) -> bool:
         os.makedirs(os.path.dirname(uri), exist_ok=True)
         try:
@@ -272,11 +253,11 @@ class _LocalStore(_Store):
             os.remove(uri)
 
 
-class _ObjectStore(_Store):
+class _ObjectStore(_LocalStore):
     """S3 (conditional PUT) and, best effort, any other fsspec object store."""
 
     def create(self, uri: str, data: bytes) -> bool:
-        if not self.fs.protocol or "s3" not in _protocols(self.fs):
+        if "s3" not in ((self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol):
             if self.read(uri) is not None:
                 return False
             self.fs.pipe_file(uri, data)  # best effort: no atomic create on this store
@@ -306,10 +287,6 @@ class _ObjectStore(_Store):
             self.fs.rm_file(uri)
 
 
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    return (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-
-
 def _decode(data: bytes) -> dict[str, Any]:
     try:
         record = json.loads(data)
@@ -318,5 +295,5 @@ def _decode(data: bytes) -> dict[str, Any]:
     return record if isinstance(record, dict) else {}
 
 
-def _store_for(storage: Storage) -> _Store:
+def _store_for(storage: Storage) -> _LocalStore:
     return _ObjectStore(storage.filesystem()) if is_remote(storage.root) else _LocalStore(storage.filesystem())
