@@ -3,6 +3,7 @@
 
 import dagster as dg
 from dagster_ray import RayResource
+from pydantic import Field
 
 from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
@@ -25,13 +26,20 @@ CHECKS = [
 ]
 
 
+class SamplesConfig(dg.Config):
+    allow_empty: bool = Field(default=False, description=(
+        "Let a source that yields no sample replace a partition holding rows (empty it on purpose); "
+        "without it such a run fails before any commit, naming the source."))
+
+
 def samples_asset(settings: StorageResource, captions: CaptionerResource | None = None) -> dg.AssetsDefinition:
     caption_cap = (captions or CaptionerResource()).caption_cap_version()  # "2-": source captions are cleaned
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}")
     def samples(
-        context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
+        context: dg.AssetExecutionContext, config: SamplesConfig, catalog: CatalogResource, storage: StorageResource,
+        ray: RayResource,
         explorer: ExplorerResource, units: UnitsResource, captioner: CaptionerResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
         """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
@@ -40,7 +48,8 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         spec = catalog_source(context, catalog)
         store = storage.storage()
         report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
-                               units.samples_bytes, captioner.max_caption_chars)
+                               units.samples_bytes, captioner.max_caption_chars, units.samples_seconds,
+                               allow_empty=config.allow_empty)
         keys = settle_sample_ids(store, report, checks.max_rate("samples_unique_sample_ids"))
         health = maintenance.fragment_health(store.lance_uri("samples"), storage_options=store.lance_storage_options())
         total = report.rows + report.rejected

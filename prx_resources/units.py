@@ -25,3 +25,7 @@ class UnitsResource(dg.ConfigurableResource):
                                 description="Rows per `mds_shards` routing unit (sizes and ids, no pixels).")
     mds_chunk_rows: int = Field(default=mds_shards.CHUNK_ROWS, gt=0,
                                 description="Target rows per MDS chunk: one worker task and one sub-folder of a stream.")
+    samples_seconds: float = Field(default=samples.UNIT_SECONDS, gt=0,
+                                   description="Time limit of one ingest unit, retries included: a unit still running "
+                                               "(a hang, a worker killed out of memory again and again) is cancelled "
+                                               "and its source files become unreadable_fragment rejects.")

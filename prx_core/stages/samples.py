@@ -10,6 +10,8 @@ point leaves the previous version whole, and a rerun resumes from the recorded u
 A fragment that cannot be read is one `unreadable_fragment` reject (with the rows read before);
 a unit that keeps failing (a worker killed out of memory, a hang past `unit_seconds`) becomes
 one such reject per fragment of the unit, carrying the error, and the rest of the source goes on.
+A source that yields nothing (a folder matching no file) never replaces a partition holding rows
+unless the run says `allow_empty` (`EmptySource`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
     reject_row,
+    rejects_predicate,
     source_predicate,
     unit_outputs,
     write_rejects,
@@ -49,6 +52,10 @@ from prx_core.store.storage import Storage
 UNREADABLE_FRAGMENT = "unreadable_fragment"
 UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an hour of one core
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
+
+
+class EmptySource(RuntimeError):
+    """The source yielded no sample while its partition holds rows: refused, not emptied."""
 
 
 @dataclass
@@ -155,9 +162,11 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
 def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
                   progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES,
                   max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS,
-                  unit_seconds: float = UNIT_SECONDS) -> SamplesReport:
+                  unit_seconds: float = UNIT_SECONDS, allow_empty: bool = False) -> SamplesReport:
     """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`;
-    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects."""
+    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects. A
+    source that yields no sample and no reject raises `EmptySource` before any commit when the
+    partition holds rows, unless `allow_empty` (the attempt stays recorded for that rerun)."""
     check_max_chars(max_caption_chars)
     start = time.monotonic()
     sizes = fragment_sizes(spec, storage.storage_options)
@@ -168,6 +177,8 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
     lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, ingest_unit, progress=progress, time_limit_s=unit_seconds, on_failed=failed_unit)
+    if not allow_empty and results.total("rows") + results.total("rejected") == 0:
+        refuse_emptying(spec, storage, len(sizes))
     pause_point("samples:before_commit")  # fragments written, nothing committed
     samples_version, rejects_version = commit_unit_outputs(storage, "samples", spec.name, "samples", results.summaries)
     run.finish()
@@ -178,6 +189,22 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
         rejects_version=rejects_version, reasons=reasons, units=results,
         captions_cleaned=results.total("captions_cleaned"), captions_truncated=results.total("captions_truncated"),
     )
+
+
+def refuse_emptying(spec: SourceSpec, storage: Storage, fragments: int) -> None:
+    """Raise `EmptySource` when the partition of an empty source holds rows (samples or rejects)."""
+    options = storage.lance_storage_options()
+    held = 0
+    partition = (("samples", source_predicate(spec.name)), ("rejects", rejects_predicate(spec.name, "samples")))
+    for table, predicate in partition:
+        dataset = lance_io.open_table(storage.lance_uri(table), options)
+        held += dataset.count_rows(filter=predicate) if dataset is not None else 0
+    if held:
+        raise EmptySource(
+            f"source {spec.name!r} ({spec.format} at {spec.uri}) yielded no sample ({fragments} files or folders "
+            f"listed), and its partition holds {held} rows: refusing to replace them with nothing. Fix the "
+            "source's uri (or restore its files), or, to empty the partition on purpose, rerun `samples` with "
+            "run config `allow_empty: true`.")
 
 
 def count_sample_ids(storage: Storage, source: str, version: int, unit_rows: int = 1_000_000) -> KeyCounts:

@@ -12,7 +12,7 @@ import pytest
 
 from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import load_catalog
-from prx_core.stages.samples import build_samples, count_sample_ids, group_fragments, rejected_files
+from prx_core.stages.samples import EmptySource, build_samples, count_sample_ids, group_fragments, rejected_files
 from prx_core.store import lance_io
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -75,3 +75,26 @@ def test_group_fragments_is_stable_and_bounded() -> None:
     assert [u.spec["fragments"] for u in units] == [["f0", "f1"], ["f2"], ["f3"], ["f4", "f5"]]
     assert [u.id for u in units] == ["u000000", "u000001", "u000002", "u000003"]
     assert group_fragments(sizes, 10) == units and group_fragments([], 10) == []
+
+
+def test_an_empty_source_never_silently_empties_its_partition(demo_dir: Path, tmp_path: Path) -> None:
+    """A source folder that still exists but matches no file: refused while the partition holds
+    rows (they stay whole), emptied only when the run allows it."""
+    spec = load_catalog(demo_dir / "sources.yaml").get("stock_photos")
+    copy = tmp_path / "photos"
+    shutil.copytree(spec.uri, copy)
+    moved = type(spec)(**{**spec.to_dict(), "uri": str(copy)})
+    storage = Storage(str(tmp_path / "corpus"))
+    first = build_samples(moved, storage)
+    before = digests(storage, "stock_photos")
+    for path in copy.glob("*.parquet"):
+        path.unlink()
+    refusal = r"source 'stock_photos' .* yielded no sample .* holds \d+ rows: refusing.*`allow_empty: true`"
+    with pytest.raises(EmptySource, match=refusal):
+        build_samples(moved, storage)
+    assert digests(storage, "stock_photos") == before and first.rows > 0
+    emptied = build_samples(moved, storage, allow_empty=True)
+    assert (emptied.rows, emptied.rejected) == (0, 0)
+    count = lance.dataset(storage.lance_uri("samples")).count_rows(filter=source_predicate("stock_photos"))
+    assert count == 0
+    assert build_samples(moved, storage).rows == 0  # nothing left to lose: an empty partition stays empty
