@@ -93,7 +93,7 @@ def measure(root: Path, repeats: int) -> dict[str, object]:
 
     from prx_explorer.app import create_app
 
-    client = TestClient(create_app(Storage(str(root)), ttl=3600))
+    client = TestClient(create_app(Storage(str(root)), ttl=3600), base_url="http://localhost")  # an allowed Host
     start = time.perf_counter()
     client.get("/healthz")
     snapshot = client.app.state.explorer.snapshots.get()

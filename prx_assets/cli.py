@@ -110,8 +110,12 @@ def _cmd_browse(args: argparse.Namespace) -> int:
 
     from prx_explorer.app import create_app
 
+    try:
+        app = create_app(storage, allowed_hosts=[args.host, *args.allow_host])
+    except ValueError as exc:  # a malformed --allow-host
+        raise SettingsError(f"--allow-host: {exc}") from exc
     print(f"explorer for {storage.root} on http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(create_app(storage), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 
@@ -209,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     browse.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
     browse.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
     browse.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    browse.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests whose Host is NAME (repeatable; *.domain or *); localhost, "
+                             "127.0.0.1, ::1 and --host always are: other Hosts get 400 (DNS rebinding)")
     browse.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
     browse.set_defaults(func=_cmd_browse)
 

@@ -2,13 +2,16 @@
 
 Starlette + Jinja2 with autoescaping and no JavaScript at all; a Content-Security-Policy that
 forbids scripts backs that up, so an untrusted caption can neither run nor load anything. Every
-route is GET; request values are only lookup keys and quoted SQL literals.
+route is GET; request values are only lookup keys and quoted SQL literals, checked first
+(`params`: a malformed one is a 400). Requests must name an allowed Host (loopback names by
+default): a page elsewhere cannot read a loopback explorer by rebinding its own DNS name to it.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +20,17 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
 from prx_core.store.storage import Storage
 from prx_explorer import plots
+from prx_explorer.params import BadRequest, int_param, text_param
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
-from prx_explorer.search import FILTERS, Query, QueryCache, neighbours, run_query, with_captions
+from prx_explorer.search import FILTERS, MAX_PAGE, NeighbourCache, Query, QueryCache, run_query, with_captions
 from prx_explorer.snapshot import Snapshot, SnapshotCache
 
 HERE = Path(__file__).parent
@@ -37,6 +42,8 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+GROUP_PAGE = 100  # duplicate-group members per detail page: a group can hold thousands
 
 
 class SecurityHeaders(BaseHTTPMiddleware):
@@ -70,7 +77,8 @@ class Explorer:
         self.storage = storage
         self.snapshots = SnapshotCache(storage, ttl)
         self.thumbs = ThumbnailCache()
-        self.queries = QueryCache()
+        self.nearest = NeighbourCache()
+        self.queries = QueryCache(nearest=self.nearest)
         self.templates = _templates()
         self._plots: dict[tuple[int, str], bytes] = {}
         self._plot_lock = threading.Lock()
@@ -99,28 +107,34 @@ class Explorer:
                              "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets})
 
     def sample(self, request: Request) -> HTMLResponse:
+        sample_id = text_param(request.query_params, "id")
+        group_page = int_param(request.query_params, "group_page", 1, 1, MAX_PAGE) or 1
         snapshot = self.snapshots.get()
-        sample_id = request.query_params.get("id", "")
         if sample_id not in snapshot.frame.index:
             return self._page(request, "error.html", {"message": f"No sample {sample_id!r} in this corpus."}, 404)
         row = {k: (v if _present(v) or (isinstance(v, str) and v == "") else None)
                for k, v in with_captions(snapshot, snapshot.frame.loc[[sample_id]]).iloc[0].to_dict().items()}
-        group = pd.DataFrame()
+        group, total, start = pd.DataFrame(), 0, (group_page - 1) * GROUP_PAGE
         if _present(row.get("group_id")):
-            group = snapshot.frame[snapshot.frame["group_id"] == row["group_id"]].sort_values(
-                ["keeper", "sample_id"], ascending=[False, True])
+            members = snapshot.frame[snapshot.frame["group_id"] == row["group_id"]]
+            total = len(members)
+            group = members.sort_values(["keeper", "sample_id"], ascending=[False, True]).iloc[start:start + GROUP_PAGE]
         clip = _present(row.get("clip_rowaddr"))
         return self._page(request, "sample.html", {
             "snapshot": snapshot, "row": row, "group": group.to_dict("records"), "has_clip": clip,
+            "group_total": total, "group_page": group_page, "group_start": start,
+            "group_pages": max(1, math.ceil(total / GROUP_PAGE)),
             "crop": crop_rect(row.get("width"), row.get("height"), row.get("bucket"), _tier(row.get("tier"))),
             "caption_html": highlight(row["caption"], set()), "original_html": highlight(row["original_caption"], set()),
         })
 
     def thumbnail(self, request: Request) -> Response:
+        sample_id = text_param(request.query_params, "id")
+        size = int_param(request.query_params, "size", THUMB_SIZES[0], 1, max(THUMB_SIZES))
+        if size not in THUMB_SIZES:
+            raise BadRequest("size", "must be one of " + ", ".join(map(str, THUMB_SIZES)))
         snapshot = self.snapshots.get()
-        sample_id = request.query_params.get("id", "")
-        size = int(request.query_params.get("size", "256")) if request.query_params.get("size", "").isdigit() else 256
-        if size not in THUMB_SIZES or sample_id not in snapshot.frame.index:
+        if sample_id not in snapshot.frame.index:
             return Response("not found", 404, media_type="text/plain")
         row = snapshot.frame.loc[sample_id]
         key = (f"{row['content_id']}", size)
@@ -168,9 +182,18 @@ class Explorer:
     def more_like(self, request: Request) -> JSONResponse:
         """Nearest neighbours of one sample as JSON (ids and cosine distances)."""
         query = Query.from_params(request.query_params)
-        distances, note = neighbours(self.snapshots.get(), query.like, query.by)
+        distances, note = self.nearest.get(self.snapshots.get(), query.like, query.by)
         return JSONResponse({"like": query.like, "by": query.by, "note": note,
                              "neighbours": [{"sample_id": k, "distance": float(v)} for k, v in distances.items()]})
+
+    def refuse(self, request: Request, exc: Exception) -> Response:
+        """A malformed query value: JSON on the API, text for images, a page elsewhere (value not echoed)."""
+        message = str(exc)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": message}, 400)
+        if request.url.path == "/thumb":
+            return PlainTextResponse(message, 400)
+        return self._page(request, "error.html", {"message": message}, 400)
 
 
 def _tier(value: Any) -> int | None:
@@ -185,7 +208,24 @@ def _thumbnail_bytes(snapshot: Snapshot, row: pd.Series, size: int) -> bytes | N
     return make_thumbnail(image, size)
 
 
-def create_app(storage: Storage, ttl: float = 5.0) -> Starlette:
+
+def host_patterns(hosts: Iterable[str]) -> list[str]:
+    """Host-header patterns for TrustedHostMiddleware: the loopback names plus `hosts` (names,
+    addresses, `*.example.com`, or `*` for any), IPv6 literals bracketed as a Host header has them."""
+    out = []
+    for host in (*LOOPBACK_HOSTS, *hosts):
+        host = host.strip().lower()
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        wildcard = host.startswith("*") and host != "*" and not host.startswith("*.")
+        if not host or "*" in host[1:] or wildcard or any(c in host for c in "/ @?#"):
+            raise ValueError(f"allowed host {host!r}: give a host name, an address, *.domain or * (no port or path)")
+        out.append(host)
+    return list(dict.fromkeys(out))
+
+
+def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] = ()) -> Starlette:
+    """The explorer app; requests must carry a Host among the loopback names and `allowed_hosts`."""
     explorer = Explorer(storage, ttl)
     routes = [
         Route("/", explorer.index, methods=["GET"]),
@@ -198,6 +238,8 @@ def create_app(storage: Storage, ttl: float = 5.0) -> Starlette:
         Route("/healthz", explorer.health, methods=["GET"]),
         Route("/style.css", explorer.stylesheet, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(SecurityHeaders)])
+    middleware = [Middleware(SecurityHeaders),  # outermost: refusals carry the headers too
+                  Middleware(TrustedHostMiddleware, allowed_hosts=host_patterns(allowed_hosts), www_redirect=False)]
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={BadRequest: explorer.refuse})
     app.state.explorer = explorer
     return app

@@ -19,12 +19,15 @@ import pandas as pd
 from lance import LanceDataset
 
 from prx_core.store import lance_io
+from prx_explorer.params import choice_param, int_param, text_param
 from prx_explorer.snapshot import Snapshot, rows_by_key
 
 PAGE_SIZE = 48
 TEXT_HITS = 2000  # per caption column: BM25's best are what anyone pages through
 NEIGHBOURS = 200
-MAX_PARAM = 500
+MAX_PAGE = 1_000_000
+MAX_TIER = 1 << 16
+BY = ("caption", "clip")
 FACET_VALUES = 50  # options per filter menu; duplicate groups alone can number in the millions
 FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected")
 FRAME_COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
@@ -49,10 +52,11 @@ class Query:
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Query:
-        values = {f.name: str(params.get(f.name, "")).strip()[:MAX_PARAM] for f in fields(cls) if f.name != "page"}
-        values["by"] = values["by"] if values["by"] in ("caption", "clip") else "caption"
-        page = str(params.get("page", "1"))
-        return cls(**values, page=max(1, min(int(page), 1_000_000)) if page.isdigit() else 1)
+        """The query of a request; a malformed value raises `BadRequest` (a 400)."""
+        values = {f.name: text_param(params, f.name) for f in fields(cls) if f.name not in ("by", "tier", "page")}
+        tier = int_param(params, "tier", None, 1, MAX_TIER)
+        return cls(**values, by=choice_param(params, "by", BY, "caption"), tier="" if tier is None else str(tier),
+                   page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
 
     def url(self, **changes: object) -> str:
         """This query with `changes`, as a `?...` string (page resets unless given)."""
@@ -148,6 +152,39 @@ def neighbours(snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, 
     return distances.groupby(level=0).min().sort_values(kind="stable"), None
 
 
+class NeighbourCache:
+    """The nearest neighbours of the last `size` (sample, embedding) asks, keyed on every table
+    version and the model versions the snapshot chose: an ANN search per request is what a
+    script looping over /api/neighbours would otherwise cost, and any new table version (a
+    changed corpus) misses instead of answering from stale results."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple, tuple[pd.Series, str | None]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, str | None]:
+        versions = (tuple(sorted(snapshot.versions.items())), snapshot.captioner_version, snapshot.embedder_version)
+        key = (versions, sample_id, by)
+        with self._lock:
+            if (found := self._items.get(key)) is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return found
+            self.misses += 1
+        found = neighbours(snapshot, sample_id, by)
+        with self._lock:
+            self._items = OrderedDict((k, v) for k, v in self._items.items() if k[0] == versions)
+            self._items[key] = found
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return found
+
+
 def _mask(frame: pd.DataFrame, name: str, value: str) -> pd.Series:
     column = frame[FRAME_COLUMN[name]]
     if name in ("skipped", "rejected"):
@@ -156,7 +193,7 @@ def _mask(frame: pd.DataFrame, name: str, value: str) -> pd.Series:
         categories = column.cat.categories  # comma-joined reason sets: few, so test each set once
         return column.isin([c for c in categories if value in str(c).split(",")])
     if name == "tier":
-        return column == (int(value) if value.isdigit() else -1)
+        return column == (int(value) if value.isascii() and value.isdigit() and len(value) < 10 else -1)
     return column == value
 
 
@@ -188,11 +225,11 @@ class Matches:
     notes: list[str]
 
 
-def match(snapshot: Snapshot, query: Query) -> Matches:
+def match(snapshot: Snapshot, query: Query, nearest: NeighbourCache | None = None) -> Matches:
     frame, notes, mode = snapshot.frame, [], "browse"
     scores: pd.Series | None = None
     if query.like:
-        scores, note = neighbours(snapshot, query.like, query.by)
+        scores, note = nearest.get(snapshot, query.like, query.by) if nearest else neighbours(snapshot, query.like, query.by)
         notes += [note] if note else []
         mode = "like"
     elif query.q:
@@ -214,8 +251,8 @@ class QueryCache:
     """The last `size` queries' matches per snapshot, so paging (and the back button) costs one
     page read instead of the filters and facet counts again (600 ms at 1M rows)."""
 
-    def __init__(self, size: int = 32) -> None:
-        self.size = size
+    def __init__(self, size: int = 32, nearest: NeighbourCache | None = None) -> None:
+        self.size, self.nearest = size, nearest
         self._items: OrderedDict[tuple[int, Query], Matches] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -229,7 +266,7 @@ class QueryCache:
             if (found := self._items.get(key)) is not None:
                 self._items.move_to_end(key)
                 return found
-        found = match(snapshot, query)
+        found = match(snapshot, query, self.nearest)
         with self._lock:
             self._items = OrderedDict((k, v) for k, v in self._items.items() if k[0] == snapshot.serial)
             self._items[key] = found

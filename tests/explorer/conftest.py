@@ -57,4 +57,4 @@ def explorer_corpus(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def client(explorer_corpus: ExplorerCorpus) -> TestClient:
-    return TestClient(create_app(Storage(str(explorer_corpus.root))))
+    return TestClient(create_app(Storage(str(explorer_corpus.root))), base_url="http://localhost")  # an allowed Host
