@@ -33,7 +33,7 @@ from streaming import MDSWriter
 from streaming.base.format.mds.encodings import mds_encode
 
 from prx_core.sources.catalog import validate_source_name
-from prx_core.store.storage import filesystem_for, is_remote, join_uri
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk
 
 MDS_COLUMNS: dict[str, str] = {
     "image": "jpeg", "caption": "str", "original_caption": "str", "width": "int", "height": "int",
@@ -135,10 +135,12 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
     consumed) is recorded after the stored samples, so a reused chunk still knows its rejects."""
     remote = is_remote(folder)
     parent = tempfile.gettempdir() if remote else os.path.dirname(folder)
-    os.makedirs(parent, exist_ok=True)
-    local = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
+    with naming_full_disk(parent):
+        os.makedirs(parent, exist_ok=True)
+        local = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     try:
-        summary = _write_local_chunk(rows, local, os.path.basename(folder), refused)
+        with naming_full_disk(local if remote else folder):
+            summary = _write_local_chunk(rows, local, os.path.basename(folder), refused)
         fs = filesystem_for(folder, storage_options)
         names = sorted(n for n in os.listdir(local) if n != INDEX)
         if remote:

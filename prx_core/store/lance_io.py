@@ -22,6 +22,8 @@ from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 from lance.fragment import FragmentMetadata
 
+from prx_core.store.storage import naming_full_disk
+
 log = logging.getLogger(__name__)
 
 StorageOptions = dict[str, str] | None
@@ -92,8 +94,9 @@ def write_fragments(uri: str, data: pa.Table | pa.RecordBatchReader | Iterable[p
         reader = data
     else:
         reader = pa.RecordBatchReader.from_batches(schema, iter(data))
-    return lance.fragment.write_fragments(reader, uri, schema=schema, max_rows_per_file=max_rows_per_file,
-                                          storage_options=storage_options or None)
+    with naming_full_disk(uri):
+        return lance.fragment.write_fragments(reader, uri, schema=schema, max_rows_per_file=max_rows_per_file,
+                                              storage_options=storage_options or None)
 
 
 def _create(uri: str, schema: pa.Schema, fragments: Sequence[FragmentMetadata],
@@ -202,7 +205,8 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
                 return ds.version
             op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated,
                                        new_fragments=list(fragments))
-            return LanceDataset.commit(ds, op, read_version=ds.version).version
+            with naming_full_disk(uri):
+                return LanceDataset.commit(ds, op, read_version=ds.version).version
         except (CommitConflictError, _CreationRaced) as exc:
             last = exc
             log.info("%s: %s replacing %s (attempt %d): %s", uri, type(exc).__name__, predicate,

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import fsspec
 
 from prx_core.sources.catalog import validate_source_name
-from prx_core.store.storage import Storage, is_remote
+from prx_core.store.storage import Storage, is_remote, naming_full_disk
 
 LOCKS = "_locks"
 TTL_SECONDS = float(os.environ.get("PRX_LOCK_TTL_SECONDS", "300"))
@@ -230,8 +230,12 @@ class _LocalStore:
             fd = os.open(uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        try:
+            with naming_full_disk(uri), os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+        except OSError:  # a full disk: leave no empty lock that would hold the partition
+            os.remove(uri)
+            raise
         return True
 
     def read(self, uri: str) -> tuple[dict[str, Any], float] | None:

@@ -6,8 +6,11 @@ to `s3://bucket/prefix` is a configuration change, never a code change.
 
 from __future__ import annotations
 
+import errno
 import os
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,19 +78,43 @@ def lance_storage_options(storage_options: dict[str, Any] | None) -> LanceOption
     return LanceOptions(out, storage_options)
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NO_SPACE_TEXT = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """An out-of-space error, as the OS (errno) or Lance (a message holding the OS error) reports it."""
+    return isinstance(exc, OSError) and (exc.errno in _NO_SPACE or any(t in str(exc) for t in _NO_SPACE_TEXT))
+
+
+@contextmanager
+def naming_full_disk(uri: str) -> Iterator[None]:
+    """Re-raise a full disk while writing `uri` as an OSError naming it: the OS reports ENOSPC on a
+    write without the file, and Lance names only its own source line, so an operator could not
+    tell which volume filled up."""
+    try:
+        yield
+    except OSError as exc:
+        if not is_no_space(exc) or f"writing {uri}" in str(exc):
+            raise
+        raise OSError(errno.ENOSPC, f"no space left on the device while writing {uri} (free space there or move "
+                                    f"the corpus root; the previous version is intact): {exc}", uri) from exc
+
+
 def put_atomic(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
     """Atomic for readers: temp file + rename locally, one PUT (all or nothing) remotely."""
     if is_remote(uri):
         fs.pipe_file(uri, data)
         return
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
     tmp = os.path.join(os.path.dirname(uri), f".{os.path.basename(uri)}.{uuid.uuid4().hex}.tmp")
     try:
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, uri)
+        with naming_full_disk(uri):
+            os.makedirs(os.path.dirname(uri), exist_ok=True)
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, uri)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
