@@ -15,8 +15,10 @@ have no threshold: a violation there is a pipeline bug, not bad input, and is ex
 
 from __future__ import annotations
 
+from typing import Any
+
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from prx_core.stages.contents import FAILED_EXAMPLES
 
@@ -45,6 +47,17 @@ class ChecksResource(dg.ConfigurableResource):
         description="Captioned contents without a caption embedding: largest passing share (explorer only).")
     examples: int = Field(default=20, ge=0, le=MAX_EXAMPLES,
                           description="Offending samples listed in a rate check's metadata.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def known_checks(cls, values: Any) -> Any:
+        """A misspelt check name would silently keep its default: refuse it, naming the valid ones."""
+        if isinstance(values, dict):
+            unknown = sorted(set(values) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"checks: unknown setting(s) {', '.join(unknown)}; "
+                                 f"valid: {', '.join(cls.model_fields)}")
+        return values
 
     def max_rate(self, check: str) -> float:
         if check not in RATE_CHECKS:
