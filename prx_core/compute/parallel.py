@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -49,6 +50,7 @@ def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_
     poll = None if time_limit_s is None else min(max(time_limit_s / 10, 0.5), 30.0)
     pending: dict[Any, int] = {}  # in submission order
     clock: dict[Any, float] = {}  # when each running task's time limit started counting
+    polled = -math.inf  # `began` is asked at most every `poll` seconds (a storage lookup each)
     numbered = enumerate(calls)
     try:
         while True:
@@ -60,8 +62,10 @@ def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_
             if time_limit_s is not None:
                 now = time.monotonic()
                 running = list(itertools.islice(pending, slots))
+                asking = began is not None and now - polled >= poll
+                polled = now if asking else polled
                 for ref in running:
-                    if ref not in clock and (began is None or began(pending[ref])):
+                    if ref not in clock and (began is None or (asking and began(pending[ref]))):
                         clock[ref] = now
                 counted = [clock[r] for r in running if r in clock]
                 timeout = max(0.0, min(counted) + time_limit_s - now) if counted else None

@@ -25,7 +25,6 @@ import json
 import resource
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +32,7 @@ from typing import Any
 from prx_core.compute.actors import ModelHost, imap_actors
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
+from prx_core.compute.unit_results import UnitResults
 from prx_core.sources.catalog import NAME_PATTERN
 from prx_core.store.storage import Storage, put_atomic
 
@@ -148,40 +148,6 @@ class UnitRun:
         fs = self.storage.filesystem()
         put_atomic(fs, _join(self.uri, COMMITTED), b"")
         fs.rm(self.uri, recursive=True)
-
-
-@dataclass
-class UnitResults:
-    """Per-unit summaries of a whole attempt, in plan order, and what this call did."""
-
-    summaries: list[dict[str, Any]]
-    ran: int
-    skipped: int
-    seconds: float
-
-    @property
-    def units(self) -> int:
-        return len(self.summaries)
-
-    def total(self, key: str) -> int:
-        return sum(int(s.get(key) or 0) for s in self.summaries)
-
-    def counts(self, key: str) -> dict[str, int]:
-        """The units' `key` counters (e.g. rejects by reason) added up."""
-        total: Counter[str] = Counter()
-        for summary in self.summaries:
-            total.update(summary.get(key) or {})
-        return dict(sorted(total.items()))
-
-    def failed(self) -> list[str]:
-        """Units that failed and were recorded by the stage's `on_failed` (their loss as rejects)."""
-        return [s["unit"] for s in self.summaries if s.get("failed")]
-
-    def worker_peak_rss_mb(self) -> float:
-        return max((float(s.get("worker_peak_rss_mb") or 0) for s in self.summaries), default=0.0)
-
-    def nodes(self) -> set[str]:
-        return {s["node"] for s in self.summaries if s.get("node")}
 
 
 UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
