@@ -5,6 +5,8 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field, field_validator
 
+from prx_core.store.credentials import refuse_literal_secrets
+
 
 class ExplorerResource(dg.ConfigurableResource):
     """Unset (the default), no links are added; set, `samples` and `captions` materializations
@@ -19,6 +21,7 @@ class ExplorerResource(dg.ConfigurableResource):
             return None
         if not value.startswith(("http://", "https://")):
             raise ValueError(f"explorer base_url must start with http:// or https://, got {value!r}")
+        refuse_literal_secrets({"base_url": value}, "explorer")  # it enters every samples/captions metadata
         return value.rstrip("/")
 
     def source_url(self, source: str) -> str | None:

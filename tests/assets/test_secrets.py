@@ -32,6 +32,7 @@ from prx_core.sources.catalog import load_catalog
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 from prx_explorer.app import create_app
+from prx_resources.explorer import ExplorerResource
 from prx_resources.storage import StorageResource
 
 # Set when pytest imports this module, i.e. before any test starts Ray: the session's Ray workers
@@ -185,10 +186,13 @@ def test_a_literal_secret_in_the_config_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="client_kwargs.aws_secret_access_key holds a secret value"):
         Storage("s3://bucket/corpus", {"client_kwargs": {"aws_secret_access_key": "wJalrXUtnFEMI"}})
     for section, fields in {"captioner": {"runtime_env": {"env_vars": {"HF_TOKEN": "hf_abc"}}},
-                            "storage": {"storage_options": {"endpoint_url": "https://user:pw@minio:9000"}}}.items():
+                            "storage": {"storage_options": {"endpoint_url": "https://user:pw@minio:9000"}},
+                            "explorer": {"base_url": "http://user:pw@explorer:8080"}}.items():
         config.write_text(yaml.safe_dump({section: fields}))
         with pytest.raises(SettingsError, match="holds a secret value"):
             load_settings({"PRX_CONFIG": str(config)})
+    with pytest.raises(ValueError, match="explorer: base_url holds a secret value"):
+        ExplorerResource(base_url="http://user:pw@explorer:8080")  # it would enter materialization metadata
 
 
 def test_env_var_references_are_accepted_and_stay_names(tmp_path: Path) -> None:
