@@ -55,6 +55,44 @@ def explorer_corpus(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return ExplorerCorpus(work / "corpus", demo_dir, manifest)
 
 
+def write_small_corpus(root: Path, n: int = 40) -> Storage:
+    """`n` bucketed, captioned, embedded samples (one duplicate group of the first five) written
+    straight into real Lance tables with full-text indexes: every explorer route in seconds,
+    without a pipeline build."""
+    import numpy as np
+    import pyarrow as pa
+
+    from prx_core.store import lance_io, schemas
+
+    storage = Storage(str(root))
+    words = ["astronaut", "cat", "wallpaper", "river", "city"]
+    ids = [f"tiny/{i:03d}" for i in range(n)]
+    vectors = np.random.default_rng(0).normal(size=(n, schemas.CAPTION_EMBEDDING_DIM)).astype("float32")
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    tables = {
+        "samples": [{"sample_id": s, "content_id": f"c{i}", "source": "tiny", "source_key": s[5:], "width": 640,
+                     "height": 480, "original_caption": f"a {words[i % 5]} photo"} for i, s in enumerate(ids)],
+        "buckets": [{"sample_id": s, "source": "tiny", "content_id": f"c{i}", "width": 640, "height": 480,
+                     "tier": 512, "bucket": "576x448"} for i, s in enumerate(ids)],
+        "duplicates": [{"sample_id": s, "source": "tiny", "group_id": "00000000000000ab", "group_size": 5,
+                        "keeper": i == 0, "keeper_sample_id": ids[0]} for i, s in enumerate(ids[:5])],
+        "captions": [{"content_id": f"c{i}", "captioner_version": "cap-1", "caption": f"the {words[i % 5]} seen",
+                      "word_count": 3, "error": ""} for i in range(n)],
+        "caption_embeddings": [{"content_id": f"c{i}", "captioner_version": "cap-1", "embedder_version": "emb-1",
+                                "embedding": vectors[i].tolist()} for i in range(n)],
+    }
+    for name, rows in tables.items():
+        lance_io.overwrite(storage.lance_uri(name), pa.Table.from_pylist(rows, schema=schemas.TABLES[name]))
+    lance_io.open_table(storage.lance_uri("samples")).create_scalar_index("original_caption", "INVERTED")
+    lance_io.open_table(storage.lance_uri("captions")).create_scalar_index("caption", "INVERTED")
+    return storage
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory: pytest.TempPathFactory) -> Storage:
+    return write_small_corpus(tmp_path_factory.mktemp("small") / "corpus")
+
+
 @pytest.fixture(scope="session")
 def client(explorer_corpus: ExplorerCorpus) -> TestClient:
     return TestClient(create_app(Storage(str(explorer_corpus.root))), base_url="http://localhost")  # an allowed Host

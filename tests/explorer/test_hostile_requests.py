@@ -10,20 +10,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_explorer.app import create_app
-
-if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
 
 CLI = str(Path(sys.executable).with_name("prx-corpus"))
 SEARCH_ROUTES = ("/", "/api/search")
@@ -43,10 +37,9 @@ ALL_ROUTES = sorted({r for r, _ in NUMERIC + ENUM + TEXT} | set(NO_PARAMS))
 
 
 @pytest.fixture(scope="module")
-def lenient(explorer_corpus: ExplorerCorpus) -> TestClient:
+def lenient(small_corpus: Storage) -> TestClient:
     """A client that returns a server error as a 500 response, as a browser would see it."""
-    return TestClient(create_app(Storage(str(explorer_corpus.root))), base_url="http://localhost",
-                      raise_server_exceptions=False)
+    return TestClient(create_app(small_corpus), base_url="http://localhost", raise_server_exceptions=False)
 
 
 def assert_refused(response, name: str) -> None:
@@ -98,30 +91,25 @@ def test_no_query_value_is_a_server_error(lenient: TestClient, route: str, param
 # -- the Host allow-list (DNS rebinding) ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def small_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A corpus of three samples in a real Lance table: enough for the explorer to serve."""
-    root = tmp_path_factory.mktemp("small") / "corpus"
-    rows = [{"sample_id": f"tiny/{i}", "content_id": f"c{i}", "source": "tiny", "source_key": str(i), "width": 512,
-             "height": 512} for i in range(3)]
-    lance_io.overwrite(Storage(str(root)).lance_uri("samples"), pa.Table.from_pylist(rows, schema=schemas.SAMPLES))
-    return root
+def small_root(small_corpus: Storage) -> Path:
+    return Path(small_corpus.root)
 
 
 @pytest.mark.parametrize("host", ["attacker.example", "attacker.example:8080", "127.0.0.1.nip.io", "localhost.evil",
                                   "evil.localhost", "0.0.0.0", "[::2]", "", "exa mple"])
 def test_a_foreign_host_is_refused(small_root: Path, host: str) -> None:
     client = TestClient(create_app(Storage(str(small_root))), base_url="http://localhost")
-    for path in ("/", "/healthz", "/api/search", "/sample?id=tiny/0"):
+    for path in ("/", "/healthz", "/api/search", "/sample?id=tiny/000"):
         response = client.get(path, headers={"host": host})
         assert response.status_code == 400, (path, host, response.text)
-        assert "tiny/0" not in response.text
+        assert "tiny/000" not in response.text
 
 
 @pytest.mark.parametrize("host", ["localhost", "localhost:8080", "127.0.0.1", "127.0.0.1:9", "[::1]", "[::1]:8080",
                                   "LOCALHOST"])
 def test_loopback_hosts_are_allowed_by_default(small_root: Path, host: str) -> None:
     client = TestClient(create_app(Storage(str(small_root))), base_url="http://localhost")
-    assert client.get("/healthz", headers={"host": host}).json()["rows"] == 3
+    assert client.get("/healthz", headers={"host": host}).json()["rows"] == 40
 
 
 def test_extra_hosts_are_allowed_when_configured(small_root: Path) -> None:

@@ -7,7 +7,6 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
@@ -17,9 +16,6 @@ from starlette.testclient import TestClient
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_explorer.app import create_app
-
-if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
 
 MEMBERS = 3000
 GROUP = "00000000deadbeef"
@@ -75,14 +71,13 @@ def test_a_group_page_is_fast(big_group: TestClient) -> None:
 # -- the nearest-neighbour cache -----------------------------------------------------------------------
 
 @pytest.fixture
-def counted(explorer_corpus: ExplorerCorpus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, list]:
+def counted(small_corpus: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, list]:
     """An explorer over a copy of the corpus (re-checked at every request) whose nearest-neighbour
     computation, the real one, records each call."""
     from prx_explorer import app as app_module
     from prx_explorer import search as search_module
 
-    for part in ("lance", "skiplists"):
-        shutil.copytree(explorer_corpus.root / part, tmp_path / part)
+    shutil.copytree(Path(small_corpus.root) / "lance", tmp_path / "lance")
     calls: list[tuple[str, str]] = []
     real = search_module.neighbours
 
@@ -95,11 +90,9 @@ def counted(explorer_corpus: ExplorerCorpus, tmp_path: Path, monkeypatch: pytest
     return TestClient(create_app(Storage(str(tmp_path)), ttl=0.0), base_url="http://localhost"), calls
 
 
-def test_neighbours_are_cached_per_table_versions_and_query(counted: tuple[TestClient, list],
-                                                            explorer_corpus: ExplorerCorpus, tmp_path: Path) -> None:
+def test_neighbours_are_cached_per_table_versions_and_query(counted: tuple[TestClient, list], tmp_path: Path) -> None:
     client, calls = counted
-    copy = next(e for e in explorer_corpus.manifest if e.get("role") == "copy")
-    like = copy["sample_id"]
+    like = "tiny/007"
     first = client.get("/api/neighbours", params={"like": like, "by": "caption"}).json()
     assert first["neighbours"] and len(calls) == 1
     assert client.get("/api/neighbours", params={"like": like, "by": "caption"}).json() == first
@@ -121,11 +114,11 @@ def test_neighbours_are_cached_per_table_versions_and_query(counted: tuple[TestC
     assert calls[-1] == (like, "caption") and len(calls) == 3, "a new table version invalidates the cache"
 
 
-def test_the_neighbour_cache_is_bounded(counted: tuple[TestClient, list], explorer_corpus: ExplorerCorpus) -> None:
+def test_the_neighbour_cache_is_bounded(counted: tuple[TestClient, list]) -> None:
     client, calls = counted
     cache = client.app.state.explorer.nearest
     cache.size = 3
-    ids = [e["sample_id"] for e in explorer_corpus.manifest[:5]]
+    ids = [f"tiny/{i:03d}" for i in range(5)]
     for sample_id in ids:
         client.get("/api/neighbours", params={"like": sample_id})
     assert len(cache) == 3 and len(calls) == 5
