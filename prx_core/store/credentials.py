@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 SECRET_WORDS = frozenset({"key", "secret", "token", "password", "passwd", "pwd", "credential", "credentials",
-                          "apikey", "sas", "signature"})
+                          "apikey"})
 URL_PASSWORD = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s]*:[^/@\s]+@")
 REDACTED = "***"
 HOW = ("Give credentials through the environment of the Dagster process and of every Ray worker instead: "

@@ -30,7 +30,8 @@ def test_secret_like_names(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["endpoint_url", "region_name", "client_kwargs", "api_key_env", "max_tokens",
-                                  "max_new_tokens", "tokenizer_revision", "anon", "use_ssl", "profile", "monkey"])
+                                  "max_new_tokens", "tokenizer_revision", "anon", "use_ssl", "profile", "monkey",
+                                  "signature_version", "requester_pays"])
 def test_names_that_are_not_secrets(name: str) -> None:
     assert not secret_like(name)
 
