@@ -22,6 +22,7 @@ from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Manifest, ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun, run_units
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store import lance_io
 from prx_core.store.appends import BatchedAppend
 from prx_core.store.lookups import lookup_keys
@@ -137,6 +138,7 @@ def run_content_stage(
 ) -> tuple[UnitResults, dict[str, int], BatchedAppend]:
     """Run `unit_fn` over the source's units on model actors, appending their rows to `table` in
     batched commits; first append what an interrupted earlier run recorded but did not commit."""
+    validate_source_name(source)
     inputs, units = plan_content_units(storage, source, unit_rows)
     appends = appends or BatchedAppend(storage, table)
     appends.commit_recorded(UnitRun.recorded(storage, table, source))

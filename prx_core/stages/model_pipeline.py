@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from prx_core.compute.parallel import Throttle, quiet_ray_data
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.sources.catalog import validate_source_name
 from prx_core.stages.contents import UNIT_ROWS, plan_content_units
 from prx_core.store.appends import BatchedAppend
 from prx_core.store.storage import Storage
@@ -66,6 +67,7 @@ def run_pipeline_stage(
 ) -> tuple[UnitResults, dict[str, int]]:
     import ray.data
 
+    validate_source_name(source)
     start = time.monotonic()
     inputs, units = plan_content_units(storage, source, unit_rows)
     appends.commit_recorded(UnitRun.recorded(storage, table, source))

@@ -24,6 +24,7 @@ import xxhash
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitRun, run_units
+from prx_core.sources.catalog import validate_source_name
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, unit_outputs
 from prx_core.store.storage import Storage
@@ -128,6 +129,7 @@ def table_dim(uri: str, options: dict[str, str] | None) -> int | None:
 def write_source_embeddings(source: str, storage: Storage, samples_version: int,
                             progress: Throttle | None = None) -> SourceEmbeddings:
     """Replace the source's rows of `source_embeddings` unless identical or of another width."""
+    validate_source_name(source)
     options = storage.lance_storage_options()
     samples_uri, uri = storage.lance_uri("samples"), storage.lance_uri("source_embeddings")
     _, sample_units = plan_row_units(samples_uri, source_predicate(source), UNIT_ROWS, options, samples_version)
