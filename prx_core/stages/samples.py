@@ -155,7 +155,7 @@ def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
 def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
     """Changes when the source's listing does (names and sizes): part of the run manifest."""
     lines = [spec.format, spec.uri, *(f"{name}\t{size}" for name, size in sizes)]
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 @exclusive("samples")

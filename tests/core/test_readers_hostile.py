@@ -318,9 +318,14 @@ def test_samples_stage_turns_a_hostile_folder_into_rejects(tmp_path: Path) -> No
     (root / "env.txt").symlink_to(outside / "environ")
     (root / "big.png").write_bytes(png(4) + b"\0" * 4096)
     os.mkfifo(root / "pipe.png")
+    bad_folder = os.path.join(os.fsencode(root), b"sub\xff")  # a folder name that is not UTF-8
+    os.mkdir(bad_folder)
+    with open(os.path.join(bad_folder, b"y.png"), "wb") as handle:
+        handle.write(png(5))
     spec = SourceSpec("hostile", "imagefolder", str(root), max_image_bytes=len(png(4)) + 100)
     storage = Storage(str(tmp_path / "corpus"))
     report = build_samples(spec, storage)
-    assert report.rows == 2 and report.reasons == {"symlink": 1, "not_regular_file": 1, "image_too_large": 1}
+    assert report.rows == 2
+    assert report.reasons == {"symlink": 1, "not_regular_file": 1, "image_too_large": 1, "bad_name": 1}
     ids = count_sample_ids(storage, "hostile", report.samples_version)
     assert ids.rows == ids.distinct == 2
