@@ -9,6 +9,7 @@ default): a page elsewhere cannot read a loopback explorer by rebinding its own 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import threading
 from collections.abc import Iterable
@@ -208,20 +209,28 @@ def _thumbnail_bytes(snapshot: Snapshot, row: pd.Series, size: int) -> bytes | N
     return make_thumbnail(image, size)
 
 
-
 def host_patterns(hosts: Iterable[str]) -> list[str]:
     """Host-header patterns for TrustedHostMiddleware: the loopback names plus `hosts` (names,
     addresses, `*.example.com`, or `*` for any), IPv6 literals bracketed as a Host header has them."""
     out = []
     for host in (*LOOPBACK_HOSTS, *hosts):
-        host = host.strip().lower()
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
+        host = host.strip().lower().removeprefix("[").removesuffix("]")
+        if ":" in host:  # an IPv6 literal, or a name with a port: refused below
+            host = f"[{host}]" if _ipv6(host) else host
         wildcard = host.startswith("*") and host != "*" and not host.startswith("*.")
-        if not host or "*" in host[1:] or wildcard or any(c in host for c in "/ @?#"):
+        bad = ("/", " ", "@", "?", "#") + (() if host.startswith("[") else (":",))
+        if not host or "*" in host[1:] or wildcard or any(c in host for c in bad):
             raise ValueError(f"allowed host {host!r}: give a host name, an address, *.domain or * (no port or path)")
         out.append(host)
     return list(dict.fromkeys(out))
+
+
+def _ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] = ()) -> Starlette:

@@ -120,6 +120,18 @@ def test_extra_hosts_are_allowed_when_configured(small_root: Path) -> None:
     assert client.get("/healthz", headers={"host": "attacker.example"}).status_code == 400
 
 
+@pytest.mark.parametrize("host", ["explorer.internal:8080", "http://x", "a b", "*x.example", "a.*.example", "", "u@x"])
+def test_a_malformed_allowed_host_is_refused_at_start(small_root: Path, host: str) -> None:
+    with pytest.raises(ValueError, match="allowed host"):
+        create_app(Storage(str(small_root)), allowed_hosts=[host])
+
+
+def test_an_ipv6_bind_address_is_allowed_as_a_host(small_root: Path) -> None:
+    client = TestClient(create_app(Storage(str(small_root)), allowed_hosts=["fd00::5", "[fd00::6]"]))
+    assert client.get("/healthz", headers={"host": "[fd00::5]:8080"}).status_code == 200
+    assert client.get("/healthz", headers={"host": "[fd00::6]"}).status_code == 200
+
+
 def free_port() -> int:
     import socket
 
