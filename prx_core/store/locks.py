@@ -29,10 +29,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import fsspec
-
 from prx_core.sources.catalog import validate_source_name
-from prx_core.store.storage import Storage, is_remote, naming_full_disk
+from prx_core.store.lock_objects import LocalStore, store_for
+from prx_core.store.storage import Storage
 
 LOCKS = "_locks"
 TTL_SECONDS = float(os.environ.get("PRX_LOCK_TTL_SECONDS", "300"))
@@ -83,7 +82,7 @@ class PartitionLock:
 
     def acquire(self) -> PartitionLock:
         """Take the lock or raise PartitionLocked naming the holder; a stale lock is taken over."""
-        store = _store_for(self.storage)
+        store = store_for(self.storage)
         self.since = time.time()
         for _ in range(3):  # a stale lock broken by us or another breaker: try again
             if store.create(self.uri, _encode(self.record())):
@@ -106,7 +105,7 @@ class PartitionLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        store = _store_for(self.storage)
+        store = store_for(self.storage)
         held = store.read(self.uri)
         if held is not None and held[0].get("token") == self.token:
             store.delete(self.uri)
@@ -118,7 +117,7 @@ class PartitionLock:
                            "writer may have run at the same time: rerun the partition")
 
     def _beat(self) -> None:
-        store = _store_for(self.storage)
+        store = store_for(self.storage)
         while not self._stop.wait(self.ttl / 3):
             held = store.read(self.uri)
             if held is None or held[0].get("token") != self.token:
@@ -182,7 +181,7 @@ def exclusive(asset: str, partition: str | None = None) -> Callable[[F], F]:
     return decorate
 
 
-# -- the two kinds of storage ---------------------------------------------------------------------------
+# -- staleness and breaking ---------------------------------------------------------------------------
 
 def _encode(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True).encode()
@@ -202,7 +201,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _break(store: _LocalStore, uri: str, stale: dict[str, Any]) -> None:
+def _break(store: LocalStore, uri: str, stale: dict[str, Any]) -> None:
     """Delete the stale lock at `uri`, one breaker at a time, only if it is still the stale one."""
     breaker = uri + ".break"
     if not store.create(breaker, _encode({"token": uuid.uuid4().hex, "since": time.time()})):
@@ -216,88 +215,3 @@ def _break(store: _LocalStore, uri: str, stale: dict[str, Any]) -> None:
             store.delete(uri)
     finally:
         store.delete(breaker)
-
-
-class _LocalStore:
-    """create (atomic, False when it exists), read -> (record, modified time), refresh, delete."""
-
-    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
-        self.fs = fs
-
-    def create(self, uri: str, data: bytes) -> bool:
-        os.makedirs(os.path.dirname(uri), exist_ok=True)
-        try:
-            fd = os.open(uri, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            with naming_full_disk(uri), os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-        except OSError:  # a full disk: leave no empty lock that would hold the partition
-            os.remove(uri)
-            raise
-        return True
-
-    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
-        try:
-            with open(uri, "rb") as handle:
-                data, modified = handle.read(), os.fstat(handle.fileno()).st_mtime
-        except FileNotFoundError:
-            return None
-        return _decode(data), modified
-
-    def refresh(self, uri: str, data: bytes) -> None:
-        tmp = f"{uri}.{uuid.uuid4().hex}.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, uri)
-
-    def delete(self, uri: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(uri)
-
-
-class _ObjectStore(_LocalStore):
-    """S3 (conditional PUT) and, best effort, any other fsspec object store."""
-
-    def create(self, uri: str, data: bytes) -> bool:
-        if "s3" not in ((self.fs.protocol,) if isinstance(self.fs.protocol, str) else self.fs.protocol):
-            if self.read(uri) is not None:
-                return False
-            self.fs.pipe_file(uri, data)  # best effort: no atomic create on this store
-            return True
-        try:
-            self.fs.pipe_file(uri, data, mode="create")
-        except FileExistsError:
-            return False
-        return True
-
-    def read(self, uri: str) -> tuple[dict[str, Any], float] | None:
-        self.fs.invalidate_cache(uri)
-        try:
-            data = self.fs.cat_file(uri)
-            info = self.fs.info(uri)
-        except FileNotFoundError:
-            return None
-        modified = info.get("LastModified") or info.get("mtime") or info.get("created")
-        stamp = modified.timestamp() if hasattr(modified, "timestamp") else float(modified or 0)
-        return _decode(data), stamp
-
-    def refresh(self, uri: str, data: bytes) -> None:
-        self.fs.pipe_file(uri, data)
-
-    def delete(self, uri: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(uri)
-
-
-def _decode(data: bytes) -> dict[str, Any]:
-    try:
-        record = json.loads(data)
-    except ValueError:
-        return {}  # a torn or foreign file: no token, so it can only expire
-    return record if isinstance(record, dict) else {}
-
-
-def _store_for(storage: Storage) -> _LocalStore:
-    return _ObjectStore(storage.filesystem()) if is_remote(storage.root) else _LocalStore(storage.filesystem())

@@ -222,8 +222,15 @@ def test_s3_lock_is_a_conditional_put(s3_endpoint: dict) -> None:
     stale = {"token": "t", "run": "a crashed run", "host": "another-host", "pid": 1, "since": 0, "ttl": 0.5}
     fs.pipe_file("locks-bucket/corpus/_locks/samples/photos.lock", json.dumps(stale).encode())
     time.sleep(1.5)  # the object's LastModified (the store's clock, whole seconds) is older than its ttl
-    with partition_lock(storage, "samples", "photos") as held:
-        assert json.loads(fs.cat_file("locks-bucket/corpus/_locks/samples/photos.lock"))["token"] == held.token
+    with partition_lock(storage, "samples", "photos", ttl=3) as held:
+        first = json.loads(fs.cat_file("locks-bucket/corpus/_locks/samples/photos.lock"))
+        assert first["token"] == held.token
+        time.sleep(4.5)  # past its ttl: the heartbeat (a PUT conditional on the ETag it read) kept it
+        fs.invalidate_cache()
+        beat = json.loads(fs.cat_file("locks-bucket/corpus/_locks/samples/photos.lock"))
+        assert beat["token"] == held.token and beat["heartbeat"] > first["heartbeat"]
+        with pytest.raises(PartitionLocked):
+            PartitionLock(storage, "samples", "photos").acquire()
 
 
 # -- two real runs of one partition at once ------------------------------------------------------------
