@@ -25,6 +25,7 @@ from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.shuffle import BUCKETS, hash_values
 from prx_core.stages.samples import SamplesReport
 from prx_core.store import lance_io, schemas
+from prx_core.store.locks import exclusive
 from prx_core.store.partitions import reject_row, source_predicate, write_rejects
 from prx_core.store.storage import Storage
 
@@ -46,6 +47,7 @@ class KeyResolution:
     rejects_version: int | None = None
 
 
+@exclusive("samples")  # it writes the samples partition and its rejects, like build_samples
 def resolve_duplicate_ids(storage: Storage, source: str, version: int, limit: int,
                           unit_rows: int = 1_000_000, examples: int = 100) -> KeyResolution:
     """Find the partition's repeated sample_ids (at `version`) and, when at most `limit` rows are
