@@ -160,7 +160,7 @@ def test_a_secret_from_the_environment_is_persisted_nowhere(ray_arguments: list[
     assert not [i for i, blob in enumerate(ray_arguments) for s in secrets if s.encode() in blob]
 
     # the explorer over the same root, opened the same way
-    client = TestClient(create_app(storage))
+    client = TestClient(create_app(storage), base_url="http://localhost")  # an allowed Host
     sample_id = samples["sample_id"][0].as_py()
     pages = ["/", "/overview", "/healthz", "/api/search", f"/sample?id={sample_id}"]
     for page in [*pages, "/sample?id=nope", f"/api/neighbours?like={sample_id}", f"/?like={sample_id}", "/?q=noise"]:
