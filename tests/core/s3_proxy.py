@@ -78,7 +78,7 @@ class Proxy:
                 if from_client and self.hooks and self._dropped(data, src):
                     break
                 dst.sendall(data)
-        except OSError:
+        except Exception:  # a cut connection, or a failing hook: the request is lost, never hangs
             pass
         _cut(src)
         _cut(dst)
@@ -103,14 +103,22 @@ def _cut(sock: socket.socket) -> None:
 
 
 def client_pid(client: socket.socket, timeout: float = 10) -> int:
-    """The process at the other end of a loopback connection the proxy accepted (a Ray worker)."""
-    import psutil
+    """The process at the other end of a loopback connection the proxy accepted (a Ray worker):
+    the socket inode bound to its port (/proc/net/tcp), then the process holding that inode."""
+    import os
 
-    port = client.getpeername()[1]
+    port, proxy_port = client.getpeername()[1], client.getsockname()[1]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == port and conn.raddr and conn.pid:
-                return conn.pid
+        with open("/proc/net/tcp") as table:
+            inodes = {line.split()[9] for line in list(table)[1:]  # local port ours, remote the proxy's
+                      if (int(line.split()[1].split(":")[1], 16), int(line.split()[2].split(":")[1], 16)) == (port, proxy_port)}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") in {f"socket:[{i}]" for i in inodes} for fd in fds):
+                    return int(pid)
+            except OSError:
+                continue
         time.sleep(0.1)
     raise LookupError(f"no process holds 127.0.0.1:{port}")
