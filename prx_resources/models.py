@@ -152,6 +152,9 @@ class SkipPolicyResource(dg.ConfigurableResource):
     duplicates: bool = Field(default=True, description="Skip duplicates that lose to their group's keeper.")
     labels: list[str] = Field(default_factory=lambda: list(SKIP_LABELS), description="Caption labels to skip.")
     opt_out: list[str] = Field(default_factory=list, description="source_keys or sample_ids to skip (opt-outs).")
+    unlabelled: bool = Field(default=True, description="While `labels` is not empty, also skip samples without a "
+                                                       "label (a labeller failure below caption_labels_coverage's "
+                                                       "threshold): their label is unknown.")
 
     def policy(self) -> SkipPolicy:
-        return SkipPolicy(self.duplicates, tuple(self.labels), tuple(self.opt_out))
+        return SkipPolicy(self.duplicates, tuple(self.labels), tuple(self.opt_out), self.unlabelled)
