@@ -80,8 +80,13 @@ def page(browser: Browser) -> Iterator[Page]:
 
 
 def loaded_images(page: Page, selector: str) -> list[int]:
-    """naturalWidth of every image under `selector` once loaded (0 means broken)."""
-    page.wait_for_function(f"[...document.querySelectorAll('{selector}')].every(i => i.complete)")
+    """naturalWidth of every image under `selector` once loaded (0 means broken). Polled from
+    Python: Playwright's wait_for_function polls with an eval that the explorer's CSP refuses
+    whenever the images are not complete at the first look (a busy machine)."""
+    deadline = time.monotonic() + 30
+    while not all(page.eval_on_selector_all(selector, "imgs => imgs.map(i => i.complete)")):
+        assert time.monotonic() < deadline, f"images under {selector!r} still loading after 30 s"
+        page.wait_for_timeout(100)
     return page.eval_on_selector_all(selector, "imgs => imgs.map(i => i.naturalWidth)")
 
 
