@@ -66,7 +66,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
           f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
     sync_sources(instance, catalog)
-    ray.init(include_dashboard=False, logging_level="warning", configure_logging=False)
+    address = settings.section("ray").get("address")
+    if address:  # the configured cluster, connected once for every materialization of the build
+        print(f"ray cluster {address}", flush=True)
+        ray.init(address=address, logging_level="warning")
+    else:
+        ray.init(include_dashboard=False, logging_level="warning", configure_logging=False)
     try:
         outcome = run_build(defs, instance, catalog.names, args.source, select)
     finally:

@@ -77,7 +77,7 @@ def units_metadata(results: UnitResults | None) -> dict[str, Any]:
     if results is None:
         return {}
     return {"units": results.units, "units_run": results.ran, "units_resumed": results.skipped,
-            "worker_peak_rss_mb": results.worker_peak_rss_mb()}
+            "worker_peak_rss_mb": results.worker_peak_rss_mb(), "ray_nodes": len(results.nodes())}
 
 
 def lance_versions(**versions: int | None) -> dict[str, Any]:

@@ -26,7 +26,20 @@ def default_init_options() -> dict[str, Any]:
     return {"include_dashboard": False, "logging_level": "warning", "log_to_driver": True}
 
 
-class EmbeddedRay(LocalRay):
+class ReusesRay:
+    """Connect only when this process has no Ray yet: the CLI and the tests connect once for many
+    materializations, and a second ray.init fails ("Maybe you called ray.init twice")."""
+
+    def connect(self, context: Any) -> Any:
+        import ray
+
+        if ray.is_initialized():
+            self._reused = True
+            return None
+        return super().connect(context)  # type: ignore[misc]
+
+
+class EmbeddedRay(ReusesRay, LocalRay):
     """A Ray started inside the Dagster process (or the one already running there)."""
 
     ray_init_options: dict[str, Any] = Field(
@@ -42,22 +55,16 @@ class EmbeddedRay(LocalRay):
         refuse_literal_secrets(value, "ray.ray_init_options")
         return value
 
-    def connect(self, context: Any) -> Any:
-        import ray
-
-        if ray.is_initialized():
-            self._reused = True
-            return None
-        return super().connect(context)
-
     def on_connect(self, context: Any) -> None:
         context.log.info("Reusing the Ray already running in this process" if self._reused else "Started embedded Ray")
 
 
-class RayCluster(RayResource):
-    """An existing Ray cluster, e.g. `ray://head:10001` or `auto` on a cluster node."""
+class RayCluster(ReusesRay, RayResource):
+    """An existing Ray cluster, e.g. `ray://head:10001` or `auto` on a cluster node. A process
+    already connected (`prx-corpus build` connects to this address once) is reused."""
 
     address: str = Field(description="Ray address passed to ray.init.")
+    _reused: bool = PrivateAttr(default=False)
 
     @property
     def host(self) -> str:

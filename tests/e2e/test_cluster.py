@@ -1,0 +1,87 @@
+"""The same definitions on a multi-node Ray cluster, chosen by configuration alone.
+
+A head (no CPUs, so no work can run there) and two worker nodes of one CPU each run on this
+machine through Ray's own `ray.cluster_utils.Cluster`; `prx-corpus build --config` with
+`ray: {address: ...}` builds one demo source on it, and an embedded-Ray build of the same source
+with the same unit sizes is the reference: every table's rows and every MDS byte must agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from prx_core.store import lance_io
+from prx_core.store.partitions import source_predicate
+
+pytestmark = pytest.mark.slow
+
+CLI = str(Path(sys.executable).with_name("prx-corpus"))
+SOURCE = "web_images"
+# Small units so that every unit-based stage has several units to spread over the nodes.
+UNITS = "units: {samples_bytes: 400000, buckets_rows: 16, phashes_rows: 16, mds_route_rows: 16, mds_chunk_rows: 16}\n"
+TABLES = ("samples", "rejects", "phashes", "buckets", "mds_index")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def build(demo_dir: Path, out: Path, config: str) -> subprocess.CompletedProcess[str]:
+    (out / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(config)
+    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG")}
+    return subprocess.run(
+        [CLI, "build", "--sources", str(demo_dir / "sources.yaml"), "--root", str(out / "corpus"), "--source", SOURCE,
+         "--config", str(out / "config.yaml"), "--dagster-home", str(out / "dagster")],
+        capture_output=True, text=True, timeout=900, env=env)
+
+
+def mds_bytes(root: Path) -> dict[str, str]:
+    folder = root / "mds" / SOURCE
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def ray_nodes(home: Path, asset: str) -> int:
+    """The most Ray nodes any phase of the asset's last materialization ran its units on."""
+    instance = dg.DagsterInstance.from_config(str(home))
+    metadata = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0].asset_materialization.metadata
+    return max(int(v.value) for k, v in metadata.items() if k.endswith("ray_nodes"))
+
+
+def test_the_graph_runs_on_a_multi_node_cluster_and_equals_an_embedded_run(
+        cluster: str, demo_dir: Path, tmp_path: Path) -> None:
+    on_cluster = build(demo_dir, tmp_path / "cluster", f"ray: {{address: \"{cluster}\"}}\n" + UNITS)
+    assert on_cluster.returncode == 0, on_cluster.stdout[-3000:] + on_cluster.stderr[-3000:]
+    assert f"ray cluster {cluster}" in on_cluster.stdout
+    embedded = build(demo_dir, tmp_path / "embedded", UNITS)
+    assert embedded.returncode == 0, embedded.stdout[-3000:] + embedded.stderr[-3000:]
+
+    # work ran on both worker nodes (the head has no CPUs)
+    nodes = {a: ray_nodes(tmp_path / "cluster" / "dagster", a) for a in ("samples", "buckets", "phashes", "mds_shards")}
+    assert min(nodes.values()) >= 1 and max(nodes.values()) == 2, nodes
+
+    for table in TABLES:
+        digests = {run: lance_io.partition_digest(str(tmp_path / run / "corpus" / "lance" / f"{table}.lance"),
+                                                  source_predicate(SOURCE)) for run in ("cluster", "embedded")}
+        assert digests["cluster"] == digests["embedded"], table
+    cluster_mds = mds_bytes(tmp_path / "cluster" / "corpus")
+    assert cluster_mds and cluster_mds == mds_bytes(tmp_path / "embedded" / "corpus")
