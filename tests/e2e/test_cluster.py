@@ -1,9 +1,12 @@
-"""The same definitions on a multi-node Ray cluster, chosen by configuration alone.
+"""The same definitions on a multi-node Ray cluster with the corpus on S3, chosen by
+configuration alone.
 
 A head (no CPUs, so no work can run there) and two worker nodes of one CPU each run on this
 machine through Ray's own `ray.cluster_utils.Cluster`; `prx-corpus build --config` with
-`ray: {address: ...}` builds one demo source on it, and an embedded-Ray build of the same source
-with the same unit sizes is the reference: every table's rows and every MDS byte must agree.
+`ray: {address: ...}` and a corpus root on the loopback S3 endpoint builds one demo source on it
+(every node reads its credentials from its own environment). An embedded-Ray build of the same
+source on local files, with the same unit sizes, is the reference: every table's rows and every
+MDS byte must agree.
 """
 
 from __future__ import annotations
@@ -15,18 +18,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import dagster as dg
 import pytest
+import yaml
 
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
+from prx_core.store.storage import Storage
 
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("prx-corpus"))
 SOURCE = "web_images"
 # Small units so that every unit-based stage has several units to spread over the nodes.
-UNITS = "units: {samples_bytes: 400000, buckets_rows: 16, phashes_rows: 16, mds_route_rows: 16, mds_chunk_rows: 16}\n"
+UNITS = {"samples_bytes": 400000, "buckets_rows": 16, "phashes_rows": 16, "mds_route_rows": 16, "mds_chunk_rows": 16}
 TABLES = ("samples", "rejects", "phashes", "buckets", "mds_index")
 
 
@@ -44,20 +50,20 @@ def cluster() -> Iterator[str]:
         cluster.shutdown()
 
 
-def build(demo_dir: Path, out: Path, config: str) -> subprocess.CompletedProcess[str]:
-    (out / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(config)
+def build(demo_dir: Path, out: Path, root: str, config: dict) -> subprocess.CompletedProcess[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG")}
     return subprocess.run(
-        [CLI, "build", "--sources", str(demo_dir / "sources.yaml"), "--root", str(out / "corpus"), "--source", SOURCE,
+        [CLI, "build", "--sources", str(demo_dir / "sources.yaml"), "--root", root, "--source", SOURCE,
          "--config", str(out / "config.yaml"), "--dagster-home", str(out / "dagster")],
         capture_output=True, text=True, timeout=900, env=env)
 
 
-def mds_bytes(root: Path) -> dict[str, str]:
-    folder = root / "mds" / SOURCE
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+def mds_bytes(storage: Storage) -> dict[str, str]:
+    """Every file of the source's MDS streams, by path under its folder, as a SHA-256."""
+    fs, folder = storage.filesystem(), storage.uri("mds", SOURCE).split("://")[-1]
+    return {path.split(folder, 1)[1]: hashlib.sha256(fs.cat_file(path)).hexdigest() for path in sorted(fs.find(folder))}
 
 
 def ray_nodes(home: Path, asset: str) -> int:
@@ -68,11 +74,16 @@ def ray_nodes(home: Path, asset: str) -> int:
 
 
 def test_the_graph_runs_on_a_multi_node_cluster_and_equals_an_embedded_run(
-        cluster: str, demo_dir: Path, tmp_path: Path) -> None:
-    on_cluster = build(demo_dir, tmp_path / "cluster", f"ray: {{address: \"{cluster}\"}}\n" + UNITS)
+        cluster: str, demo_dir: Path, tmp_path: Path, s3_endpoint: dict) -> None:
+    options = s3_endpoint["storage_options"]
+    s3 = Storage("s3://cluster-corpus/corpus", options)
+    boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1").create_bucket(Bucket="cluster-corpus")
+    local = Storage(str(tmp_path / "embedded" / "corpus"))
+    config = {"units": UNITS, "storage": {"storage_options": options}}
+    on_cluster = build(demo_dir, tmp_path / "cluster", s3.root, {**config, "ray": {"address": cluster}})
     assert on_cluster.returncode == 0, on_cluster.stdout[-3000:] + on_cluster.stderr[-3000:]
     assert f"ray cluster {cluster}" in on_cluster.stdout
-    embedded = build(demo_dir, tmp_path / "embedded", UNITS)
+    embedded = build(demo_dir, tmp_path / "embedded", local.root, {"units": UNITS})
     assert embedded.returncode == 0, embedded.stdout[-3000:] + embedded.stderr[-3000:]
 
     # work ran on both worker nodes (the head has no CPUs)
@@ -80,8 +91,8 @@ def test_the_graph_runs_on_a_multi_node_cluster_and_equals_an_embedded_run(
     assert min(nodes.values()) >= 1 and max(nodes.values()) == 2, nodes
 
     for table in TABLES:
-        digests = {run: lance_io.partition_digest(str(tmp_path / run / "corpus" / "lance" / f"{table}.lance"),
-                                                  source_predicate(SOURCE)) for run in ("cluster", "embedded")}
-        assert digests["cluster"] == digests["embedded"], table
-    cluster_mds = mds_bytes(tmp_path / "cluster" / "corpus")
-    assert cluster_mds and cluster_mds == mds_bytes(tmp_path / "embedded" / "corpus")
+        on_s3 = lance_io.partition_digest(s3.lance_uri(table), source_predicate(SOURCE),
+                                           storage_options=s3.lance_storage_options())
+        assert on_s3 == lance_io.partition_digest(local.lance_uri(table), source_predicate(SOURCE)), table
+    cluster_mds = mds_bytes(s3)
+    assert cluster_mds and cluster_mds == mds_bytes(local)
