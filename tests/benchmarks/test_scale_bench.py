@@ -76,13 +76,14 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
         assert size["graph_stages"] == ["samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists"]
         assert 0 < size["graph_images_per_s"] < size["stages"]["samples"]["rows_per_s"]
 
-    # the bounded-driver rule: the larger partition's photos would show in a driver that held them
+    # the bounded-driver rule: a driver that held the larger partition's photos would grow by at least
+    # added_mb; half of it leaves room for allocator noise (compact_corpus measured 6 to 8.4 MB of 34)
     files = sorted((cache / "sources").glob(f"*-n{LARGE}/part-*.parquet"))
     added_mb = sum(f.stat().st_size for f in files) / 2**20 * (LARGE - SMALL) / LARGE
     assert added_mb > 20
     for stage in BOUNDED:
         before, after = small["stages"][stage]["driver_peak_rss_mb"], large["stages"][stage]["driver_peak_rss_mb"]
-        assert after - before < added_mb / 4, (stage, before, after, added_mb)
+        assert after - before < added_mb / 2, (stage, before, after, added_mb)
     judged = {t["stage"]: t for t in results["targets"] if t["target"].startswith("driver")}
     assert all(judged[stage]["pass"] for stage in BOUNDED), judged
 
