@@ -124,23 +124,31 @@ def test_a_second_writer_is_refused_with_who_and_since(tmp_path: Path) -> None:
         pass
 
 
-def test_racing_writers_get_exactly_one_lock(tmp_path: Path) -> None:
-    storage, won, lost = Storage(str(tmp_path)), [], []
-    barrier = threading.Barrier(8)
+def race_for_lock(storage: Storage, writers: int) -> tuple[list[PartitionLock], list[str]]:
+    """`writers` threads try to take one partition's lock at the same instant: the locks won and
+    the refusals' messages."""
+    won: list[PartitionLock] = []
+    lost: list[str] = []
+    barrier = threading.Barrier(writers)
 
     def take() -> None:
         lock = PartitionLock(storage, "samples", "photos")
         barrier.wait()
         try:
             won.append(lock.acquire())
-        except PartitionLocked:
-            lost.append(lock)
+        except PartitionLocked as exc:
+            lost.append(str(exc))
 
-    threads = [threading.Thread(target=take) for _ in range(8)]
+    threads = [threading.Thread(target=take) for _ in range(writers)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    return won, lost
+
+
+def test_racing_writers_get_exactly_one_lock(tmp_path: Path) -> None:
+    won, lost = race_for_lock(Storage(str(tmp_path)), 8)
     assert (len(won), len(lost)) == (1, 7)
     won[0].release()
 
@@ -199,22 +207,7 @@ def test_s3_lock_is_a_conditional_put(s3_endpoint: dict) -> None:
     boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1", aws_access_key_id="testing",
                  aws_secret_access_key="testing").create_bucket(Bucket="locks-bucket")
     storage = Storage("s3://locks-bucket/corpus", options)
-    won, lost = [], []
-    barrier = threading.Barrier(6)
-
-    def take() -> None:
-        lock = PartitionLock(storage, "samples", "photos")
-        barrier.wait()
-        try:
-            won.append(lock.acquire())
-        except PartitionLocked as exc:
-            lost.append(str(exc))
-
-    threads = [threading.Thread(target=take) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    won, lost = race_for_lock(storage, 6)
     assert len(won) == 1 and len(lost) == 5 and "is being written by" in lost[0]
     won[0].release()
     fs = s3fs.S3FileSystem(**options)
