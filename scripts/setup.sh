@@ -22,8 +22,9 @@ APT_PACKAGES=(
     libjpeg62-turbo-dev zlib1g-dev libpng-dev libwebp-dev libtiff-dev liblcms2-dev libfreetype6-dev
     gnome-backgrounds plasma-workspace-wallpapers libgs-common
 )
-# The explorer's browser test drives Debian's Chromium (Playwright never downloads a browser).
-[ "$WITH_TEST" = 1 ] && APT_PACKAGES+=(chromium)
+# The explorer's browser test drives Debian's Chromium (Playwright never downloads a browser); the
+# deployed-instance test starts a throwaway server of Debian's PostgreSQL (tests/e2e/postgres_server.py).
+[ "$WITH_TEST" = 1 ] && APT_PACKAGES+=(chromium postgresql)
 install_apt() {
     if ! command -v apt-get >/dev/null 2>&1 || [ "$(id -u)" != 0 ]; then
         warn "not root or no apt-get: skipping Debian packages (${APT_PACKAGES[*]})"
