@@ -1,12 +1,19 @@
-"""Partitions kept in sync with the catalog, scheduled per-source refreshes, Lance compaction."""
+"""Partitions kept in sync with the catalog, scheduled per-source refreshes, Lance compaction.
 
+The schedules' cron strings and what a scheduled refresh materializes come from the `automation`
+section of PRX_CONFIG (AutomationSettings); both schedules are STOPPED until an operator starts them.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import dagster as dg
+from dagster._utils.schedules import is_valid_cron_schedule
 from dagster_ray import RayResource
 from pydantic import Field
 
 from prx_assets.common import SOURCES
-from prx_assets.settings import PER_SOURCE
+from prx_assets.settings import PER_SOURCE, Settings, SettingsError, load_settings
 from prx_core.shards.publish import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
@@ -30,11 +37,52 @@ def sources_sensor(context: dg.SensorEvaluationContext, catalog: CatalogResource
                            skip_reason=None if requests else "catalog and partitions agree")
 
 
-@dg.schedule(job=refresh_source_job, cron_schedule="0 2 * * 0", default_status=dg.DefaultScheduleStatus.STOPPED)
-def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest]:
-    """One run per source partition every week: a scheduled per-source backfill."""
-    return [dg.RunRequest(partition_key=name, run_key=f"{name}-{context.scheduled_execution_time:%Y%m%d}")
-            for name in context.instance.get_dynamic_partitions(SOURCES.name)]
+@dataclass(frozen=True)
+class AutomationSettings:
+    """`automation:` in PRX_CONFIG. `refresh_cron` (UTC; default Sundays 02:00) fires
+    weekly_source_refresh, one run per source of `refresh_assets` (default: every per-source asset,
+    the refresh_source job); `compact_cron` (default 04:00 daily) fires compact_corpus."""
+
+    refresh_cron: str = "0 2 * * 0"
+    refresh_assets: tuple[str, ...] = tuple(PER_SOURCE)
+    compact_cron: str = "0 4 * * *"
+
+
+def automation_settings(settings: Settings) -> AutomationSettings:
+    """The section checked when the code location loads: a bad cron or asset name is the operator's to fix."""
+    section, defaults = settings.section("automation"), AutomationSettings()
+    names = [f.name for f in fields(AutomationSettings)]
+    if unknown := sorted(set(section) - set(names)):
+        raise SettingsError(f"automation: unknown fields {unknown}; expected some of {names}")
+    for name in ("refresh_cron", "compact_cron"):
+        value = section.get(name, getattr(defaults, name))
+        if not isinstance(value, str) or not is_valid_cron_schedule(value):
+            raise SettingsError(f"automation.{name}: {value!r} is not a cron string, e.g. {getattr(defaults, name)!r}")
+    assets = section.get("refresh_assets", list(defaults.refresh_assets))
+    if not isinstance(assets, list) or not assets or not set(assets) <= set(PER_SOURCE):
+        raise SettingsError(f"automation.refresh_assets: {assets!r} must be a non-empty list of {PER_SOURCE}")
+    return AutomationSettings(refresh_cron=section.get("refresh_cron", defaults.refresh_cron),
+                              refresh_assets=tuple(a for a in PER_SOURCE if a in assets),
+                              compact_cron=section.get("compact_cron", defaults.compact_cron))
+
+
+def refresh_schedule(cron: str, assets: Sequence[str] = PER_SOURCE) -> dg.ScheduleDefinition:
+    """weekly_source_refresh on `cron`, each run materializing `assets` of refresh_source."""
+    selection = None if set(assets) == set(PER_SOURCE) else [dg.AssetKey(a) for a in assets]
+
+    @dg.schedule(name="weekly_source_refresh", job=refresh_source_job, cron_schedule=cron,
+                 default_status=dg.DefaultScheduleStatus.STOPPED)
+    def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest]:
+        """One run per source partition every week: a scheduled per-source backfill."""
+        when = f"{context.scheduled_execution_time:%Y%m%dT%H%M}"  # one run per source and tick
+        return [dg.RunRequest(partition_key=name, run_key=f"{name}-{when}", asset_selection=selection)
+                for name in context.instance.get_dynamic_partitions(SOURCES.name)]
+
+    return weekly_source_refresh
+
+
+AUTOMATION = automation_settings(load_settings())
+weekly_source_refresh = refresh_schedule(AUTOMATION.refresh_cron, AUTOMATION.refresh_assets)
 
 
 class CompactConfig(dg.Config):
@@ -69,5 +117,5 @@ def compact_corpus() -> None:
     compact_tables()
 
 
-compact_schedule = dg.ScheduleDefinition(job=compact_corpus, cron_schedule="0 4 * * *",
+compact_schedule = dg.ScheduleDefinition(job=compact_corpus, cron_schedule=AUTOMATION.compact_cron,
                                          default_status=dg.DefaultScheduleStatus.STOPPED)
