@@ -4,10 +4,12 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_core.image.buckets import bucket_sizes
-from prx_core.stages.buckets import build_buckets
+from prx_core.stages.buckets import BucketsReport
+from prx_core.stages.entry import Progress
 from prx_resources import CatalogResource, StorageResource, UnitsResource
+from prx_resources.ray import run_stage
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
 CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=True,
@@ -24,8 +26,9 @@ def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
                 units: UnitsResource) -> dg.MaterializeResult:
         """Dropped samples (below the 384² floor, aspect ratio outside [0.5, 2]) go to `rejects`."""
         source = catalog_source(context, catalog).name
-        report = build_buckets(source, storage.storage(), storage.max_tier, progress(context, f"buckets[{source}]"),
-                               units.buckets_rows)
+        report: BucketsReport = run_stage(context, ray, "buckets", source=source, storage=storage.storage(),
+                                          max_tier=storage.max_tier, progress=Progress(f"buckets[{source}]"),
+                                          unit_rows=units.buckets_rows)
         placed = [key.split("/") for key in report.histogram]
         outside = sorted(key for key, (tier, size) in zip(report.histogram, placed)
                          if tuple(int(v) for v in size.split("x")) not in bucket_sizes(int(tier)))

@@ -5,11 +5,13 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
-from prx_core.stages.caption_embeddings import TABLES, build_caption_embeddings
+from prx_core.stages.caption_embeddings import TABLES, CaptionEmbeddingsReport
+from prx_core.stages.entry import Progress
 from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource
 from prx_resources.checks import ChecksResource
+from prx_resources.ray import run_stage
 
 CHECKS = [
     dg.AssetCheckSpec("caption_embeddings_coverage", asset="caption_embeddings", blocking=True,
@@ -37,9 +39,10 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
         (`source_embeddings`, replaced per source); cosine vector indexes `embedding_vector`."""
         catalog_source(context, catalog)
         config = embedder.config()
-        report = build_caption_embeddings(context.partition_key, storage.storage(), captioner.config().version(), config,
-                                          actors=embedder.actors,
-                                          progress=progress(context, f"caption_embeddings[{context.partition_key}]"))
+        report: CaptionEmbeddingsReport = run_stage(
+            context, ray, "caption_embeddings", source=context.partition_key, storage=storage.storage(),
+            captioner_version=captioner.config().version(), config=config, actors=embedder.actors,
+            progress=Progress(f"caption_embeddings[{context.partition_key}]"))
         coverage = {t: report.coverage[t] for t in TABLES if t in report.coverage}
         checks = [
             rate_check("caption_embeddings_coverage", checks, checked=report.captioned,

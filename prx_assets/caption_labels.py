@@ -5,11 +5,13 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
-from prx_core.stages.labels import build_labels
+from prx_core.stages.entry import Progress
+from prx_core.stages.labels import LabelsReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource
 from prx_resources.checks import ChecksResource
+from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", blocking=True,
                             description=rate_description("caption_labels_coverage",
@@ -26,8 +28,10 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         config = labeler.config()
-        report = build_labels(context.partition_key, storage.storage(), captioner.config().version(), config,
-                              actors=labeler.actors, progress=progress(context, f"caption_labels[{context.partition_key}]"))
+        report: LabelsReport = run_stage(context, ray, "caption_labels", source=context.partition_key,
+                                         storage=storage.storage(), captioner_version=captioner.config().version(),
+                                         config=config, actors=labeler.actors,
+                                         progress=Progress(f"caption_labels[{context.partition_key}]"))
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,

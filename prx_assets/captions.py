@@ -4,11 +4,13 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions import CaptionsReport
+from prx_core.stages.entry import Progress
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource
 from prx_resources.checks import ChecksResource
+from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
                             description=rate_description("captions_coverage",
@@ -27,8 +29,9 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         store, config = storage.storage(), captioner.config()
-        report = build_captions(context.partition_key, store, config, actors=captioner.actors,
-                                progress=progress(context, f"captions[{context.partition_key}]"))
+        report: CaptionsReport = run_stage(context, ray, "captions", source=context.partition_key, storage=store,
+                                           config=config, actors=captioner.actors,
+                                           progress=Progress(f"captions[{context.partition_key}]"))
         made = max(report.captioned, 1)
         return dg.MaterializeResult(
             metadata={

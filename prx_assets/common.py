@@ -7,7 +7,6 @@ from typing import Any
 
 import dagster as dg
 
-from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
 from prx_core.sources.catalog import NAME_PATTERN, Catalog, SourceSpec
 from prx_core.store.locks import RUN_LABEL
@@ -65,11 +64,6 @@ def counts_table(counts: Mapping[str, int], key: str, total: int | None = None) 
     total = total if total is not None else sum(counts.values())
     rows = [{key: k, "count": v, "share": f"{v / max(total, 1):.1%}"} for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     return md_table(rows, [key, "count", "share"])
-
-
-def progress(context: dg.AssetExecutionContext, label: str, unit: str = "units") -> Throttle:
-    """Progress lines in the run log, at most every 5 seconds: done/total, rows/s, ETA."""
-    return Throttle(context.log.info, label, unit=unit)
 
 
 def units_metadata(results: UnitResults | None) -> dict[str, Any]:

@@ -7,11 +7,10 @@ changed sources touch (prx_core.stages.duplicates); its check is an aggregate on
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, lance_versions, md_table, progress, units_metadata
-from prx_core.stages.duplicates import build_duplicates
-from prx_core.stages.duplicates_check import check_one_keeper
-from prx_core.store import lance_io
+from prx_assets.common import GROUP, lance_versions, md_table, units_metadata
+from prx_core.stages.entry import GroupsReport, Progress
 from prx_resources import StorageResource
+from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
                             description="Every group has exactly one keeper, and it has the most pixels. Exact, no "
@@ -24,14 +23,11 @@ SAMPLE_ROWS = 30
           automation_condition=dg.AutomationCondition.eager())
 def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource) -> dg.MaterializeResult:
     """Hamming-0 groups; the keeper is the highest resolution, ties to the smallest sample_id."""
-    store = storage.storage()
-    report = build_duplicates(store, progress(context, "duplicates"))
+    groups: GroupsReport = run_stage(context, ray, "duplicates", storage=storage.storage(), progress=Progress("duplicates"),
+                                     sample_rows=SAMPLE_ROWS)
+    report, check, sample = groups.duplicates, groups.check, groups.sample
     context.log.info(f"duplicates: {report.mode} run" + (f" ({report.reason})" if report.reason else "")
                      + f", changed sources {report.changed_sources or 'none'}")
-    check = check_one_keeper(store, report.duplicates_version)
-    table = lance_io.open_table(store.lance_uri("duplicates"), store.lance_storage_options())
-    sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
-        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=SAMPLE_ROWS).to_pylist()
     return dg.MaterializeResult(
         metadata={"hashes_read": report.rows_read, "phashes_rows": report.phashes_rows, "groups": report.groups,
                   "duplicates": report.duplicates, "duplicate_rate": round(report.duplicate_rate, 4),

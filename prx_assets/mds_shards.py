@@ -4,22 +4,10 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import (
-    GROUP,
-    SOURCES,
-    catalog_source,
-    counts_table,
-    lance_versions,
-    md_table,
-    progress,
-    units_metadata,
-)
-from prx_core.shards.verify import verify_streams
-from prx_core.stages.mds_shards import MdsReport, build_mds
-from prx_core.store import lance_io
-from prx_core.store.partitions import source_predicate
-from prx_core.store.storage import Storage
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, md_table, units_metadata
+from prx_core.stages.entry import Progress, PublishReport
 from prx_resources import CaptionerResource, CatalogResource, StorageResource, TrainingResource, UnitsResource
+from prx_resources.ray import run_stage
 
 CHECKS = [
     dg.AssetCheckSpec(
@@ -44,22 +32,23 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, units: UnitsResource, training: TrainingResource,
     ) -> dg.MaterializeResult:
-        source, store = catalog_source(context, catalog).name, storage.storage()
-        report = build_mds(source, store, captioner.config().version(), storage.max_tier, storage.max_pixels,
-                           progress(context, f"mds_shards[{source}]", unit="chunks"), units.mds_route_rows,
-                           units.mds_chunk_rows)
-        verified = verify_streams([s.uri for s in report.streams], store.storage_options)
+        source = catalog_source(context, catalog).name
+        published: PublishReport = run_stage(
+            context, ray, "mds_shards", source=source, storage=storage.storage(),
+            captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
+            progress=Progress(f"mds_shards[{source}]", unit="chunks"), route_rows=units.mds_route_rows,
+            chunk_rows=units.mds_chunk_rows)
+        report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
-        expectations, buckets_version = stream_expectations(store, source, report)
-        for stream, (name, expected, bucketed) in zip(report.streams, expectations):
+        for stream, count in zip(report.streams, published.expectations):
             read = verified.counts.get(stream.uri, 0)
-            if read != expected:
-                problems.append(f"{name}: {read} samples read back, {expected} expected")
-            if bucketed is not None and bucketed != stream.samples + stream.rejected:
-                problems.append(f"{name}: {bucketed} rows in `buckets`, {stream.samples + stream.rejected} routed "
-                                "(is `buckets` older than `samples`?)")
-            rows.append({"stream": name, "samples": read, "expected": expected, "chunks": len(stream.chunks),
-                         "shards": stream.shards, "MB": round(stream.bytes / 1e6, 2), "ok": read == expected})
+            if read != count.expected:
+                problems.append(f"{count.name}: {read} samples read back, {count.expected} expected")
+            if count.bucketed is not None and count.bucketed != stream.samples + stream.rejected:
+                problems.append(f"{count.name}: {count.bucketed} rows in `buckets`, {stream.samples + stream.rejected} "
+                                "routed (is `buckets` older than `samples`?)")
+            rows.append({"stream": count.name, "samples": read, "expected": count.expected, "chunks": len(stream.chunks),
+                         "shards": stream.shards, "MB": round(stream.bytes / 1e6, 2), "ok": read == count.expected})
         small = [s.name for s in report.streams if s.samples < training.global_batch_size]
         return dg.MaterializeResult(
             metadata={"samples_written": report.written, "streams": len(report.streams),
@@ -83,15 +72,3 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
 
     return mds_shards
 
-
-def stream_expectations(store: Storage, source: str, report: MdsReport) -> tuple[list[tuple[str, int, int | None]], int | None]:
-    """Per stream: (name, samples it must hold, rows `buckets` has for it), the last counted by
-    the table's index per stream, never read row by row; and the `buckets` version counted."""
-    buckets = lance_io.open_table(store.lance_uri("buckets"), store.lance_storage_options())
-    out = []
-    for stream in report.streams:
-        where = (f"{source_predicate(source)} AND tier = {stream.tier} "
-                 f"AND bucket = {lance_io.sql_literal(f'{stream.width}x{stream.height}')}")
-        bucketed = None if buckets is None else buckets.count_rows(filter=where)
-        out.append((stream.name, stream.samples, bucketed))
-    return out, None if buckets is None else buckets.version

@@ -4,9 +4,11 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, progress, units_metadata
-from prx_core.stages.phashes import build_phashes
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, units_metadata
+from prx_core.stages.entry import Progress
+from prx_core.stages.phashes import PhashesReport
 from prx_resources import CatalogResource, StorageResource, UnitsResource
+from prx_resources.ray import run_stage
 
 
 @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="1")
@@ -14,8 +16,9 @@ def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage
             units: UnitsResource) -> dg.MaterializeResult:
     """Hashes from a DCT-scaled decode; feeds the global `duplicates`."""
     source = catalog_source(context, catalog).name
-    report = build_phashes(source, storage.storage(), storage.max_pixels, progress(context, f"phashes[{source}]"),
-                           units.phashes_rows)
+    report: PhashesReport = run_stage(context, ray, "phashes", source=source, storage=storage.storage(),
+                                      max_pixels=storage.max_pixels, progress=Progress(f"phashes[{source}]"),
+                                      unit_rows=units.phashes_rows)
     return dg.MaterializeResult(
         metadata={"rows": report.rows, "failed": report.failed, "images_per_second": round(report.images_per_second, 1),
                   **units_metadata(report.units),

@@ -5,13 +5,12 @@ import dagster as dg
 from dagster_ray import RayResource
 from pydantic import Field
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, progress, units_metadata
+from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
-from prx_core.stages.sample_keys import settle_sample_ids
-from prx_core.stages.samples import build_samples, rejected_files
-from prx_core.store import maintenance
+from prx_core.stages.entry import IngestReport, Progress
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
+from prx_resources.ray import run_stage
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
@@ -46,12 +45,12 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
         replaces this source's rows in one commit."""
         spec = catalog_source(context, catalog)
-        store = storage.storage()
-        report = build_samples(spec, store, storage.max_pixels, progress(context, f"samples[{spec.name}]"),
-                               units.samples_bytes, captioner.max_caption_chars, units.samples_seconds,
-                               allow_empty=config.allow_empty)
-        keys = settle_sample_ids(store, report, checks.max_rate("samples_unique_sample_ids"))
-        health = maintenance.fragment_health(store.lance_uri("samples"), storage_options=store.lance_storage_options())
+        ingest: IngestReport = run_stage(
+            context, ray, "samples", spec=spec, storage=storage.storage(), max_pixels=storage.max_pixels,
+            progress=Progress(f"samples[{spec.name}]"), unit_bytes=units.samples_bytes,
+            max_caption_chars=captioner.max_caption_chars, unit_seconds=units.samples_seconds,
+            allow_empty=config.allow_empty, max_duplicate_rate=checks.max_rate("samples_unique_sample_ids"))
+        report, keys, health = ingest.samples, ingest.keys, ingest.health
         total = report.rows + report.rejected
         checks = [
             rate_check("samples_unique_sample_ids", checks, checked=keys.rows, failed=keys.duplicate_rows,
@@ -71,7 +70,7 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
                 "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
                 "captions_cleaned": report.captions_cleaned, "captions_truncated": report.captions_truncated,
                 "reject_reasons": counts_table(report.reasons, "reason", total),
-                "rejected_files": dg.MetadataValue.json(rejected_files(store, spec.name)),
+                "rejected_files": dg.MetadataValue.json(ingest.rejected_files),
                 **units_metadata(report.units),
                 **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
                 **explorer.metadata(spec.name),

@@ -5,9 +5,11 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, md_table, progress, units_metadata
-from prx_core.stages.skip_lists import build_skip_lists
+from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, md_table, units_metadata
+from prx_core.stages.entry import Progress
+from prx_core.stages.skip_lists import SkipReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
+from prx_resources.ray import run_stage
 
 REWRITE_ABOVE = 0.10  # substitution over-samples; above this a stream should be rewritten
 CHECKS = [dg.AssetCheckSpec("skip_lists_fraction", asset="skip_lists",
@@ -25,8 +27,10 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
     ) -> dg.MaterializeResult:
         rules = policy.policy()
         source = catalog_source(context, catalog).name
-        report = build_skip_lists(source, storage.storage(), captioner.config().version(),
-                                  labeler.config().version(), rules, progress(context, f"skip_lists[{source}]", unit="chunks"))
+        report: SkipReport = run_stage(context, ray, "skip_lists", source=source, storage=storage.storage(),
+                                       captioner_version=captioner.config().version(),
+                                       labeler_version=labeler.config().version(), policy=rules,
+                                       progress=Progress(f"skip_lists[{source}]", unit="chunks"))
         table = [{"stream": s.stream, "samples": s.size, "skipped": s.skipped, "fraction": round(s.fraction, 3),
                   **s.by_reason} for s in report.streams]
         heavy = [s.stream for s in report.streams if s.fraction > REWRITE_ABOVE]

@@ -2,17 +2,23 @@
 
 `EmbeddedRay` is dagster-ray's `LocalRay` that reuses a Ray already started in this process
 (the CLI and the tests start one for many materializations; Ray takes seconds to start).
-`RayCluster` connects to a running cluster by address; on Kubernetes use dagster-ray's
-`KubeRayCluster` (see deploy/README.md), which shares the interface.
+`RayCluster` connects to a running cluster by address and, given the cluster's job server
+(`jobs_address`), runs every stage as a Ray job through Dagster Pipes: runs that last days do not
+hang on one Ray Client connection, and terminating the Dagster run stops the job. On Kubernetes use
+dagster-ray's `KubeRayCluster` (see deploy/README.md), which shares the interface.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import dagster as dg
 from dagster_ray import Lifecycle, LocalRay, RayResource
 from pydantic import Field, PrivateAttr, field_validator
 
+from prx_core.compute import wire
+from prx_core.stages import entry
+from prx_core.stages.job import REPORT
 from prx_core.store.credentials import refuse_literal_secrets
 
 
@@ -64,7 +70,40 @@ class RayCluster(ReusesRay, RayResource):
     already connected (`prx-corpus build` connects to this address once) is reused."""
 
     address: str = Field(description="Ray address passed to ray.init.")
+    jobs_address: str | None = Field(default=None, description=(
+        "The cluster's job server (dashboard), e.g. http://head:8265. When set, each stage runs as a Ray job "
+        "(`python -m prx_core.stages.job`, logs, progress and its report through Dagster Pipes); terminating the "
+        "Dagster run stops the job. Unset: stages run in the Dagster run's process over `address`."))
+    job_python: str = Field(default="python", description="The Python that runs a stage job on the head node.")
+    job_runtime_env: dict[str, Any] = Field(default_factory=dict, description=(
+        "Ray runtime_env of every stage job (env_vars, ...); names of secrets only, never their values."))
+    job_num_cpus: float = Field(default=0, ge=0, description=(
+        "CPUs reserved for a stage job's driver (0: it only plans and waits; the units take the CPUs)."))
+    job_poll_seconds: float = Field(default=2.0, gt=0, description="How often the run polls a stage job's status.")
     _reused: bool = PrivateAttr(default=False)
+
+    @field_validator("job_runtime_env")
+    @classmethod
+    def _no_secret_env(cls, value: dict[str, Any]) -> dict[str, Any]:
+        refuse_literal_secrets(value, "ray.job_runtime_env")
+        return value
+
+    def submit_stage(self, context: dg.AssetExecutionContext, stage: str, kwargs: dict[str, Any]) -> Any:
+        """Run `stage` as a Ray job and return its report; the job's log lines become run logs."""
+        from dagster_ray.core.pipes import PipesRayJobClient
+
+        client = PipesRayJobClient(address=self.jobs_address, poll_interval=self.job_poll_seconds)
+        params = {"entrypoint": f"{self.job_python} -m prx_core.stages.job", "entrypoint_num_cpus": self.job_num_cpus,
+                  "runtime_env": {**self.job_runtime_env, "env_vars": dict(self.job_runtime_env.get("env_vars") or {})},
+                  "metadata": {"prx_stage": stage}}
+        invocation = client.run(context=context, submit_job_params=params,  # type: ignore[arg-type]
+                                extras={"stage": stage, "kwargs": wire.encode(kwargs)})
+        reports = [m[REPORT] for m in invocation.get_custom_messages() if isinstance(m, dict) and REPORT in m]
+        job_id = invocation.metadata.get("Ray Job ID")
+        if not reports:
+            raise dg.Failure(f"Ray job {job_id} of stage {stage} ended without a report (see its logs above)")
+        context.add_asset_metadata({"ray_job_id": str(job_id.value if job_id is not None else "")})
+        return wire.decode(reports[-1])
 
     @property
     def host(self) -> str:
@@ -85,3 +124,11 @@ class RayCluster(ReusesRay, RayResource):
     @property
     def ready(self) -> bool:
         return True
+
+
+def run_stage(context: dg.AssetExecutionContext, ray: RayResource, stage: str, **kwargs: Any) -> Any:
+    """Run a `prx_core` stage (prx_core.stages.entry): as a Ray job when the cluster has a job
+    server, otherwise in this process; either way the same call with the same arguments."""
+    if isinstance(ray, RayCluster) and ray.jobs_address:
+        return ray.submit_stage(context, stage, kwargs)
+    return entry.run_stage(stage, kwargs, context.log.info)

@@ -3,16 +3,18 @@ configuration alone.
 
 A head (no CPUs, so no work can run there) and two worker nodes of one CPU each run on this
 machine through Ray's own `ray.cluster_utils.Cluster`; `prx-corpus build --config` with
-`ray: {address: ...}` and a corpus root on the loopback S3 endpoint builds one demo source on it
-(every node reads its credentials from its own environment). An embedded-Ray build of the same
-source on local files, with the same unit sizes, is the reference: every table's rows and every
-MDS byte must agree.
+`ray: {address: ..., jobs_address: ...}` and a corpus root on the loopback S3 endpoint builds one
+demo source on it, every stage submitted as a Ray job to the head's job server through Dagster
+Pipes (every node reads its credentials from its own environment). An embedded-Ray build of the
+same source on local files, with the same unit sizes, is the reference: every table's rows and
+every MDS byte must agree.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,20 +36,31 @@ SOURCE = "web_images"
 # Small units so that every unit-based stage has several units to spread over the nodes.
 UNITS = {"samples_bytes": 400000, "buckets_rows": 16, "phashes_rows": 16, "mds_route_rows": 16, "mds_chunk_rows": 16}
 TABLES = ("samples", "rejects", "phashes", "buckets", "mds_index")
+ASSETS = ("samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "mds_shards",
+          "duplicates", "skip_lists")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
+def cluster() -> Iterator[dict[str, str]]:
+    """The head's GCS address and its job server (the dashboard) on a free loopback port."""
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    port = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
     for _ in range(2):
         cluster.add_node(num_cpus=1)
     cluster.wait_for_nodes()
     try:
-        yield cluster.address
+        yield {"address": cluster.address, "jobs_address": f"http://127.0.0.1:{port}", "job_python": sys.executable}
     finally:
         cluster.shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def build(demo_dir: Path, out: Path, root: str, config: dict) -> subprocess.CompletedProcess[str]:
@@ -66,11 +79,19 @@ def mds_bytes(storage: Storage) -> dict[str, str]:
     return {path.split(folder, 1)[1]: hashlib.sha256(fs.cat_file(path)).hexdigest() for path in sorted(fs.find(folder))}
 
 
+def last_metadata(home: Path, asset: str) -> dict[str, dg.MetadataValue]:
+    instance = dg.DagsterInstance.from_config(str(home))
+    return dict(instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0].asset_materialization.metadata)
+
+
 def ray_nodes(home: Path, asset: str) -> int:
     """The most Ray nodes any phase of the asset's last materialization ran its units on."""
+    return max(int(v.value) for k, v in last_metadata(home, asset).items() if k.endswith("ray_nodes"))
+
+
+def run_log_lines(home: Path) -> list[str]:
     instance = dg.DagsterInstance.from_config(str(home))
-    metadata = instance.fetch_materializations(dg.AssetKey(asset), limit=1).records[0].asset_materialization.metadata
-    return max(int(v.value) for k, v in metadata.items() if k.endswith("ray_nodes"))
+    return [entry.user_message for run in instance.get_runs() for entry in instance.all_logs(run.run_id)]
 
 
 def test_the_graph_runs_on_a_multi_node_cluster_and_equals_an_embedded_run(
@@ -80,15 +101,23 @@ def test_the_graph_runs_on_a_multi_node_cluster_and_equals_an_embedded_run(
     boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1").create_bucket(Bucket="cluster-corpus")
     local = Storage(str(tmp_path / "embedded" / "corpus"))
     config = {"units": UNITS, "storage": {"storage_options": options}}
-    on_cluster = build(demo_dir, tmp_path / "cluster", s3.root, {**config, "ray": {"address": cluster}})
+    on_cluster = build(demo_dir, tmp_path / "cluster", s3.root, {**config, "ray": cluster})
     assert on_cluster.returncode == 0, on_cluster.stdout[-3000:] + on_cluster.stderr[-3000:]
-    assert f"ray cluster {cluster}" in on_cluster.stdout
+    assert f"ray cluster {cluster['address']}" in on_cluster.stdout
     embedded = build(demo_dir, tmp_path / "embedded", local.root, {"units": UNITS})
     assert embedded.returncode == 0, embedded.stdout[-3000:] + embedded.stderr[-3000:]
 
     # work ran on both worker nodes (the head has no CPUs)
-    nodes = {a: ray_nodes(tmp_path / "cluster" / "dagster", a) for a in ("samples", "buckets", "phashes", "mds_shards")}
+    home = tmp_path / "cluster" / "dagster"
+    nodes = {a: ray_nodes(home, a) for a in ("samples", "buckets", "phashes", "mds_shards")}
     assert min(nodes.values()) >= 1 and max(nodes.values()) == 2, nodes
+
+    # every stage ran as its own Ray job; its progress lines came back through Pipes into the run logs
+    jobs = {a: str(last_metadata(home, a)["ray_job_id"].value) for a in ASSETS}
+    assert all(job.startswith("pipes-") for job in jobs.values()) and len(set(jobs.values())) == len(ASSETS), jobs
+    logs = run_log_lines(home)
+    assert any(line.startswith(f"samples[{SOURCE}]: ") and "units" in line for line in logs)
+    assert any(line.startswith("samples: Ray job on 3 node(s)") for line in logs)
 
     for table in TABLES:
         on_s3 = lance_io.partition_digest(s3.lance_uri(table), source_predicate(SOURCE),

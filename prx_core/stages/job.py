@@ -1,0 +1,37 @@
+"""`python -m prx_core.stages.job`: the entrypoint of a stage submitted as a Ray job.
+
+The Dagster run (prx_resources.ray.RayCluster with `jobs_address`) submits this module through
+dagster-ray's `PipesRayJobClient`; the stage name and its arguments arrive as Pipes extras. The
+job connects to the cluster it runs on, runs `run_stage` (the same call an asset makes in its own
+process), streams log and progress lines, and sends the report back as one Pipes message.
+
+`dagster_pipes` is Dagster's dependency-free protocol library for external processes, not
+Dagster itself: prx_core stays importable without dagster.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prx_core.compute import wire
+from prx_core.stages.entry import run_stage
+
+REPORT = "prx_stage_report"
+
+
+def main() -> None:
+    import ray
+    from dagster_pipes import open_dagster_pipes
+
+    with open_dagster_pipes() as pipes:
+        stage = pipes.get_extra("stage")
+        kwargs = wire.decode(pipes.get_extra("kwargs"))
+        if not ray.is_initialized():  # the job's driver: RAY_ADDRESS names the cluster it was submitted to
+            ray.init(address="auto", logging_level=logging.WARNING, log_to_driver=True)
+        pipes.log.info(f"{stage}: Ray job on {sum(n['Alive'] for n in ray.nodes())} node(s)")
+        report = run_stage(stage, kwargs, pipes.log.info)
+        pipes.report_custom_message({REPORT: wire.encode(report)})
+
+
+if __name__ == "__main__":
+    main()
