@@ -19,8 +19,11 @@ from prx_core.store import lance_io, maintenance
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
 
+# In one process: every step reuses the run's Ray (embedded, or its connection to the cluster) instead
+# of importing the definitions and starting or connecting to Ray once per step; the stages are a chain
+# and parallel inside Ray, so steps in parallel processes would gain nothing.
 refresh_source_job = dg.define_asset_job(
-    "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE),
+    "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE), executor_def=dg.in_process_executor,
     description="Re-ingest one source end to end; duplicates and skip_lists follow by automation.",
 )
 

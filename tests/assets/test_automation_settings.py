@@ -13,6 +13,7 @@ from prx_assets.automation import (
     automation_settings,
     compact_schedule,
     refresh_schedule,
+    refresh_source_job,
     weekly_source_refresh,
 )
 from prx_assets.common import SOURCES
@@ -55,3 +56,8 @@ def test_refresh_cron_and_assets_configure_the_schedule() -> None:
 def test_mistakes_name_the_field(automation: dict, message: str) -> None:
     with pytest.raises(SettingsError, match=message.replace("[", r"\[").replace("]", r"\]").replace("*", r"\*")):
         automation_settings(settings(**automation))
+
+
+def test_refresh_runs_its_steps_in_one_process() -> None:
+    """One Ray (embedded, or one connection to the cluster) per run, not one per step."""
+    assert refresh_source_job.executor_def is dg.in_process_executor

@@ -35,6 +35,9 @@ def test_instance_config_is_valid() -> None:
     """Dagster's own loader (an unknown or misplaced field raises); env vars resolve at run time."""
     config, instance_class = dagster_instance_config(str(DEPLOY), "dagster.yaml")
     assert instance_class is None and config["storage"]["postgres"]["postgres_db"]["scheme"] == "postgresql+psycopg2"
+    # a run that died holding the `gpu` slot never frees it itself: run monitoring must
+    values = load_documents(DEPLOY / "dagster-values.yaml")[0]["dagsterDaemon"]["runMonitoring"]
+    assert config["run_monitoring"]["free_slots_after_run_end_seconds"] == values["freeSlotsAfterRunEndSeconds"] > 0
 
 
 def test_postgres_driver_is_installed_and_shared_with_the_chart() -> None:
