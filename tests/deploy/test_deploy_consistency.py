@@ -36,7 +36,7 @@ def bundle() -> dict:
             "configmaps": {d["metadata"]["name"]: set(d["data"]) for _, d in manifests() if d["kind"] == "ConfigMap"},
             "dockerfiles": {p.name: p.read_text() for p in DEPLOY.glob("Dockerfile.*")},
             "doc": DOC.read_text(), "readme": (DEPLOY / "README.md").read_text(),
-            "ray_pin": re.search(r'"ray\[data\]==([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)}
+            "ray_pin": re.search(r'"ray\[[a-z,]+\]==([\d.]+)"', (REPO / "pyproject.toml").read_text()).group(1)}
 
 
 def image_errors(b: dict) -> list[str]:
@@ -135,6 +135,9 @@ def ray_address_errors(b: dict) -> list[str]:
     ports = b["raycluster"]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]
     if port not in [p["containerPort"] for p in ports]:
         errors.append(f"the head does not expose the Ray Client port {port}")
+    jobs = b["prx_config"]["ray"].get("jobs_address")
+    if jobs and jobs != f"http://{service}:{next((p['containerPort'] for p in ports if p['name'] == 'dashboard'), None)}":
+        errors.append(f"jobs_address {jobs} is not the job server (dashboard port) of {service}")
     return errors
 
 
@@ -183,6 +186,8 @@ def _break(b: dict, breakage: str) -> None:
         next(e for e in env if e["name"] == "PRX_CONFIG")["value"] = "/etc/prx/prx-config.yaml"
     elif breakage == "head_service":
         b["prx_config"]["ray"]["address"] = "ray://prx-ray-head:10001"
+    elif breakage == "jobs_port":
+        b["prx_config"]["ray"]["jobs_address"] = "http://prx-ray-head-svc:10001"
     elif breakage == "pg_env":
         b["instance"]["run_launcher"]["config"]["env_vars"].remove("DAGSTER_PG_PASSWORD")
 
@@ -190,7 +195,7 @@ def _break(b: dict, breakage: str) -> None:
 @pytest.mark.parametrize("breakage,check", [
     ("stale_tag", "images"), ("cpu_image_on_gpu", "images"), ("ray_version", "ray version"),
     ("missing_env", "env"), ("unknown_env", "env"), ("wrong_secret_key", "env"), ("unmounted_config", "env"),
-    ("pg_env", "env"), ("head_service", "ray address")])
+    ("pg_env", "env"), ("head_service", "ray address"), ("jobs_port", "ray address")])
 def test_disagreeing_files_fail(breakage: str, check: str) -> None:
     b = copy.deepcopy(bundle())
     _break(b, breakage)

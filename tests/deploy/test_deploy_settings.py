@@ -35,10 +35,12 @@ def test_shipped_configs_build_the_definitions(tmp_path: Path) -> None:
     assert set(configs) == {"prx-config.gpu.yaml", "prx-job-config"}
     addresses = {}
     for name, path in configs.items():
-        defs = build_definitions(_settings(path))
-        addresses[name] = defs.resources["ray"].address
-    # Dagster runs connect to the long-lived cluster; the RayJob driver joins the cluster it runs on
-    assert addresses == {"prx-config.gpu.yaml": "ray://prx-ray-head-svc:10001", "prx-job-config": "auto"}
+        ray = build_definitions(_settings(path)).resources["ray"]
+        addresses[name] = (ray.address, ray.jobs_address)
+    # Dagster runs connect to the long-lived cluster and submit each stage to its job server (the
+    # head service's dashboard port); the RayJob driver joins the cluster it runs on
+    assert addresses == {"prx-config.gpu.yaml": ("ray://prx-ray-head-svc:10001", "http://prx-ray-head-svc:8265"),
+                         "prx-job-config": ("auto", None)}
 
 
 @pytest.mark.parametrize("breakage", ["secret", "unknown_section"])
