@@ -20,6 +20,7 @@ from prx_core.compute import wire
 from prx_core.stages import entry
 from prx_core.stages.job import REPORT
 from prx_core.store.credentials import refuse_literal_secrets
+from prx_core.store.locks import RUN_LABEL
 
 
 def never_cleanup() -> Lifecycle:
@@ -97,7 +98,8 @@ class RayCluster(ReusesRay, RayResource):
                   "runtime_env": {**self.job_runtime_env, "env_vars": dict(self.job_runtime_env.get("env_vars") or {})},
                   "metadata": {"prx_stage": stage}}
         invocation = client.run(context=context, submit_job_params=params,  # type: ignore[arg-type]
-                                extras={"stage": stage, "kwargs": wire.encode(kwargs)})
+                                extras={"stage": stage, "kwargs": wire.encode(kwargs),
+                                        "run_label": RUN_LABEL.get() or f"dagster run {context.run.run_id}"})
         reports = [m[REPORT] for m in invocation.get_custom_messages() if isinstance(m, dict) and REPORT in m]
         job_id = invocation.metadata.get("Ray Job ID")
         if not reports:

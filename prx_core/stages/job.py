@@ -15,6 +15,7 @@ import logging
 
 from prx_core.compute import wire
 from prx_core.stages.entry import run_stage
+from prx_core.store.locks import RUN_LABEL
 
 REPORT = "prx_stage_report"
 
@@ -26,6 +27,7 @@ def main() -> None:
     with open_dagster_pipes() as pipes:
         stage = pipes.get_extra("stage")
         kwargs = wire.decode(pipes.get_extra("kwargs"))
+        RUN_LABEL.set(pipes.get_extra("run_label"))  # partition locks name the Dagster run, not this pid
         if not ray.is_initialized():  # the job's driver: RAY_ADDRESS names the cluster it was submitted to
             ray.init(address="auto", logging_level=logging.WARNING, log_to_driver=True)
         pipes.log.info(f"{stage}: Ray job on {sum(n['Alive'] for n in ray.nodes())} node(s)")
