@@ -23,14 +23,10 @@ import shutil
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import fsspec
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from streaming import MDSWriter
-from streaming.base.format.mds.encodings import mds_encode
 
 from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk
@@ -49,36 +45,6 @@ CHUNK_RECORD_SCHEMA = pa.schema([  # the stored samples in stream order (reason 
     ("image_sha256", pa.string()), ("reason", pa.string()), ("message", pa.string())])
 BUCKET_FOLDER = re.compile(r"(\d+)x(\d+)")
 StreamKey = tuple[int, int, int]  # (tier, width, height)
-
-
-class BytesJpegMDSWriter(MDSWriter):
-    """An MDSWriter whose `jpeg` columns take already-encoded JPEG bytes and store them verbatim.
-
-    Why: streaming's `jpeg` encoder passes bytes through only for a `JpegImageFile` opened from a
-    named file; any other PIL image (one decoded from bytes included) is re-saved at Pillow's
-    default quality 75, silently replacing the pipeline's q92 encode. The stock `jpeg` decoder is
-    `Image.open(BytesIO(data))`, so verbatim bytes are exactly what readers expect and index.json
-    still says `jpeg`. Mirrors `MDSWriter.encode_sample` of streaming 0.13; PIL values still go
-    through the stock encoder.
-    """
-
-    def encode_sample(self, sample: dict[str, Any]) -> bytes:
-        sizes: list[int] = []
-        data: list[bytes] = []
-        for key, encoding, size in zip(self.column_names, self.column_encodings, self.column_sizes):
-            value = sample[key]
-            if encoding == "jpeg" and isinstance(value, (bytes, bytearray, memoryview)):
-                datum = bytes(value)
-                if not datum.startswith(b"\xff\xd8\xff"):
-                    raise ValueError(f"column {key!r}: bytes are not a JPEG (no SOI marker)")
-            else:
-                datum = mds_encode(encoding, value)
-            if size is None:
-                sizes.append(len(datum))
-            elif size != len(datum):
-                raise KeyError(f"column {key!r}: {len(datum)} bytes, encoding {encoding} needs {size}")
-            data.append(datum)
-        return np.array(sizes, np.uint32).tobytes() + b"".join(data)
 
 
 @dataclass
@@ -159,6 +125,10 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
 
 
 def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Sequence[dict]) -> ChunkSummary:
+    from prx_core.shards.mds_writer import (
+        BytesJpegMDSWriter,  # streaming imports torch: ~15 s, only where shards are written
+    )
+
     writer = BytesJpegMDSWriter(columns=MDS_COLUMNS, out=local, hashes=HASHES, size_limit=SIZE_LIMIT, max_workers=1)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}
     try:

@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from streaming.base.format import reader_from_json
-from streaming.base.format.mds.encodings import mds_decode
-from streaming.base.hashing import get_hash
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS
@@ -64,6 +61,8 @@ def _local_copy(uri: str, storage_options: dict | None) -> Iterator[str]:
 
 def _iter_raw_rows(local: str, index: dict) -> Iterator[tuple[dict, dict[str, bytes]]]:
     """(shard info, raw column bytes) per sample, located by streaming's own MDSReader."""
+    from streaming.base.format import reader_from_json  # imports torch (~15 s): only where shards are read
+
     for info in index["shards"]:
         reader = reader_from_json(local, "", info)
         for idx in range(reader.samples):
@@ -79,6 +78,8 @@ def _iter_raw_rows(local: str, index: dict) -> Iterator[tuple[dict, dict[str, by
 def read_stream_rows(uri: str, columns: list[str] | None = None,
                      storage_options: dict | None = None) -> list[dict[str, Any]]:
     """Rows in index order; `image` stays the raw stored JPEG bytes, other columns decoded."""
+    from streaming.base.format.mds.encodings import mds_decode
+
     with _local_copy(uri, storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
@@ -105,6 +106,8 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
     against index.json, its column encodings, every image decoded through the stock `jpeg`
     decoder to the row's and the folder's size, the JPEG quality, and the SHA-256 of every stored
     image against `expected_sha256` (byte identity with the pipeline's encode)."""
+    from streaming.base.hashing import get_hash
+
     raw = info["raw_data"]
     report = ShardReport(raw["basename"], 0, True, [])
     bucket = BUCKET_FOLDER.fullmatch(stream.rstrip("/").rsplit("/", 1)[-1])
@@ -185,6 +188,8 @@ def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256
 
 
 def _check_image(row: dict[str, bytes], bucket: re.Match | None, quality: int | None) -> str | None:
+    from streaming.base.format.mds.encodings import mds_decode
+
     try:
         width, height = mds_decode("int", row["width"]), mds_decode("int", row["height"])
         with mds_decode("jpeg", row["image"]) as image:
