@@ -21,7 +21,8 @@ CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", b
 
 def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP)
+              code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP,
+              pool="gpu" if labeler.uses_gpus() else None)
     def caption_labels(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource, checks: ChecksResource,

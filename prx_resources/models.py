@@ -124,6 +124,11 @@ class LabelerResource(dg.ConfigurableResource):
 
     _no_secrets = field_validator("engine_kwargs", "runtime_env")(no_secret_values)
 
+    def uses_gpus(self) -> bool:
+        """Labels on the cluster's GPU workers (vLLM), which share the `gpu` pool with captioning;
+        MiniLM on CPUs and an external endpoint take no GPU of ours."""
+        return self.backend == "llm" and self.transport == "vllm"
+
     def config(self) -> LabelerConfig:
         names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
                  "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens", "constrained",

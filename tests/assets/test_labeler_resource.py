@@ -48,3 +48,13 @@ def test_the_deploy_example_config_builds_valid_resources() -> None:
     captioner, labeler = resources["captioner"].config(), resources["labeler"].config()
     assert (captioner.backend, captioner.accelerator_type) == ("vllm", "H200")
     assert (labeler.backend, labeler.transport, labeler.thinking) == ("llm", "openai", False)
+
+
+@pytest.mark.parametrize("labeler, pool", [
+    (LabelerResource(), None),  # MiniLM on CPUs
+    (LabelerResource(**LLM), None),  # an external endpoint: no GPU of the cluster
+    (LabelerResource(**LLM, transport="vllm"), "gpu"),  # vLLM on the GPU workers, beside the captioner
+])
+def test_labels_take_the_gpu_pool_only_on_gpu_workers(labeler: LabelerResource, pool: str | None) -> None:
+    asset = caption_labels_asset(CaptionerResource(), labeler)
+    assert asset.op.pool == pool
