@@ -10,6 +10,7 @@ dagster-ray's `KubeRayCluster` (see deploy/README.md), which shares the interfac
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import dagster as dg
@@ -21,6 +22,8 @@ from prx_core.stages import entry
 from prx_core.stages.job import REPORT
 from prx_core.store.credentials import refuse_literal_secrets
 from prx_core.store.locks import RUN_LABEL
+
+NO_AGENT = "No available agent to submit job"  # Ray's job server before its agent registered (HTTP 500)
 
 
 def never_cleanup() -> Lifecycle:
@@ -81,6 +84,8 @@ class RayCluster(ReusesRay, RayResource):
     job_num_cpus: float = Field(default=0, ge=0, description=(
         "CPUs reserved for a stage job's driver (0: it only plans and waits; the units take the CPUs)."))
     job_poll_seconds: float = Field(default=2.0, gt=0, description="How often the run polls a stage job's status.")
+    job_server_wait_seconds: float = Field(default=180.0, ge=0, description=(
+        "How long a submission waits for a job server that has no agent yet (a head just started or scaled)."))
     _reused: bool = PrivateAttr(default=False)
 
     @field_validator("job_runtime_env")
@@ -94,12 +99,21 @@ class RayCluster(ReusesRay, RayResource):
         from dagster_ray.core.pipes import PipesRayJobClient
 
         client = PipesRayJobClient(address=self.jobs_address, poll_interval=self.job_poll_seconds)
-        params = {"entrypoint": f"{self.job_python} -m prx_core.stages.job", "entrypoint_num_cpus": self.job_num_cpus,
-                  "runtime_env": {**self.job_runtime_env, "env_vars": dict(self.job_runtime_env.get("env_vars") or {})},
-                  "metadata": {"prx_stage": stage}}
-        invocation = client.run(context=context, submit_job_params=params,  # type: ignore[arg-type]
-                                extras={"stage": stage, "kwargs": wire.encode(kwargs),
-                                        "run_label": RUN_LABEL.get() or f"dagster run {context.run.run_id}"})
+        extras = {"stage": stage, "kwargs": wire.encode(kwargs),
+                  "run_label": RUN_LABEL.get() or f"dagster run {context.run.run_id}"}
+        deadline = time.monotonic() + self.job_server_wait_seconds
+        while True:
+            params = {"entrypoint": f"{self.job_python} -m prx_core.stages.job", "entrypoint_num_cpus": self.job_num_cpus,
+                      "runtime_env": {**self.job_runtime_env, "env_vars": dict(self.job_runtime_env.get("env_vars") or {})},
+                      "metadata": {"prx_stage": stage}}  # fresh each attempt: the client adds to it
+            try:
+                invocation = client.run(context=context, submit_job_params=params, extras=extras)  # type: ignore[arg-type]
+                break
+            except RuntimeError as exc:  # refused before any job exists: nothing to clean up
+                if NO_AGENT not in str(exc) or time.monotonic() > deadline:
+                    raise
+                context.log.warning(f"the job server {self.jobs_address} has no agent yet; submitting again in 5 s")
+                time.sleep(5)
         reports = [m[REPORT] for m in invocation.get_custom_messages() if isinstance(m, dict) and REPORT in m]
         job_id = invocation.metadata.get("Ray Job ID")
         if not reports:

@@ -89,7 +89,9 @@ def read_chunk_record(folder: str, storage_options: dict | None = None) -> pa.Ta
     """A complete chunk's record (CHUNK_RECORD_SCHEMA): stored samples in order, then rejects."""
     fs = filesystem_for(folder, storage_options)
     with fs.open(join_uri(folder, CHUNK_RECORD), "rb") as handle:
-        return pq.read_table(handle)
+        # pre_buffer reads on Arrow IO threads that can outlive the file object: one finishing at
+        # interpreter exit aborts the process (a build printed "ok" and then died of SIGABRT)
+        return pq.read_table(handle, pre_buffer=False)
 
 
 def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None = None,

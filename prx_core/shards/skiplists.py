@@ -268,7 +268,7 @@ def read_skip_lists(root: str, source: str | None = None, storage_options: dict 
             raise ValueError(f"{uri}: header says {skip.stream} {skip.reason!r}, file is misplaced")
         if with_sample_ids:
             with fs.open(uri.removesuffix(SUFFIX) + IDS_SUFFIX, "rb") as handle:
-                ids = pq.read_table(handle)
+                ids = pq.read_table(handle, pre_buffer=False)
             if ids["index"].to_pylist() != list(skip.indices):
                 raise ValueError(f"{uri}: its sample ids file does not list the same indices")
             object.__setattr__(skip, "sample_ids", tuple(ids["sample_id"].to_pylist()))

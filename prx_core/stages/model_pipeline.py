@@ -107,7 +107,7 @@ def run_pipeline_stage(
 
 def _read_scratch(run: UnitRun, read: Read, item: Mapping[str, str]) -> pa.Table:
     with run.storage.filesystem().open(item["scratch"], "rb") as handle:
-        todo = pq.read_table(handle)
+        todo = pq.read_table(handle, pre_buffer=False)
     rows = read(run, todo)
     return rows.append_column("unit_id", pa.array([item["unit"]] * rows.num_rows, pa.string()))
 

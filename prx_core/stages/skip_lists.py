@@ -131,7 +131,7 @@ def skip_stream_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     parts = []
     for chunk in spec["chunks"]:
         with fs.open(run.scratch_uri("skips", spec["label"].replace("/", "_"), f"{chunk}.parquet"), "rb") as handle:
-            parts.append(pq.read_table(handle))
+            parts.append(pq.read_table(handle, pre_buffer=False))
     table = pa.concat_tables(parts) if parts else SCRATCH_SCHEMA.empty_table()
     lists = {}
     for reason in sorted(set(table["reason"].to_pylist())):

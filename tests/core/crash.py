@@ -25,3 +25,14 @@ def kill_at(point: str, script: str, *args: str, timeout: float = 300) -> None:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     assert any(line.startswith(f"{MARKER} {point}") for line in seen), "".join(seen[-30:])
+
+
+def recorded_units(storage_root: str, asset: str, partition: str, prefix: str = "") -> list[str]:
+    """The unit ids the killed attempt recorded. A record being written when the kill came is a
+    hidden temp file (put_atomic), not a record: only `<unit>.json` files count."""
+    from pathlib import Path
+
+    from prx_core.compute.units import RUNS
+
+    (attempt,) = Path(storage_root, RUNS, asset, partition).iterdir()
+    return sorted(p.stem for p in (attempt / "done").glob(f"{prefix}*.json"))

@@ -12,7 +12,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from crash import kill_at
+from crash import kill_at, recorded_units
 
 from prx_core.compute.groupby import hex_ids, parse_hex_ids
 from prx_core.compute.units import RUNS
@@ -237,8 +237,7 @@ def test_a_killed_run_leaves_the_table_and_resumes(storage: Storage, ray_cluster
     os.remove(storage.uri(*STATE))  # a full run of 7 buckets
     kill_at("duplicates:reduce:3", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     assert lance_io.table_version(storage.lance_uri("duplicates")) == first.duplicates_version  # no commit
-    (attempt,) = Path(storage.root, RUNS, "duplicates", "all").iterdir()
-    recorded = len(os.listdir(attempt / "done"))
+    recorded = len(recorded_units(storage.root, "duplicates", "all"))
     report = build_duplicates(storage, unit_rows=5, rows_per_bucket=10)
     assert report.units.skipped == recorded >= 3 and report.units.ran == report.buckets - recorded
     assert table(storage) == reference(storage)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import streaming
-from crash import kill_at
+from crash import kill_at, recorded_units
 from streaming.base.util import clean_stale_shared_memory
 from test_row_stages import make_samples
 
@@ -161,8 +160,7 @@ def test_a_sigkilled_mds_run_resumes_and_never_exposes_a_partial_stream(storage:
     add_captions(storage, skip=0, text="another picture")  # new captions: the killed run writes new chunks
     kill_at("mds_shards:chunks:4", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     assert {uri: read_stream_rows(uri) for uri in list_streams(storage.root, "photos")} == published
-    (attempt,) = Path(storage.root, RUNS, "mds_shards", "photos").iterdir()
-    recorded = [n for n in os.listdir(attempt / "done") if n.startswith("chunk-")]
+    recorded = recorded_units(storage.root, "mds_shards", "photos", prefix="chunk-")
     assert len(recorded) >= 4
     report = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=2)
     chunks = report.units["chunks"]

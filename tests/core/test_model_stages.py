@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from corpora import stored_labels
-from crash import kill_at
+from crash import kill_at, recorded_units
 
 from prx_core.compute.units import RUNS
 from prx_core.models.caption_base import CaptionerConfig
@@ -134,8 +134,7 @@ build_captions("a", storage, CaptionerConfig("source"), unit_rows=2, appends=Bat
 def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once(storage: Storage, ray_cluster) -> None:
     kill_at("captions:units:3", SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     time.sleep(2)  # the dead driver's actor goes with it; a unit it was finishing may still record
-    (attempt,) = Path(storage.root, RUNS, "captions", "a").iterdir()
-    recorded = len(os.listdir(attempt / "done"))
+    recorded = len(recorded_units(storage.root, "captions", "a"))
     assert recorded >= 3
     committed = len(caption_rows(storage)) if lance_io.table_exists(storage.lance_uri("captions")) else 0
     assert committed >= 2  # the first append (after 2 units) survived the crash

@@ -15,12 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from crash import kill_at
+from crash import kill_at, recorded_units
 from test_mds_stage import CAPTIONER, add_captions
 from test_row_stages import SIZES, make_samples
 from test_stage_functions import jpeg
 
-from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.mds_shards import build_mds
@@ -64,8 +63,7 @@ def kill_after(stage: str, root: str, spec: SourceSpec, gcs: str) -> int:
     """Run the stage in a driver that pauses after its 2nd unit, SIGKILL it; returns the units recorded."""
     point, call = CALLS[stage]
     kill_at(point, SCRIPT.format(call=call), root, gcs, json.dumps(spec.to_dict()))
-    (attempt,) = Path(root, RUNS, stage, "photos").iterdir()
-    return len(os.listdir(attempt / "done"))
+    return len(recorded_units(root, stage, "photos"))
 
 
 @pytest.mark.parametrize("stage", ["samples", "buckets", "skip_lists"])

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import boto3
 import dagster as dg
 import pytest
 import yaml
+from ray_clusters import ray_cluster_with_jobs
 
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
@@ -42,25 +42,8 @@ ASSETS = ("samples", "buckets", "phashes", "captions", "caption_labels", "captio
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
-    """The head's GCS address and its job server (the dashboard) on a free loopback port."""
-    from ray.cluster_utils import Cluster
-
-    port = free_port()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1)
-    cluster.wait_for_nodes()
-    try:
-        yield {"address": cluster.address, "jobs_address": f"http://127.0.0.1:{port}", "job_python": sys.executable}
-    finally:
-        cluster.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    with ray_cluster_with_jobs(head_cpus=0, worker_nodes=2) as settings:
+        yield settings
 
 
 def build(demo_dir: Path, out: Path, root: str, config: dict) -> subprocess.CompletedProcess[str]:

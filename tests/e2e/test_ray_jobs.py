@@ -11,7 +11,6 @@ CANCELED, and nothing be committed.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import dagster as dg
 import pytest
 import yaml
 from deployment import deployment
-from postgres_server import free_port, postgres_server
+from postgres_server import postgres_server
+from ray_clusters import ray_cluster_with_jobs
 
 from prx_core.compute.faults import MARKER
 from prx_core.store import lance_io
@@ -32,15 +32,8 @@ SOURCE, PAUSE = "web_images", "samples:before_commit"
 
 @pytest.fixture(scope="module")
 def ray_head() -> Iterator[dict[str, str]]:
-    from ray.cluster_utils import Cluster
-
-    port = free_port()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port})
-    try:
-        yield {"address": cluster.address, "jobs_address": f"http://127.0.0.1:{port}", "job_python": sys.executable}
-    finally:
-        cluster.shutdown()
+    with ray_cluster_with_jobs(head_cpus=2) as settings:
+        yield settings
 
 
 def paused_job(client: object) -> str | None:

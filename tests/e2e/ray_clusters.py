@@ -1,0 +1,31 @@
+"""A Ray cluster on this machine with its job server, for the cluster and Ray-job tests.
+
+Every node's dashboard agent gets a free port: the default (52365) is often taken by an embedded
+Ray of the same test session, and a head whose agent cannot bind accepts no job ("No available
+agent to submit job")."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from postgres_server import free_port
+
+
+@contextmanager
+def ray_cluster_with_jobs(head_cpus: int, worker_nodes: int = 0) -> Iterator[dict[str, str]]:
+    """Yield the `ray:` settings that reach it: GCS address, job server, the Python jobs run with."""
+    from ray.cluster_utils import Cluster
+
+    port = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": head_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
+        "dashboard_agent_listen_port": free_port()})
+    for _ in range(worker_nodes):
+        cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
+    cluster.wait_for_nodes()
+    try:
+        yield {"address": cluster.address, "jobs_address": f"http://127.0.0.1:{port}", "job_python": sys.executable}
+    finally:
+        cluster.shutdown()
