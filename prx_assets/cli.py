@@ -278,5 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def run() -> None:
+    """The `prx-corpus` console script: `main`, then an exit without interpreter finalization
+    (prx_core.compute.exits: Arrow threads still finishing at exit aborted finished builds)."""
+    from prx_core.compute.exits import exit_now
+
+    exit_now(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
