@@ -59,7 +59,7 @@ def cli_env(**extra: str) -> dict[str, str]:
     """The test sandbox's environment (HOME, TMPDIR set by conftest), nothing inherited that
     would point the build elsewhere."""
     env = os.environ.copy()
-    for name in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG", "PRX_PAUSE_AT"):
+    for name in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG", "PRX_PAUSE_AT", "RAY_ADDRESS"):
         env.pop(name, None)
     env.update(extra)
     return env

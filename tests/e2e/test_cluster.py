@@ -13,7 +13,6 @@ every MDS byte must agree.
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import dagster as dg
 import pytest
 import yaml
 from ray_clusters import ray_cluster_with_jobs
+from test_build import cli_env
 
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
@@ -49,7 +49,7 @@ def cluster() -> Iterator[dict[str, str]]:
 def build(demo_dir: Path, out: Path, root: str, config: dict) -> subprocess.CompletedProcess[str]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG")}
+    env = cli_env()  # an embedded build must not join a cluster an earlier test left in RAY_ADDRESS
     return subprocess.run(
         [CLI, "build", "--sources", str(demo_dir / "sources.yaml"), "--root", root, "--source", SOURCE,
          "--config", str(out / "config.yaml"), "--dagster-home", str(out / "dagster")],
