@@ -33,7 +33,13 @@ doctor: setup
 clean:
 	rm -rf .prx .pytest_cache test-artifacts
 
-# Re-resolve requirements.lock after changing dependencies in pyproject.toml.
+# Re-resolve the locks after changing dependencies in pyproject.toml: requirements.lock (with the
+# test extra: what make test installs) and requirements-runtime.lock, the same versions without the
+# test tools (what make demo and the images install). img2dataset (a test tool) still names the
+# Python 3.6 backport `dataclasses`, which no Python 3.11 installs: it is left out, and setup.sh
+# installs the lock with --no-deps (the lock is complete).
+UV_COMPILE = $(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	--no-header --annotation-style line --no-emit-package dataclasses
 lock:
-	$(BIN)/pip install -q uv && $(BIN)/uv pip compile pyproject.toml --extra test --python-version 3.11 \
-		--python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line -o requirements.lock
+	$(BIN)/pip install -q uv && $(UV_COMPILE) --extra test -o requirements.lock
+	$(UV_COMPILE) -c requirements.lock -o requirements-runtime.lock

@@ -60,7 +60,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
     from prx_core.sources.catalog import SourceSpec
     from prx_core.store.storage import Storage
 
-    spec, storage, units = SourceSpec(**job["source"]), Storage(job["root"]), job["units"]
+    spec, storage, units = SourceSpec.from_dict(job["source"]), Storage(job["root"]), job["units"]
     captioner, labeler = CaptionerConfig("source").version(), LabelerConfig().version()
     if stage == "samples":
         from prx_core.stages.samples import build_samples

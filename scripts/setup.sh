@@ -51,10 +51,10 @@ install_python() {
         say "creating $VENV with $("$PY" --version)"
         "$PY" -m venv "$VENV"
     fi
-    local extras=""
-    [ "$WITH_TEST" = 1 ] && extras="[test]"
+    local extras="" lock="$ROOT/requirements-runtime.lock"
+    [ "$WITH_TEST" = 1 ] && extras="[test]" && lock="$ROOT/requirements.lock"  # the test tools too
     local want
-    want="$(cat "$ROOT/requirements.lock" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)$extras"
+    want="$(cat "$lock" "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -c1-16)$extras"
     if [ -f "$VENV/.prx-deps" ] && [ "$(cat "$VENV/.prx-deps")" = "$want" ]; then
         say "Python dependencies up to date"
         return
@@ -67,7 +67,7 @@ install_python() {
     local start=$SECONDS
     # The lock (make lock) is resolved ahead of time: pip's own resolver backtracks for many
     # minutes over s3fs/aiobotocore/botocore here. The project itself goes in without deps.
-    pip_q install -q -r "$ROOT/requirements.lock"
+    pip_q install -q --no-deps -r "$lock"  # complete by construction (make lock); see the Makefile
     pip_q install -q --no-deps -e "$ROOT$extras"
     say "dependencies installed in $((SECONDS - start)) s"
     rm -f "$VENV/.prx-pillow"   # a fresh resolve may have put stock Pillow back

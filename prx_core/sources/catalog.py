@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,14 @@ import yaml
 
 from prx_core.store.storage import is_remote, join_uri
 
-FORMATS = ("parquet", "imagefolder", "webdataset", "lance")
+FORMATS = ("parquet", "imagefolder", "webdataset", "lance", "huggingface")
+TABLE_FORMATS = ("parquet", "lance", "huggingface")  # rows of a table: columns name the image, caption, key...
+JOIN_FORMATS = ("parquet", "lance")
 NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
-_COLUMN_FIELDS = ("image_column", "caption_column", "key_column", "embedding_column")
+_COLUMN_FIELDS = ("image_column", "url_column", "caption_column", "key_column", "embedding_column")
 _LIMIT_FIELDS = ("max_image_bytes", "max_caption_bytes")
-_FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "weight", *_LIMIT_FIELDS)
+_FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "metadata_columns", "joins", "download", "weight", *_LIMIT_FIELDS)
+_JOIN_FIELDS = ("uri", "format", "key_column", "caption_column", "embedding_column", "metadata_columns")
 DEFAULT_MAX_IMAGE_BYTES = 64 << 20  # a bigger image or caption is a reject, checked before reading it
 DEFAULT_MAX_CAPTION_BYTES = 64 << 10
 
@@ -39,6 +42,33 @@ def validate_source_name(name: object) -> str:
 
 
 @dataclass(frozen=True)
+class JoinSpec:
+    """A table keyed like its source (captions, CLIP vectors, metadata kept apart from the images),
+    joined on the workers by each unit's own keys (`prx_core.sources.joins`)."""
+
+    uri: str
+    key_column: str
+    format: str = "parquet"  # parquet | lance (default: lance when the uri ends in .lance)
+    caption_column: str | None = None
+    embedding_column: str | None = None
+    metadata_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DownloadSettings:
+    """How a metadata-only source's images are fetched (`url_column`), per ingest worker."""
+
+    concurrency: int = 16  # requests in flight per worker
+    per_host: int = 4  # of those, to one host at a time
+    connect_timeout_s: float = 10.0
+    read_timeout_s: float = 30.0
+    retries: int = 3  # further attempts after a 429, a 5xx or a dropped connection, with backoff
+    backoff_s: float = 1.0  # the first retry's wait; doubled at each further one
+    honor_opt_out: bool = True  # X-Robots-Tag noai / noimageai (and none / noindex) refuse the image
+    user_agent: str = "prx-corpus/0.1 (text-to-image corpus builder; honours X-Robots-Tag noai)"
+
+
+@dataclass(frozen=True)
 class SourceSpec:
     """One source dataset; `name` is its Dagster partition key."""
 
@@ -52,9 +82,36 @@ class SourceSpec:
     weight: float = 1.0
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_caption_bytes: int = DEFAULT_MAX_CAPTION_BYTES
+    url_column: str | None = None  # a metadata-only table: images fetched from this column's URLs
+    metadata_columns: tuple[str, ...] = ()  # carried per sample into `samples.metadata`
+    joins: tuple[JoinSpec, ...] = ()
+    download: DownloadSettings = field(default_factory=DownloadSettings)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain YAML/JSON values (lists, not tuples): what the catalog file and run manifests hold."""
+        return _plain(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SourceSpec:
+        """The inverse of `to_dict` (a manifest's copy of the spec, read back on a worker)."""
+        data = dict(data)
+        data["metadata_columns"] = tuple(data.get("metadata_columns") or ())
+        data["joins"] = tuple(JoinSpec(**{**j, "metadata_columns": tuple(j.get("metadata_columns") or ())})
+                              for j in data.get("joins") or ())
+        data["download"] = DownloadSettings(**(data.get("download") or {}))
+        return cls(**data)
+
+    @property
+    def is_table(self) -> bool:
+        return self.format in TABLE_FORMATS
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
@@ -135,32 +192,118 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
     if not isinstance(uri, str) or not uri.strip():
         raise fail("uri", "required: a local path or an s3:// URI")
     columns: dict[str, str | None] = {}
-    for field in _COLUMN_FIELDS:
-        value = entry.get(field)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise fail(field, f"must be a column name or null, got {value!r}")
-        columns[field] = value
-    if fmt in ("parquet", "lance") and not columns["image_column"]:
-        raise fail("image_column", f"required for format {fmt}")
-    if fmt in ("imagefolder", "webdataset"):
-        for field in ("image_column", "embedding_column"):
-            if columns[field]:
-                raise fail(field, f"not supported for format {fmt}")
+    for name_ in _COLUMN_FIELDS:
+        columns[name_] = _column(entry, name_, fail)
+    table = fmt in TABLE_FORMATS
+    if table and columns["image_column"] and columns["url_column"]:
+        raise fail("url_column", "give image_column (image bytes in the table) or url_column (images fetched "
+                                 "from URLs), not both")
+    if fmt in ("parquet", "lance") and not (columns["image_column"] or columns["url_column"]):
+        raise fail("image_column", f"required for format {fmt} (or url_column for a table of image URLs)")
+    if not table:
+        for name_ in ("image_column", "url_column", "embedding_column"):
+            if columns[name_]:
+                raise fail(name_, f"not supported for format {fmt}")
+    metadata_columns = _names(entry, "metadata_columns", fail)
+    if metadata_columns and not table:
+        raise fail("metadata_columns", f"not supported for format {fmt} (its metadata comes from its own files)")
+    joins = _joins(entry.get("joins"), base_dir, fail)
+    if joins and table and not columns["key_column"]:
+        raise fail("key_column", "required with joins: joined tables are keyed like the source, and the default "
+                                 "key (<file>:<row>) names no row of another table")
+    download = _download(entry.get("download"), fail)
+    if download != DownloadSettings() and not columns["url_column"]:
+        raise fail("download", "only with url_column (a table of image URLs)")
     weight = entry.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         raise fail("weight", f"must be a positive number, got {weight!r}")
     limits = {f: getattr(SourceSpec, f) if entry.get(f) is None else entry[f] for f in _LIMIT_FIELDS}  # null: default
-    for field, value in limits.items():
+    for name_, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise fail(field, f"must be a positive whole number of bytes, got {value!r}")
+            raise fail(name_, f"must be a positive whole number of bytes, got {value!r}")
     return SourceSpec(
         name=name,
         format=fmt,
         uri=_resolve_uri(uri.strip(), base_dir),
         weight=float(weight),
+        metadata_columns=metadata_columns,
+        joins=joins,
+        download=download,
         **columns,
         **limits,
     )
+
+
+def _column(entry: dict[str, Any], name: str, fail: Any) -> str | None:
+    value = entry.get(name)
+    if value is not None and (not isinstance(value, str) or not value):
+        raise fail(name, f"must be a column name or null, got {value!r}")
+    return value
+
+
+def _names(entry: dict[str, Any], name: str, fail: Any) -> tuple[str, ...]:
+    value = entry.get(name)
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise fail(name, f"must be a list of column names, got {value!r}")
+    if len(set(value)) != len(value):
+        raise fail(name, f"names a column twice: {value!r}")
+    return tuple(value)
+
+
+def _joins(value: Any, base_dir: Path, fail: Any) -> tuple[JoinSpec, ...]:
+    if value is None or value == []:
+        return ()
+    if not isinstance(value, list):
+        raise fail("joins", f"must be a list of tables ({{uri, key_column, caption_column, ...}}), got {value!r}")
+    joins = []
+    for index, join in enumerate(value):
+        where = f"joins[{index}]"
+        if not isinstance(join, dict):
+            raise fail(where, f"expected a mapping, got {type(join).__name__}")
+        unknown = set(join) - set(_JOIN_FIELDS)
+        if unknown:
+            raise fail(f"{where}.{sorted(map(str, unknown))[0]}", f"unknown field (allowed: {', '.join(_JOIN_FIELDS)})")
+        uri = join.get("uri")
+        if not isinstance(uri, str) or not uri.strip():
+            raise fail(f"{where}.uri", "required: a local path or an s3:// URI")
+        fmt = join.get("format") or ("lance" if uri.rstrip("/").endswith(".lance") else "parquet")
+        if fmt not in JOIN_FORMATS:
+            raise fail(f"{where}.format", f"must be one of {', '.join(JOIN_FORMATS)}, got {fmt!r}")
+        cols = {f: _column(join, f, lambda f_, p: fail(f"{where}.{f_}", p))
+                for f in ("key_column", "caption_column", "embedding_column")}
+        if not cols["key_column"]:
+            raise fail(f"{where}.key_column", "required: the column holding the source's keys")
+        metadata = _names(join, "metadata_columns", lambda f_, p: fail(f"{where}.{f_}", p))
+        if not (cols["caption_column"] or cols["embedding_column"] or metadata):
+            raise fail(where, "joins nothing: give caption_column, embedding_column or metadata_columns")
+        joins.append(JoinSpec(uri=_resolve_uri(uri.strip(), base_dir), format=fmt, metadata_columns=metadata, **cols))
+    return tuple(joins)
+
+
+def _download(value: Any, fail: Any) -> DownloadSettings:
+    if value is None:
+        return DownloadSettings()
+    if not isinstance(value, dict):
+        raise fail("download", f"must be a mapping of settings, got {value!r}")
+    known = {f.name: f for f in fields(DownloadSettings)}
+    settings: dict[str, Any] = {}
+    for key, item in value.items():
+        if key not in known:
+            raise fail(f"download.{key}", f"unknown setting (allowed: {', '.join(known)})")
+        default = known[key].default
+        if isinstance(default, bool):
+            ok = isinstance(item, bool)
+        elif isinstance(default, str):
+            ok = isinstance(item, str) and bool(item.strip())
+        else:
+            ok = (not isinstance(item, bool) and isinstance(item, (int, float)) and math.isfinite(item) and item >= 0
+                  and (item > 0 or key in ("retries", "backoff_s")) and (isinstance(item, int) or isinstance(default, float)))
+        if not ok:
+            raise fail(f"download.{key}", f"must be like {default!r}, got {item!r}")
+        settings[key] = float(item) if isinstance(default, float) else item
+    return DownloadSettings(**settings)
 
 
 def _resolve_uri(uri: str, base_dir: Path) -> str:

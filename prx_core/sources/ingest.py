@@ -107,6 +107,8 @@ def ingest_batch(
                 "num_bytes": len(data),
                 "original_caption": caption.text,
                 "embedding": record["embedding"],
+                "metadata": record.get("metadata") or None,
+                "source_url": record.get("source_url"),
             }
         )
     return (

@@ -17,28 +17,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.folders import list_folders, read_folder, relative_folder
-from prx_core.sources.records import (
-    BATCH_ROWS,
-    CAPTION_EXTENSIONS,
-    CAPTION_TOO_LARGE,
-    DUPLICATE_KEY,
-    IMAGE_EXTENSIONS,
-    IMAGE_TOO_LARGE,
-    NULL_KEY,
-    RECORD_SCHEMA,
-    SeenKeys,
-    printable_name,
-)
+from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
+from prx_core.sources.tables import lance_options, read_lance, read_parquet, table_key_prefix
 from prx_core.sources.tars import is_shard, read_webdataset
-from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
+from prx_core.store.storage import filesystem_for, is_remote
 
 __all__ = ["RECORD_SCHEMA", "IMAGE_EXTENSIONS", "CAPTION_EXTENSIONS", "BATCH_ROWS", "list_fragments",
-           "fragment_sizes", "read_fragment", "read_source", "observe_source"]
+           "fragment_sizes", "read_fragment", "read_source", "observe_source", "table_key_prefix"]
 
 
 def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -53,7 +41,7 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
     if spec.format == "lance":
         import lance
 
-        dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
+        dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         return [(str(f.fragment_id), sum(int(d.file_size_bytes or 0) for d in f.metadata.files))
                 for f in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id)]
     fs = filesystem_for(spec.uri, storage_options)
@@ -75,8 +63,8 @@ def read_fragment(
     the source's root (an edited manifest, `<root>/../x`) is an error, never a read."""
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
-    readers = {"parquet": _read_parquet, "webdataset": read_webdataset, "imagefolder": read_folder,
-               "lance": _read_lance}
+    readers = {"parquet": read_parquet, "webdataset": read_webdataset, "imagefolder": read_folder,
+               "lance": read_lance}
     yield from readers[spec.format](spec, fragment, storage_options)
 
 
@@ -95,87 +83,6 @@ def _glob_sizes(fs: Any, uri: str, wanted: Any) -> list[tuple[str, int]]:
                   for p, info in found.items() if wanted(p))
 
 
-def table_key_prefix(uri: str, path: str) -> str:
-    """The default key's file part: the file's path under the source root without `.parquet`
-    (`a/part-0`, `b/part-0`: two folders' files never share keys), its stem for a one-file source."""
-    if path == uri or posixpath.normpath(path.split("://", 1)[-1]) == posixpath.normpath(uri.split("://", 1)[-1]):
-        relative = posixpath.basename(path)
-    else:
-        relative = relative_folder(uri, path)
-    return relative[: -len(".parquet")] if relative.lower().endswith(".parquet") else relative
-
-
-def _read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
-    columns = [c for c in (spec.image_column, spec.caption_column, spec.key_column, spec.embedding_column) if c]
-    fs = filesystem_for(path, storage_options)
-    stem, seen, row = table_key_prefix(spec.uri, path), SeenKeys(), 0
-    with fs.open(path, "rb") as handle:
-        parquet = pq.ParquetFile(handle)
-        missing = [c for c in columns if c not in parquet.schema_arrow.names]
-        if missing:
-            raise KeyError(f"source {spec.name!r}: {path} has no column(s) {missing} (has {parquet.schema_arrow.names})")
-        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns):
-            yield _normalize(spec, batch, stem, row, seen)
-            row += batch.num_rows
-
-
-def _read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
-    import lance
-
-    dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
-    columns = [c for c in (spec.image_column, spec.caption_column, spec.key_column, spec.embedding_column) if c]
-    row, seen = 0, SeenKeys()
-    for batch in dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS):
-        yield _normalize(spec, batch, f"fragment{fragment}", row, seen)
-        row += batch.num_rows
-
-
-def _normalize(spec: SourceSpec, batch: pa.RecordBatch, stem: str, first_row: int, seen: SeenKeys) -> pa.RecordBatch:
-    """Map a table source's columns onto `RECORD_SCHEMA`; default key: `<file>:<row>`. A null key
-    (under the file-and-row key), a key already given earlier in the same file, or an image or
-    caption over the source's limits is refused here with its reason."""
-    n = batch.num_rows
-    images = batch.column(spec.image_column).cast(pa.large_binary())
-    captions = batch.column(spec.caption_column).cast(pa.string()) if spec.caption_column else pa.nulls(n, pa.string())
-    if spec.embedding_column:
-        embeddings = batch.column(spec.embedding_column).cast(pa.list_(pa.float32()))
-    else:
-        embeddings = pa.nulls(n, pa.list_(pa.float32()))
-    image_sizes = pc.fill_null(pc.binary_length(images), 0).to_pylist()
-    caption_sizes = pc.fill_null(pc.binary_length(captions.cast(pa.binary())), 0).to_pylist()
-    given = batch.column(spec.key_column).cast(pa.string()).to_pylist() if spec.key_column else [None] * n
-    keys, reasons, messages = [], [], []
-    for i in range(n):
-        key, row = given[i], f"row {first_row + i} of {stem}"
-        reason = message = None
-        if key is None:
-            key = f"{stem}:{first_row + i}"
-            if spec.key_column:
-                reason, message = NULL_KEY, f"key column {spec.key_column!r} is null ({row})"
-        elif not seen.first(key):
-            reason, message = DUPLICATE_KEY, f"key {key!r} given again ({row}): the first is kept"
-        elif image_sizes[i] > spec.max_image_bytes:
-            reason, message = IMAGE_TOO_LARGE, f"{image_sizes[i]} image bytes, over the limit {spec.max_image_bytes}"
-        elif caption_sizes[i] > spec.max_caption_bytes:
-            reason = CAPTION_TOO_LARGE
-            message = f"{caption_sizes[i]} caption bytes, over the limit {spec.max_caption_bytes}"
-        keys.append(key)
-        reasons.append(reason)
-        messages.append(message)
-    if any(reasons):  # a refused row carries no bytes, caption or embedding
-        keep = pa.array([r is None for r in reasons])
-        images = pc.if_else(keep, images, pa.scalar(b"", pa.large_binary()))
-        captions = pc.if_else(keep, captions, pa.scalar(None, pa.string()))
-        embeddings = pc.if_else(keep, embeddings, pa.scalar(None, pa.list_(pa.float32())))
-    return pa.RecordBatch.from_arrays(
-        [pa.array(keys, pa.string()), images, captions, embeddings, pa.array(reasons, pa.string()),
-         pa.array(messages, pa.string())], schema=RECORD_SCHEMA)
-
-
-def _lance_options(uri: str, storage_options: dict[str, Any] | None) -> dict[str, str] | None:
-    return lance_storage_options(storage_options) if is_remote(uri) else None
-
-
 def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the source is right now, without reading its contents: fragments, files, bytes and a
     fingerprint (names and sizes, or the Lance version) that changes when the source does."""
@@ -183,7 +90,7 @@ def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = No
     if spec.format == "lance":
         import lance
 
-        dataset = lance.dataset(spec.uri, storage_options=_lance_options(spec.uri, storage_options))
+        dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         entries = [f"lance@{dataset.version}"]
         files, size = len(dataset.get_fragments()), 0
     else:

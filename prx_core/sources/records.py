@@ -21,6 +21,8 @@ RECORD_SCHEMA = pa.schema(
         ("embedding", pa.list_(pa.float32())),
         ("reject_reason", pa.string()),  # null: a sample to decode; else refused by the reader
         ("reject_message", pa.string()),
+        ("metadata", pa.map_(pa.string(), pa.string())),  # carried into samples.metadata (label, license, ...)
+        ("source_url", pa.string()),  # where a fetched image came from (takedowns are traced by it)
     ]
 )
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
@@ -39,10 +41,10 @@ NULL_KEY = "null_key"
 BAD_NAME = "bad_name"  # a file or member name that is not UTF-8
 
 
-def record(key: str, image: bytes = b"", caption: str | None = None,
-           embedding: list[float] | None = None) -> dict[str, Any]:
+def record(key: str, image: bytes = b"", caption: str | None = None, embedding: list[float] | None = None,
+           metadata: dict[str, str] | None = None, source_url: str | None = None) -> dict[str, Any]:
     return {"source_key": key, "image": image, "caption": caption, "embedding": embedding,
-            "reject_reason": None, "reject_message": None}
+            "reject_reason": None, "reject_message": None, "metadata": metadata or None, "source_url": source_url}
 
 
 def refused(key: str, reason: str, message: str) -> dict[str, Any]:

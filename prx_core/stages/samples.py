@@ -99,7 +99,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     """Ray task: read a group of source fragments, write its samples and rejects as Lance fragments
     (no commit). A corrupt file becomes one reject row for what could not be read."""
     storage, params = run.storage, run.manifest.params
-    spec = SourceSpec(**params["spec"])
+    spec = SourceSpec.from_dict(params["spec"])
     rejects: list[pa.Table] = []
     counts: Counter[str] = Counter()
 

@@ -27,6 +27,8 @@ SAMPLES = pa.schema(
         ("embedding", pa.list_(pa.float32())),
         # added after the first release: last, so an older table gains it as a null column
         ("phash", pa.uint64()),  # 64-bit DCT pHash, from the ingest decode (the `phashes` stage copies it)
+        ("metadata", pa.map_(pa.string(), pa.string())),  # per-sample source metadata: label, license, width, ...
+        ("source_url", pa.string()),  # a fetched image's URL (url_column sources), else null
     ]
 )
 

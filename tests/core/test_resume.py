@@ -44,7 +44,7 @@ from prx_core.stages.buckets import build_buckets
 from prx_core.stages.samples import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store.storage import Storage
-root, spec = sys.argv[1], SourceSpec(**json.loads(sys.argv[3]))
+root, spec = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3]))
 ray.init(address=sys.argv[2], log_to_driver=False)
 {call}
 """

@@ -103,7 +103,7 @@ def test_sources_on_s3(s3_endpoint: dict, demo_dir: Path, tmp_path: Path) -> Non
     catalog = load_catalog(demo_dir / "sources.yaml")
     for spec in catalog.sources:
         fs.put(spec.uri, f"sources/{spec.name}", recursive=True)
-        remote = SourceSpec(**{**spec.to_dict(), "uri": f"s3://sources/{spec.name}"})
+        remote = SourceSpec.from_dict({**spec.to_dict(), "uri": f"s3://sources/{spec.name}"})
         local_records = {k.rsplit("/", 1)[-1]: v for k, v in records(spec).items()}
         remote_records = {k.rsplit("/", 1)[-1]: v for k, v in records(remote, options).items()}
         assert remote_records == local_records, spec.name

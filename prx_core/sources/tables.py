@@ -1,0 +1,219 @@
+"""Table sources (parquet files, Lance fragments, Hugging Face datasets): rows onto `RECORD_SCHEMA`.
+
+A batch of a table goes through one pipeline, `normalize`, in the worker that reads it: keys
+(given or `<file>:<row>`, null and repeated keys refused), image bytes (a binary column, a
+Hugging Face `Image()` struct, or URLs fetched by `prx_core.sources.download`), caption, embedding
+and metadata columns, then the joined tables (`prx_core.sources.joins`), then the size limits.
+Each refusal is recorded on its row with a reason; a refused row carries no bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.records import (
+    CAPTION_TOO_LARGE,
+    DUPLICATE_KEY,
+    IMAGE_TOO_LARGE,
+    NULL_KEY,
+    RECORD_SCHEMA,
+    BATCH_ROWS,
+    SeenKeys,
+)
+from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
+
+
+@dataclass
+class Rows:
+    """One batch of a table source on its way to `RECORD_SCHEMA`, one list entry per row."""
+
+    keys: list[str]
+    images: list[bytes | None]
+    captions: list[str | None]
+    embeddings: list[list[float] | None]
+    metadata: list[dict[str, str]]
+    urls: list[str | None]
+    reasons: list[str | None]
+    messages: list[str | None]
+    extra: list[dict[str, Any]] = field(default_factory=list)  # refusals of joined rows (a repeated join key)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def refuse(self, i: int, reason: str, message: str) -> None:
+        """The first refusal of a row wins: it is the cause an operator reads."""
+        if self.reasons[i] is None:
+            self.reasons[i], self.messages[i] = reason, message[:300]
+
+    def live(self) -> list[int]:
+        return [i for i, r in enumerate(self.reasons) if r is None]
+
+    def to_batch(self) -> pa.RecordBatch:
+        n = len(self)
+        keep = [r is None for r in self.reasons]
+        rows = [{"source_key": self.keys[i], "image": (self.images[i] or b"") if keep[i] else b"",
+                 "caption": self.captions[i] if keep[i] else None,
+                 "embedding": self.embeddings[i] if keep[i] else None,
+                 "reject_reason": self.reasons[i], "reject_message": self.messages[i],
+                 "metadata": self.metadata[i] or None, "source_url": self.urls[i]} for i in range(n)]
+        return pa.RecordBatch.from_pylist(rows + self.extra, schema=RECORD_SCHEMA)
+
+
+@dataclass
+class TableFile:
+    """Where a batch came from: the default keys' file part, and the folder an HF `Image()` path is
+    relative to."""
+
+    stem: str
+    path: str
+    storage_options: dict[str, Any] | None = None
+
+
+def source_columns(spec: SourceSpec) -> list[str]:
+    """The columns of the source's own table a reader needs."""
+    named = (spec.image_column, spec.url_column, spec.caption_column, spec.key_column, spec.embedding_column)
+    return list(dict.fromkeys([c for c in named if c] + list(spec.metadata_columns)))
+
+
+def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int, seen: SeenKeys,
+              joiner: Any = None) -> pa.RecordBatch:
+    """Map a table source's batch onto `RECORD_SCHEMA` (see the module docstring for the order)."""
+    rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
+    _fill_images(spec, batch, rows, where)
+    _fill_columns(spec, batch, rows)
+    if joiner is not None:
+        joiner.join(rows)
+    _check_sizes(spec, rows)
+    return rows.to_batch()
+
+
+def _keyed_rows(spec: SourceSpec, batch: pa.RecordBatch, stem: str, first_row: int, seen: SeenKeys) -> Rows:
+    n = batch.num_rows
+    given = batch.column(spec.key_column).cast(pa.string()).to_pylist() if spec.key_column else [None] * n
+    rows = Rows(keys=[], images=[None] * n, captions=[None] * n, embeddings=[None] * n,
+                metadata=[{} for _ in range(n)], urls=[None] * n, reasons=[None] * n, messages=[None] * n)
+    for i, key in enumerate(given):
+        row = f"row {first_row + i} of {stem}"
+        if key is None:
+            rows.keys.append(f"{stem}:{first_row + i}")
+            if spec.key_column:
+                rows.refuse(i, NULL_KEY, f"key column {spec.key_column!r} is null ({row})")
+            continue
+        rows.keys.append(key)
+        if not seen.first(key):
+            rows.refuse(i, DUPLICATE_KEY, f"key {key!r} given again ({row}): the first is kept")
+    return rows
+
+
+def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: TableFile) -> None:
+    if spec.url_column:
+        from prx_core.sources.download import fetch_rows
+
+        rows.urls = batch.column(spec.url_column).cast(pa.string()).to_pylist()
+        fetch_rows(spec, rows, where.storage_options)
+        return
+    from prx_core.sources.hf_images import image_bytes
+
+    image_bytes(spec, batch.column(spec.image_column), rows, where)
+
+
+def _fill_columns(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows) -> None:
+    if spec.caption_column:
+        rows.captions = batch.column(spec.caption_column).cast(pa.string()).to_pylist()
+    if spec.embedding_column:
+        rows.embeddings = batch.column(spec.embedding_column).cast(pa.list_(pa.float32())).to_pylist()
+    for name in spec.metadata_columns:
+        for i, value in enumerate(metadata_values(batch.column(name))):
+            if value is not None:
+                rows.metadata[i][name] = value
+
+
+def metadata_values(column: pa.Array | pa.ChunkedArray) -> list[str | None]:
+    """A column as metadata strings: scalars as text, anything nested as compact JSON."""
+    import json
+
+    if pa.types.is_nested(column.type) or pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        return [None if v is None else json.dumps(v, default=repr, separators=(",", ":"))[:1000]
+                for v in column.to_pylist()]
+    return [None if v is None else str(v)[:1000] for v in column.to_pylist()]
+
+
+def _check_sizes(spec: SourceSpec, rows: Rows) -> None:
+    """The limits hold for every row, whatever its key (a default key is no exemption)."""
+    for i in rows.live():
+        image, caption = rows.images[i] or b"", rows.captions[i]
+        if len(image) > spec.max_image_bytes:
+            rows.refuse(i, IMAGE_TOO_LARGE, f"{len(image)} image bytes, over the limit {spec.max_image_bytes}")
+        elif caption is not None and len(caption.encode("utf-8", "surrogatepass")) > spec.max_caption_bytes:
+            size = len(caption.encode("utf-8", "surrogatepass"))
+            rows.refuse(i, CAPTION_TOO_LARGE, f"{size} caption bytes, over the limit {spec.max_caption_bytes}")
+
+
+def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+    fs = filesystem_for(path, storage_options)
+    where = TableFile(table_key_prefix(spec.uri, path), path, storage_options)
+    with fs.open(path, "rb") as handle, _joiner(spec, storage_options) as joiner:
+        parquet = pq.ParquetFile(handle)
+        columns = _present(spec, parquet.schema_arrow.names, path)
+        yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where, joiner)
+
+
+def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+    import lance
+
+    dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
+    columns = _present(spec, dataset.schema.names, spec.uri)
+    where = TableFile(f"fragment{fragment}", spec.uri, storage_options)
+    with _joiner(spec, storage_options) as joiner:
+        batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
+        yield from _batches(spec, batches, where, joiner)
+
+
+def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile, joiner: Any) -> Iterator[pa.RecordBatch]:
+    row, seen = 0, SeenKeys()
+    for batch in batches:
+        yield normalize(spec, batch, where, row, seen, joiner)
+        row += batch.num_rows
+
+
+def _present(spec: SourceSpec, names: list[str], path: str) -> list[str]:
+    columns = source_columns(spec)
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise KeyError(f"source {spec.name!r}: {path} has no column(s) {missing} (has {names})")
+    return columns
+
+
+def _joiner(spec: SourceSpec, storage_options: dict[str, Any] | None) -> Any:
+    """A context holding the joined tables open for one file's batches (nothing when none are joined)."""
+    import contextlib
+
+    if not spec.joins:
+        return contextlib.nullcontext(None)
+    from prx_core.sources.joins import Joiner
+
+    return Joiner(spec, storage_options)
+
+
+def table_key_prefix(uri: str, path: str) -> str:
+    """The default key's file part: the file's path under the source root without `.parquet`
+    (`a/part-0`, `b/part-0`: two folders' files never share keys), its stem for a one-file source."""
+    import posixpath
+
+    from prx_core.sources.folders import relative_folder
+
+    if path == uri or posixpath.normpath(path.split("://", 1)[-1]) == posixpath.normpath(uri.split("://", 1)[-1]):
+        relative = posixpath.basename(path)
+    else:
+        relative = relative_folder(uri, path)
+    return relative[: -len(".parquet")] if relative.lower().endswith(".parquet") else relative
+
+
+def lance_options(uri: str, storage_options: dict[str, Any] | None) -> dict[str, str] | None:
+    return lance_storage_options(storage_options) if is_remote(uri) else None
