@@ -39,6 +39,9 @@ CAPTION_TOO_LARGE = "caption_too_large"
 DUPLICATE_KEY = "duplicate_key"
 NULL_KEY = "null_key"
 BAD_NAME = "bad_name"  # a file or member name that is not UTF-8
+DOWNLOAD_ERROR = "download_error"  # a URL that gave no image (HTTP status or exception in the message)
+DOWNLOAD_TIMEOUT = "download_timeout"
+OPTED_OUT = "opted_out"  # the server said X-Robots-Tag noai / noimageai
 
 
 def record(key: str, image: bytes = b"", caption: str | None = None, embedding: list[float] | None = None,

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.records import (
     CAPTION_TOO_LARGE,
+    DOWNLOAD_ERROR,
     DUPLICATE_KEY,
     IMAGE_TOO_LARGE,
     NULL_KEY,
@@ -26,6 +27,8 @@ from prx_core.sources.records import (
     BATCH_ROWS,
     SeenKeys,
 )
+
+IMG2DATASET_ERROR = "error_message"  # the column img2dataset writes beside a row it could not fetch
 from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
 
 
@@ -86,6 +89,7 @@ def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_r
     """Map a table source's batch onto `RECORD_SCHEMA` (see the module docstring for the order)."""
     rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
     _fill_images(spec, batch, rows, where)
+    _carry_download_errors(batch, rows)
     _fill_columns(spec, batch, rows)
     if joiner is not None:
         joiner.join(rows)
@@ -121,6 +125,18 @@ def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: Tab
     from prx_core.sources.hf_images import image_bytes
 
     image_bytes(spec, batch.column(spec.image_column), rows, where)
+
+
+def _carry_download_errors(batch: pa.RecordBatch, rows: Rows) -> None:
+    """img2dataset's output keeps the rows it failed to download (`status` failed_to_download, an
+    `error_message`, no image): they become `download_error` rejects with img2dataset's message,
+    not images that are merely empty."""
+    if IMG2DATASET_ERROR not in batch.schema.names:
+        return
+    errors = batch.column(IMG2DATASET_ERROR).cast(pa.string()).to_pylist()
+    for i in rows.live():
+        if not rows.images[i] and errors[i]:
+            rows.refuse(i, DOWNLOAD_ERROR, f"not downloaded by the tool that wrote the source: {errors[i]}")
 
 
 def _fill_columns(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows) -> None:
@@ -187,6 +203,8 @@ def _present(spec: SourceSpec, names: list[str], path: str) -> list[str]:
     missing = [c for c in columns if c not in names]
     if missing:
         raise KeyError(f"source {spec.name!r}: {path} has no column(s) {missing} (has {names})")
+    if IMG2DATASET_ERROR in names and IMG2DATASET_ERROR not in columns:
+        columns.append(IMG2DATASET_ERROR)
     return columns
 
 
