@@ -70,12 +70,14 @@ class Rows:
 
 @dataclass
 class TableFile:
-    """Where a batch came from: the default keys' file part, and the folder an HF `Image()` path is
-    relative to."""
+    """Where a batch came from: the default keys' file part, the file an HF `Image()` path is
+    relative to, and the metadata columns this file carries (the spec's, plus the defaults of a
+    URL table that the file has: `prx_core.sources.download.url_metadata_columns`)."""
 
     stem: str
     path: str
     storage_options: dict[str, Any] | None = None
+    metadata_columns: tuple[str, ...] = ()
 
 
 def source_columns(spec: SourceSpec) -> list[str]:
@@ -90,7 +92,7 @@ def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_r
     rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
     _fill_images(spec, batch, rows, where)
     _carry_download_errors(batch, rows)
-    _fill_columns(spec, batch, rows)
+    _fill_columns(spec, batch, rows, where.metadata_columns or spec.metadata_columns)
     if joiner is not None:
         joiner.join(rows)
     _check_sizes(spec, rows)
@@ -116,15 +118,17 @@ def _keyed_rows(spec: SourceSpec, batch: pa.RecordBatch, stem: str, first_row: i
 
 
 def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: TableFile) -> None:
-    if spec.url_column:
-        from prx_core.sources.download import fetch_rows
-
-        rows.urls = batch.column(spec.url_column).cast(pa.string()).to_pylist()
-        fetch_rows(spec, rows, where.storage_options)
-        return
+    """Image bytes from the image column, or fetched: every live row left with no bytes and a URL
+    (a `url_column` table, or an HF `Image()` whose path is a URL) goes to the downloader."""
+    from prx_core.sources.download import fetch_rows
     from prx_core.sources.hf_images import image_bytes
 
-    image_bytes(spec, batch.column(spec.image_column), rows, where)
+    if spec.url_column:
+        rows.urls = batch.column(spec.url_column).cast(pa.string()).to_pylist()
+    else:
+        image_bytes(spec, batch.column(spec.image_column), rows, where)
+    if any(rows.images[i] is None and rows.urls[i] for i in rows.live()):
+        fetch_rows(spec, rows, where.storage_options)
 
 
 def _carry_download_errors(batch: pa.RecordBatch, rows: Rows) -> None:
@@ -139,12 +143,12 @@ def _carry_download_errors(batch: pa.RecordBatch, rows: Rows) -> None:
             rows.refuse(i, DOWNLOAD_ERROR, f"not downloaded by the tool that wrote the source: {errors[i]}")
 
 
-def _fill_columns(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows) -> None:
+def _fill_columns(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, metadata_columns: tuple[str, ...]) -> None:
     if spec.caption_column:
         rows.captions = batch.column(spec.caption_column).cast(pa.string()).to_pylist()
     if spec.embedding_column:
         rows.embeddings = batch.column(spec.embedding_column).cast(pa.list_(pa.float32())).to_pylist()
-    for name in spec.metadata_columns:
+    for name in metadata_columns:
         for i, value in enumerate(metadata_values(batch.column(name))):
             if value is not None:
                 rows.metadata[i][name] = value
@@ -176,7 +180,7 @@ def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | 
     where = TableFile(table_key_prefix(spec.uri, path), path, storage_options)
     with fs.open(path, "rb") as handle, _joiner(spec, storage_options) as joiner:
         parquet = pq.ParquetFile(handle)
-        columns = _present(spec, parquet.schema_arrow.names, path)
+        columns = _present(spec, parquet.schema_arrow.names, path, where)
         yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where, joiner)
 
 
@@ -184,8 +188,8 @@ def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] 
     import lance
 
     dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
-    columns = _present(spec, dataset.schema.names, spec.uri)
     where = TableFile(f"fragment{fragment}", spec.uri, storage_options)
+    columns = _present(spec, dataset.schema.names, spec.uri, where)
     with _joiner(spec, storage_options) as joiner:
         batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
         yield from _batches(spec, batches, where, joiner)
@@ -198,14 +202,20 @@ def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFi
         row += batch.num_rows
 
 
-def _present(spec: SourceSpec, names: list[str], path: str) -> list[str]:
+def _present(spec: SourceSpec, names: list[str], path: str, where: TableFile) -> list[str]:
+    """The columns to read from a file with these `names` (a missing named column is an error that
+    names the file); sets `where.metadata_columns`."""
+    from prx_core.sources.download import url_metadata_columns
+
     columns = source_columns(spec)
     missing = [c for c in columns if c not in names]
     if missing:
         raise KeyError(f"source {spec.name!r}: {path} has no column(s) {missing} (has {names})")
     if IMG2DATASET_ERROR in names and IMG2DATASET_ERROR not in columns:
         columns.append(IMG2DATASET_ERROR)
-    return columns
+    defaults = url_metadata_columns(spec, names) if spec.url_column else []
+    where.metadata_columns = tuple(dict.fromkeys([*spec.metadata_columns, *defaults]))
+    return list(dict.fromkeys([*columns, *where.metadata_columns]))
 
 
 def _joiner(spec: SourceSpec, storage_options: dict[str, Any] | None) -> Any:
