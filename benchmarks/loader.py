@@ -6,7 +6,7 @@ real source). The same MDS is read three ways, in alternated runs so background 
 of them alike; each loader keeps its best run (load only ever slows a run down):
 
 - stock: a plain `StreamingDataset`, one local Stream per bucket folder (the PRX trainer's way)
-- plain: `CorpusDataset`, no skip-lists
+- plain: `CorpusDataset`, nothing skipped (completion records, no lists)
 - skip10: `CorpusDataset`, 10% of every stream skipped (substituted)
 
 and in two modes: `read` (the sample dict as streaming returns it, the JPEG only opened: what the
@@ -152,6 +152,8 @@ def _run(base: str, samples: int, decode_samples: int, repeats: int) -> dict:
     summaries = build_corpus(roots["plain"], samples)
     shutil.copytree(os.path.join(roots["plain"], "mds"), os.path.join(roots["skip10"], "mds"), copy_function=os.link)
     skipped = write_skips(roots["skip10"], summaries, SKIP_FRACTION)
+    for source in {s.source for s in summaries}:  # filtered, nothing to skip: completion records only
+        write_skip_lists(roots["plain"], source, [])
     total = sum(s.count for s in summaries)
     results: dict = {"samples": total, "streams": len(summaries), "batch_size": BATCH,
                      "skipped": len(skipped), "skipped_fraction": len(skipped) / total,

@@ -17,7 +17,8 @@ CHECKS = [dg.AssetCheckSpec("skip_lists_fraction", asset="skip_lists",
 
 
 def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource) -> dg.AssetsDefinition:
-    version = f"{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
+    # "2-": streams gain completion records (the loader refuses streams without one)
+    version = f"2-{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
               check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP)

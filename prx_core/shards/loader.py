@@ -10,9 +10,11 @@ Streaming's sample-id plan (resampling, partitioning over ranks and workers, per
 every rank keeps the epoch length and a resumed run reads exactly what an uninterrupted one would.
 
 Operational notes (mosaicml-streaming 0.13): skip-lists are read once, at construction, only the
-requested tier's, memory-mapped and shared by a node's ranks; a skip-list that was computed for
-another version of its stream (its index.json digest differs) fails the construction with a clear
-error rather than skipping the wrong samples. Resuming under changed skip-lists keeps the plan but not the
+requested tier's, memory-mapped and shared by a node's ranks. The loader fails closed: a stream
+whose skip-lists were never completed for its current index.json (no completion record: the
+`skip_lists` asset did not run or failed after the stream was published) or that was computed for
+another version of its stream fails the construction with an error naming the stream, rather
+than training unfiltered or skipping the wrong samples (`allow_unfiltered=True` for debugging). Resuming under changed skip-lists keeps the plan but not the
 substitutes, and a stream that became fully skipped changes the plan. `len()` counts the batches
 per_stream later drops. Batches for `StreamingDataLoader` must be dicts of columns (`collate`).
 A remote root caches under `cache_dir`: one live dataset per cache folder (streaming's registry).
@@ -39,7 +41,8 @@ from streaming.base.world import World
 
 from prx_core.shards.mds import INDEX, list_streams
 from prx_core.shards.node_cache import default_cache_dir, skip_union
-from prx_core.shards.skiplists import list_skip_files, stream_key
+from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
+from prx_core.shards.skiplists import SUFFIX, list_skip_files, stream_folder, stream_key
 from prx_core.store.storage import filesystem_for, is_remote
 
 _STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
@@ -65,14 +68,18 @@ class StreamPlan:
 
 
 def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, storage_options: dict | None = None,
-                 cache_dir: str | None = None) -> list[StreamPlan]:
+                 cache_dir: str | None = None, allow_unfiltered: bool = False) -> list[StreamPlan]:
     """The tier's published streams of `sources` (default: every source), skip-lists unioned.
 
     Only the tier's skip-lists are read, once per node: they are memory-mapped from the root (a
     local one) or from a copy under `cache_dir` shared by the node's ranks (a remote one), and a
-    stream's union of reasons is cached there too. Fails closed: a skip-list computed for another
-    version of its stream (its `index_digest` or size differs) raises ValueError naming it, since
-    training on it would skip the wrong samples and keep the ones it was meant to skip.
+    stream's union of reasons is cached there too. Fails closed, with a ValueError naming the
+    stream and the fix: a stream without a skip-list completion record for its current index.json
+    (`skip_lists` never ran, failed, or ran before the stream was republished) is refused unless
+    `allow_unfiltered` (then it is read with the lists it has, and a warning names it), and a
+    skip-list computed for another version of its stream (its `index_digest` or size differs) is
+    always refused, since training on it would skip the wrong samples and keep the ones it was
+    meant to skip.
     """
     root = root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
     fs = filesystem_for(root, storage_options)
@@ -92,7 +99,16 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, sto
             count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
             name = stream_key(src, int(t), int(w), int(h))
             digest = hashlib.sha256(index).hexdigest()
-            skipped = skip_union(fs, skips.get(name, []), name, count, digest, cache)
+            lists = skips.get(name, [])
+            reasons = [u.rsplit("/", 1)[-1].removesuffix(SUFFIX) for u in lists]
+            try:
+                check_record(read_record(fs, stream_folder(root, src, int(t), int(w), int(h))), name, count, digest,
+                             reasons)
+            except UnfilteredStream as exc:
+                if not allow_unfiltered:
+                    raise
+                warnings.warn(f"allow_unfiltered: training on {name} without its filter: {exc}", stacklevel=3)
+            skipped = skip_union(fs, lists, name, count, digest, cache)
             found.append(StreamPlan(src, int(t), int(w), int(h), uri, count, skipped, index))
         if source is not None and not found:
             warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
@@ -200,6 +216,9 @@ class CorpusDataset(StreamingDataset):
             are downloaded by streaming's boto3 client, which reads `S3_ENDPOINT_URL` and the
             usual AWS variables; an `endpoint_url` here sets `S3_ENDPOINT_URL` when it is unset.
         cache_dir: local cache of a remote root (default: `$TMPDIR/prx-loader/<hash of root>`).
+        allow_unfiltered: for debugging only: accept streams whose skip-lists are missing or were
+            computed before the stream's last publish (the loader refuses them by default, naming
+            the stream: duplicates, nsfw, text and opted-out samples would be trained on).
         **streaming_kwargs: passed to `StreamingDataset` (batch_size, shuffle, epoch_size, ...).
             Defaults here: `batching_method="per_stream"`, `validate_hash="xxh64"` (remote only).
 
@@ -209,7 +228,7 @@ class CorpusDataset(StreamingDataset):
 
     def __init__(self, root: str, tier: int, sources: Sequence[str] | None = None,
                  proportions: Mapping[str, float] | None = None, storage_options: dict | None = None,
-                 cache_dir: str | None = None, **streaming_kwargs: Any) -> None:
+                 cache_dir: str | None = None, allow_unfiltered: bool = False, **streaming_kwargs: Any) -> None:
         if {"streams", "remote", "local"} & set(streaming_kwargs):
             raise TypeError("CorpusDataset builds its own streams: pass root/tier/sources instead")
         streaming_kwargs.setdefault("batching_method", "per_stream")
@@ -218,7 +237,7 @@ class CorpusDataset(StreamingDataset):
             missing = [s for s in sources if s not in proportions]
             if missing:
                 raise ValueError(f"proportions give no weight for sources {missing}")
-        plans = plan_streams(root, tier, sources, storage_options, cache_dir)
+        plans = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered)
         self.left_out: dict[str, str] = {}
         for p in plans:
             if len(p.skipped) == p.count:

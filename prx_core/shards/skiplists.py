@@ -10,8 +10,12 @@ per (stream, reason) under `<root>/skiplists/<source>/<tier>/<w>x<h>/`:
 - `<reason>.ids.parquet`: the same samples' `sample_id`s, aligned, for audits (never read by the
   training loader).
 
-The training loader unions a stream's reasons and refuses a list whose `index_digest` is not
-its stream's. Files carry no timestamp: a rerun with the same policy writes identical bytes.
+- `_complete.json` (`prx_core.shards.skip_records`): written last for every stream, also one with
+  nothing to skip, so the loader can tell "nothing to skip" from "never computed".
+
+The training loader unions a stream's reasons and refuses a stream without a record for its
+current index.json, or a list whose `index_digest` is not its stream's. Files carry no timestamp:
+a rerun with the same policy writes identical bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prx_core.shards.skip_records import RECORD, write_record
 from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
@@ -166,10 +171,11 @@ def _normalize(root: str) -> str:
 
 
 def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
-                       lists: dict[str, tuple[np.ndarray, pa.Array]]) -> list[str]:
+                       lists: dict[str, tuple[np.ndarray, pa.Array]], applied: Sequence[str] = ()) -> list[str]:
     """Replace every skip-list of one stream folder: `lists` maps a reason to its sorted indices and
     aligned sample ids; `header` holds the stream's fields. Reasons absent (or empty) lose their
-    files. Each file is replaced atomically; returns the `.skip` URIs written."""
+    files. Each file is replaced atomically, then the stream's completion record (the reasons the
+    policy `applied`, with their counts) is written last; returns the `.skip` URIs written."""
     written = []
     for reason, (indices, sample_ids) in sorted(lists.items()):
         if not len(indices):
@@ -183,19 +189,24 @@ def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
         put_atomic(fs, join_uri(folder, f"{reason}{IDS_SUFFIX}"), buffer.getvalue())
         put_atomic(fs, uri, encode(full, indices))
         written.append(uri)
-    keep = {w[: -len(SUFFIX)] for w in written}
+    keep = {w[: -len(SUFFIX)] for w in written} | {join_uri(folder, RECORD)}
     fs.invalidate_cache()
     for path in fs.ls(folder, detail=False) if fs.exists(folder) else []:
         uri = join_uri(folder, path.rstrip("/").rsplit("/", 1)[-1])
         if uri.removesuffix(SUFFIX).removesuffix(IDS_SUFFIX) not in keep:
             fs.rm(uri, recursive=True)
+    write_record(fs, folder, header, [*applied, *lists], {r: len(v[0]) for r, v in lists.items()})
     return written
 
 
 def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
                      storage_options: dict | None = None) -> list[str]:
     """Replace all skip-lists of `source` (small corpora, tests; the stage writes stream by stream
-    on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs."""
+    on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs.
+    Every stream of the source published under `root` gets its completion record (for its current
+    index.json), whether or not it has a list: the lists given are the whole filter."""
+    from prx_core.shards.mds import list_streams
+
     root = _normalize(root)
     validate_source_name(source)
     seen: set[tuple[int, int, int, str]] = set()
@@ -209,14 +220,37 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
         seen.add((skip.tier, skip.width, skip.height, skip.reason))
         by_stream.setdefault((skip.tier, skip.width, skip.height), []).append(skip)
     fs = filesystem_for(root, storage_options)
+    published = {_stream_of(uri): uri for uri in list_streams(root, source, storage_options)}
+    policy = next((s.policy_version for s in skip_lists), "manual")
     written = []
-    for key in sorted(by_stream):
-        first = by_stream[key][0]
-        header = {k: v for k, v in first.header().items() if k not in ("reason", "count")}
-        lists = {s.reason: (np.asarray(s.indices, np.int64), pa.array(s.sample_ids, pa.string())) for s in by_stream[key]}
+    for key in sorted(set(by_stream) | set(published)):
+        lists = {s.reason: (np.asarray(s.indices, np.int64), pa.array(s.sample_ids, pa.string()))
+                 for s in by_stream.get(key, [])}
+        header = {"source": source, "tier": key[0], "width": key[1], "height": key[2],
+                  "stream": stream_key(source, *key), "policy_version": policy}
+        if key in published:
+            index = fs.cat_file(join_uri(published[key], "index.json"))
+            header.update(stream_size=sum(int(s["samples"]) for s in json.loads(index)["shards"]),
+                          index_digest=_sha256(index))
+        if key in by_stream:
+            first = by_stream[key][0]
+            header.update(stream_size=first.stream_size, index_digest=first.index_digest,
+                          policy_version=first.policy_version)
         written += write_stream_lists(fs, stream_folder(root, source, *key), header, lists)
-    remove_stale_streams(fs, root, source, set(by_stream))
+    remove_stale_streams(fs, root, source, set(by_stream) | set(published))
     return written
+
+
+def _stream_of(uri: str) -> tuple[int, int, int]:
+    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
+    width, height = bucket.split("x")
+    return int(tier), int(width), int(height)
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
@@ -290,8 +324,6 @@ def skipped_indices(root: str, source: str, tier: int, width: int, height: int,
 
 def index_digest(stream_uri: str, storage_options: dict | None = None) -> str:
     """What a skip-list of the stream must carry as `index_digest`: the SHA-256 of its index.json."""
-    import hashlib
-
     fs = filesystem_for(stream_uri, storage_options)
     fs.invalidate_cache()
-    return hashlib.sha256(fs.cat_file(join_uri(stream_uri, "index.json"))).hexdigest()
+    return _sha256(fs.cat_file(join_uri(stream_uri, "index.json")))

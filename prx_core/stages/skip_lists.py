@@ -1,7 +1,9 @@
 """Stage `skip_lists`: what training should not see, per stream and reason, without rewriting
 shards. Changing the policy re-materializes only this stage.
 
-Two passes of work units over the source's published streams; the driver holds one entry per
+Two passes of work units over the source's published streams (each stream's lists end with its
+completion record, `prx_core.shards.skip_records`, so the loader refuses a stream this stage has
+not finished for its current index); the driver holds one entry per
 stream and per chunk. Per chunk (the chunk's own record lists its samples in stream order) a
 worker looks up the chunk's losing duplicates by sample_id and its labels by content_id (batched
 IN-list lookups on the shared tables), matches opt-outs, and writes the chunk's skipped
@@ -142,10 +144,19 @@ def skip_stream_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
               "stream": stream_key(run.manifest.partition, tier, width, height), "stream_size": spec["size"],
               "policy_version": run.manifest.params["policy_version"], "index_digest": spec["digest"]}
     written = write_stream_lists(fs, stream_folder(storage.root, run.manifest.partition, tier, width, height),
-                                 header, lists)
+                                 header, lists, applied_reasons(run.manifest.params, run.manifest.inputs))
     union = len(np.unique(table["index"].to_numpy())) if table.num_rows else 0
     return {"rows": spec["size"], "skipped": union, "by_reason": {r: len(v[0]) for r, v in lists.items()},
             "files": written}
+
+
+def applied_reasons(params: dict[str, Any], inputs: dict[str, Any]) -> list[str]:
+    """The reasons this run checked every sample for (what a stream's completion record lists):
+    the policy's, less those whose table does not exist yet (no `duplicates` run, no labels)."""
+    reasons = ["duplicate"] if params["duplicates"] and inputs.get("duplicates") is not None else []
+    if params["labels"] and inputs.get("caption_labels") is not None:
+        reasons += list(params["labels"]) + (["unlabelled"] if params.get("unlabelled") else [])
+    return reasons + (["opt_out"] if params["opt_out"] else [])
 
 
 def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
@@ -176,7 +187,7 @@ def build_skip_lists(
     inputs = {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest()}
     params = {**asdict(policy), "policy_version": policy.version(), "captioner_version": captioner_version,
               "labeler_version": labeler_version}
-    run = UnitRun.open(storage, Manifest("skip_lists", source, inputs, "2", params))
+    run = UnitRun.open(storage, Manifest("skip_lists", source, inputs, "3", params))  # 3: completion records
     chunk_units, stream_units = [], []
     for plan in streams:
         offset = 0

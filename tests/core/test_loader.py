@@ -26,6 +26,7 @@ import prx_core.shards.mds as mds
 import prx_core.shards.publish as publish
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset, StreamPlan, _Substitutes, collate
+from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,10 +67,11 @@ def skip_lists(source: str, summaries: list[publish.StreamSummary], options: dic
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Two roots with the same MDS: `plain` without skip-lists, `skip` with them."""
+    """Two roots with the same MDS: `plain` filtered with nothing to skip (completion records,
+    no lists), `skip` with skip-lists."""
     base = tmp_path_factory.mktemp("loader")
     plain, skip = str(base / "plain"), str(base / "skip")
-    rows, skipped, streams = {}, set(), {}
+    rows, skipped, streams, lists = {}, set(), {}, {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(mds, "SIZE_LIMIT", 150_000)  # ~2-4 samples per shard
         for source in ("alpha", "beta", "gamma"):
@@ -77,10 +79,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
             summaries = publish.write_source_streams(rows[source], plain, source)
             for s in summaries:
                 streams[f"{source}/{s.tier}/{s.width}x{s.height}"] = s
-            lists = skip_lists(source, summaries)
-            skipped |= {sid for sl in lists for sid in sl.sample_ids}
-            write_skip_lists(skip, source, lists)
+            lists[source] = skip_lists(source, summaries)
+            skipped |= {sid for sl in lists[source] for sid in sl.sample_ids}
+            write_skip_lists(plain, source, [])
     shutil.copytree(Path(plain, "mds"), Path(skip, "mds"))
+    for source, source_lists in lists.items():
+        write_skip_lists(skip, source, source_lists)
     assert streams["alpha/512/512x512"].shards > 5
     return {"plain": plain, "skip": skip, "rows": rows, "skipped": skipped, "streams": streams}
 
@@ -129,6 +133,48 @@ def test_fully_skipped_stream_is_left_out_and_stale_skip_lists_are_refused(corpu
     write_skip_lists(str(tmp_path), "beta", [SkipList("beta", 512, 512, 512, "nsfw", "p2", [0], ["x"], 24, "0" * 64)])
     with pytest.raises(ValueError, match="re-materialize skip_lists for beta"):
         CorpusDataset(str(tmp_path), 512, batch_size=4)
+
+
+def test_a_stream_whose_skip_lists_never_ran_is_refused(corpus, tmp_path) -> None:
+    """Fails closed: a published stream without a completion record (skip_lists never ran, or
+    failed) is an error naming the stream, not a stream trained unfiltered."""
+    shutil.copytree(Path(corpus["plain"], "mds", "beta"), tmp_path / "mds" / "beta")
+    with pytest.raises(UnfilteredStream, match=r"stream beta/512/512x512 has no skip-list record.*skip_lists for "
+                                               r"source 'beta'.*allow_unfiltered=True"):
+        CorpusDataset(str(tmp_path), 512, batch_size=4)
+    with pytest.warns(UserWarning, match="allow_unfiltered: training on beta/512/512x512 without its filter"):
+        ds = CorpusDataset(str(tmp_path), 512, batch_size=4, allow_unfiltered=True)
+    assert ds.stream_names == ["beta/512/512x512"] and ds.num_samples == 24
+    del ds
+    gc.collect()
+
+
+def test_a_removed_skip_folder_or_list_is_refused(corpus, tmp_path) -> None:
+    root = tmp_path / "copy"
+    shutil.copytree(corpus["skip"], root)
+    shutil.rmtree(root / "skiplists" / "alpha" / "512" / "576x448")  # nothing skipped there: only its record
+    with pytest.raises(UnfilteredStream, match="stream alpha/512/576x448 has no skip-list record"):
+        CorpusDataset(str(root), 512, sources=MAIN, batch_size=4)
+    shutil.copytree(Path(corpus["skip"], "skiplists", "alpha", "512", "576x448"), root / "skiplists" / "alpha" / "512" / "576x448")
+    lost = next((root / "skiplists" / "alpha" / "512" / "512x512").glob("*.skip"))
+    lost.unlink()  # the record counts its samples: a lost list must not mean "nothing to skip"
+    with pytest.raises(UnfilteredStream, match=rf"alpha/512/512x512: its record counts skipped samples for "
+                                               rf"\['{lost.name.removesuffix('.skip')}'\]"):
+        CorpusDataset(str(root), 512, sources=MAIN, batch_size=4)
+
+
+def test_a_republished_stream_with_nothing_skipped_is_refused_until_skip_lists_rerun(corpus, tmp_path) -> None:
+    """The case that used to pass silently: a stream with nothing to skip, republished with new
+    samples (which may be duplicates or nsfw) before skip_lists ran again."""
+    shutil.copytree(Path(corpus["plain"], "mds", "beta"), tmp_path / "mds" / "beta")
+    write_skip_lists(str(tmp_path), "beta", [])
+    CorpusDataset(str(tmp_path), 512, batch_size=4)
+    index = tmp_path / "mds" / "beta" / "512" / "512x512" / "index.json"
+    index.write_text(index.read_text().replace('"version": 2', '"version":  2'))  # republished: another digest
+    with pytest.raises(UnfilteredStream, match="re-materialize skip_lists for beta"):
+        CorpusDataset(str(tmp_path), 512, batch_size=4)
+    write_skip_lists(str(tmp_path), "beta", [])
+    assert CorpusDataset(str(tmp_path), 512, batch_size=4).num_samples == 24
 
 
 def test_substitutes_stay_in_their_shard_spread_evenly_and_rotate_per_epoch() -> None:

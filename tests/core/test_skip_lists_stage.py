@@ -86,3 +86,26 @@ def test_the_loader_takes_the_lists_and_refuses_them_for_a_republished_stream(st
     build_mds("photos", storage, CAPTIONER, route_rows=7, chunk_rows=5)  # republished in other chunks
     with pytest.raises(ValueError, match="re-materialize skip_lists for photos"):
         CorpusDataset(storage.root, tier, batch_size=1, shuffle=False)
+
+
+def test_every_stream_gets_a_completion_record_also_with_nothing_to_skip(storage: Storage) -> None:
+    """A policy that skips nothing writes no list but a record per stream, which is what lets the
+    loader tell "nothing to skip" from "skip_lists never ran"; before it ran, the loader refuses."""
+    from prx_core.shards.mds import list_streams
+    from prx_core.shards.skip_records import UnfilteredStream, read_record
+
+    build_mds("photos", storage, CAPTIONER)  # republished: the records of earlier tests are stale now
+    tier = int(list_streams(storage.root, "photos")[0].rstrip("/").rsplit("/", 2)[-2])
+    with pytest.raises(UnfilteredStream, match="materialize skip_lists for (source 'photos'|photos)"):
+        CorpusDataset(storage.root, tier, batch_size=1, shuffle=False)
+    nothing = SkipPolicy(duplicates=False, labels=(), unlabelled=False)
+    report = build_skip_lists("photos", storage, CAPTIONER, LABELER, nothing)
+    assert report.skipped == 0 and read_skip_lists(storage.root, "photos") == []
+    fs = storage.filesystem()
+    for stream in list_streams(storage.root, "photos"):
+        folder = stream.replace("/mds/", "/skiplists/", 1)
+        record = read_record(fs, folder)
+        assert record is not None and record["index_digest"] == index_digest(stream), stream
+        assert record["counts"] == {} and record["reasons_applied"] == [] and record["policy_version"] == nothing.version()
+    dataset = CorpusDataset(storage.root, tier, batch_size=1, shuffle=False)
+    assert len([s["sample_id"] for s in dataset]) > 0

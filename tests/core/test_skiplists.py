@@ -82,9 +82,12 @@ def test_rewrite_replaces_the_source_and_removes_stale_files(tmp_path) -> None:
     first = files(tmp_path)
     written = write_skip_lists(root, "alpha", [skip("nsfw", [3, 5], policy="p2"), skip("text", [])])
     assert written == [skiplist_uri(root, "alpha", 512, 512, 512, "nsfw")]
-    assert files(tmp_path) == ["skiplists/alpha/512/512x512/nsfw.ids.parquet", "skiplists/alpha/512/512x512/nsfw.skip",
+    assert files(tmp_path) == ["skiplists/alpha/512/512x512/_complete.json", "skiplists/alpha/512/512x512/nsfw.ids.parquet",
+                               "skiplists/alpha/512/512x512/nsfw.skip", "skiplists/beta/512/512x512/_complete.json",
                                "skiplists/beta/512/512x512/duplicate.ids.parquet", "skiplists/beta/512/512x512/duplicate.skip"]
-    assert len(first) == 9 and not (tmp_path / "skiplists/alpha/512/576x448").exists()
+    assert len(first) == 12 and not (tmp_path / "skiplists/alpha/512/576x448").exists()  # 9 + 3 records
+    record = json.loads((tmp_path / "skiplists/alpha/512/512x512/_complete.json").read_text())
+    assert record["counts"] == {"nsfw": 2} and record["reasons_applied"] == ["nsfw", "text"]
     assert read_skip_lists(root, "alpha") == [skip("nsfw", [3, 5], policy="p2")]
     assert (tmp_path / "skiplists/beta/512/512x512/duplicate.skip").read_bytes() == beta
     assert skipped_indices(root, "alpha", 512, 512, 512) == {3, 5}
