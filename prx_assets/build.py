@@ -3,11 +3,18 @@
 Runs go into a real Dagster instance (DAGSTER_HOME), so `dagster dev` on the same home shows
 them with their metadata and checks. Order: every source's per-source chain, then the global
 `duplicates`, then every source's `skip_lists`. One embedded Ray serves all runs.
+
+A failed step is reported with its cause in one line (the error's message, never a traceback:
+that stays in the run's Dagster logs). What depends on it is reported as skipped, not run into
+its own misleading error: inside a run Dagster does not execute a failed step's downstream, and a
+later run of a source whose chain failed (its `skip_lists`; every `skip_lists` after a failed
+`duplicates`) is not started. The other sources go on.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -20,6 +27,17 @@ from prx_assets.common import sync_partitions
 from prx_assets.settings import ALL_ASSETS, PER_SOURCE, REPO, validate_request
 
 QUIET_LOGS = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+MAX_CAUSE_CHARS = 1000  # a failure's cause in the summary; the whole error is in the run's logs
+
+
+@dataclass
+class StepFailure:
+    asset: str
+    partition: str | None
+    cause: str  # one line: the error's message
+
+    def line(self) -> str:
+        return f"{self.asset} [{self.partition or 'global'}] FAILED: {self.cause}"
 
 
 @dataclass
@@ -29,10 +47,16 @@ class BuildOutcome:
     failed_blocking: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     metadata: dict[tuple[str, str | None], dict[str, Any]] = field(default_factory=dict)  # (asset, partition)
+    failures: list[StepFailure] = field(default_factory=list)
+    skipped: dict[str | None, list[str]] = field(default_factory=dict)  # partition -> assets not run
 
     @property
     def ok(self) -> bool:
-        return not self.failed_runs and not self.failed_blocking
+        return not self.failed_runs and not self.failed_blocking and not self.failures
+
+    def failed_upstream(self, partition: str | None) -> list[str]:
+        """The failed assets a run of `partition` depends on: its own chain's, and the global ones."""
+        return [f.asset for f in self.failures if f.partition in (partition, None)]
 
 
 def prepare_instance(home: str | None) -> dg.DagsterInstance:
@@ -57,6 +81,10 @@ def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names:
     plan += [(["duplicates"], None)] if "duplicates" in chosen else []
     plan += [(["skip_lists"], n) for n in names] if "skip_lists" in chosen else []
     for keys, partition in [(k, p) for k, p in plan if k]:
+        if partition is not None and (upstream := outcome.failed_upstream(partition)):
+            outcome.skipped.setdefault(partition, []).extend(keys)
+            echo(f"==> {', '.join(keys)} [{partition}]: skipped (upstream {', '.join(upstream)} failed)", flush=True)
+            continue
         started = time.monotonic()
         echo(f"==> {', '.join(keys)}" + (f" [{partition}]" if partition else ""), flush=True)
         result = dg.materialize(assets, selection=keys, partition_key=partition, instance=instance,
@@ -64,6 +92,7 @@ def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names:
                                 tags={"prx/launched_by": "prx-corpus build"})
         outcome.runs += 1
         record(outcome, result, partition)
+        record_steps(outcome, result, keys, partition)
         status = "ok" if result.success else "FAILED"
         echo(f"    {status} in {time.monotonic() - started:.1f} s (run {result.run_id[:8]})", flush=True)
         if not result.success:
@@ -79,6 +108,45 @@ def caption_lines(outcome: BuildOutcome) -> list[str]:
             lines.append(f"captions [{partition}]: {meta.get('captioned', 0)} captioned, {meta.get('reused', 0)} reused, "
                          f"{meta.get('failed', 0)} failed ({meta.get('captioner', '?')})")
     return lines
+
+
+def failure_lines(outcome: BuildOutcome) -> list[str]:
+    """One line per failed step with its cause, then per partition what was skipped because of them."""
+    lines = [f.line() for f in outcome.failures]
+    for partition, assets in outcome.skipped.items():
+        upstream = ", ".join(dict.fromkeys(outcome.failed_upstream(partition))) or "a step"
+        lines.append(f"{', '.join(assets)} [{partition or 'global'}] skipped: upstream {upstream} failed")
+    return lines
+
+
+def record_steps(outcome: BuildOutcome, result: dg.ExecuteInProcessResult, keys: list[str],
+                 partition: str | None) -> None:
+    """The run's failed steps with their causes, and the selected assets it never executed."""
+    failed = []
+    for event in result.get_step_failure_events():
+        failed.append(event.step_key)
+        outcome.failures.append(StepFailure(event.step_key, partition, failure_cause(event)))
+    done = {event.step_key for event in result.get_step_success_events()} | set(failed)
+    left = [key for key in keys if key not in done]
+    if left:
+        outcome.skipped.setdefault(partition, []).extend(left)
+
+
+def failure_cause(event: dg.DagsterEvent) -> str:
+    """A step failure's message in one line: a `dg.Failure`'s description, else the innermost
+    exception as `Type: message` (Dagster wraps it in "Error occurred while executing op")."""
+    data = event.step_failure_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        text = data.user_failure_data.description
+    elif data.error is not None:
+        error = data.error
+        while error.cause is not None:
+            error = error.cause
+        text = re.sub(r"^(?:[A-Za-z_]\w*\.)+(?=\w+: )", "", error.message)  # `pkg.mod.Error: ` -> `Error: `
+    else:
+        text = event.message or "failed (see the run's logs)"
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_CAUSE_CHARS else flat[:MAX_CAUSE_CHARS - 3] + "..."
 
 
 def record(outcome: BuildOutcome, result: dg.ExecuteInProcessResult, partition: str | None) -> None:

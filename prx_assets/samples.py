@@ -8,6 +8,7 @@ from pydantic import Field
 from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_core.stages.entry import IngestReport, Progress
+from prx_core.stages.samples import SourceRefused
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
@@ -27,8 +28,9 @@ CHECKS = [
 
 class SamplesConfig(dg.Config):
     allow_empty: bool = Field(default=False, description=(
-        "Let a source that yields no sample replace a partition holding rows (empty it on purpose); "
-        "without it such a run fails before any commit, naming the source."))
+        "Let a source that yields no sample succeed: replace a partition holding rows (empty it on purpose), or "
+        "keep a source whose every sample is refused; without it such a run fails with one line saying why (the "
+        "dominant reject reason, an example and the fix), and a partition holding samples is never replaced."))
 
 
 def samples_asset(settings: StorageResource, captions: CaptionerResource | None = None) -> dg.AssetsDefinition:
@@ -45,11 +47,14 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
         replaces this source's rows in one commit."""
         spec = catalog_source(context, catalog)
-        ingest: IngestReport = run_stage(
-            context, ray, "samples", spec=spec, storage=storage.storage(), max_pixels=storage.max_pixels,
-            progress=Progress(f"samples[{spec.name}]"), unit_bytes=units.samples_bytes,
-            max_caption_chars=captioner.max_caption_chars, unit_seconds=units.samples_seconds,
-            allow_empty=config.allow_empty, max_duplicate_rate=checks.max_rate("samples_unique_sample_ids"))
+        try:
+            ingest: IngestReport = run_stage(
+                context, ray, "samples", spec=spec, storage=storage.storage(), max_pixels=storage.max_pixels,
+                progress=Progress(f"samples[{spec.name}]"), unit_bytes=units.samples_bytes,
+                max_caption_chars=captioner.max_caption_chars, unit_seconds=units.samples_seconds,
+                allow_empty=config.allow_empty, max_duplicate_rate=checks.max_rate("samples_unique_sample_ids"))
+        except SourceRefused as exc:  # the one line saying why, as the run's failure; a retry would refuse again
+            raise dg.Failure(description=str(exc), allow_retries=False) from exc
         report, keys, health = ingest.samples, ingest.keys, ingest.health
         total = report.rows + report.rejected
         checks = [

@@ -71,6 +71,10 @@ def read_sources(demo: Path) -> dict[tuple[str, str], tuple[bytes, str]]:
             for part in sorted(root.glob("*.parquet")):
                 for row in pq.read_table(part).to_pylist():
                     out[(spec.name, row[spec.key_column])] = (row[spec.image_column], row[spec.caption_column])
+        elif spec.format == "huggingface":  # the Hub layout: data/*.parquet with an Image() struct column
+            for part in sorted(root.glob("data/*.parquet")):
+                for row in pq.read_table(part).to_pylist():
+                    out[(spec.name, row[spec.key_column])] = (row["image"]["bytes"], row["text"])
         elif spec.format == "imagefolder":
             for path in sorted(root.rglob("*")):
                 if path.is_file() and path.suffix != ".txt":

@@ -1,6 +1,7 @@
 """Derive the demo sources deterministically from real offline photos.
 
-Three sources in three formats, with the hard cases planted on purpose and listed in
+Four sources in four formats (parquet, an image folder, WebDataset shards, a Hugging Face dataset in
+the Hub's layout), with the hard cases planted on purpose and listed in
 `manifest.json` (source, key, kinds, expected reject reason, duplicate group), so tests and
 later stages can check that each planted case ends where it should.
 """
@@ -18,7 +19,13 @@ from PIL import Image
 
 from prx_core.demo import synthetic as syn
 from prx_core.demo.photos import BasePhoto, load_base_photos, skimage_data_dir
-from prx_core.demo.writers import FolderSourceWriter, ParquetSourceWriter, SourceWriter, WebDatasetWriter
+from prx_core.demo.writers import (
+    FolderSourceWriter,
+    HuggingFaceSourceWriter,
+    ParquetSourceWriter,
+    SourceWriter,
+    WebDatasetWriter,
+)
 from prx_core.sources.catalog import SourceSpec, dump_catalog
 
 SEED = 20261129
@@ -27,6 +34,8 @@ SOURCES = (
                key_column="key", embedding_column="embedding", weight=1.0),
     SourceSpec("web_images", "imagefolder", "web_images", weight=0.5),
     SourceSpec("crawl_wds", "webdataset", "crawl_wds", weight=1.0),
+    # columns from the dataset's features: the first Image() column, and `text`
+    SourceSpec("hf_photos", "huggingface", "hf_photos", key_column="id", metadata_columns=("license",), weight=0.5),
 )
 ASPECTS = (0.56, 0.67, 0.75, 0.8, 1.0, 1.0, 1.25, 1.33, 1.5, 1.78)
 DUPLICATE_ASPECTS = (1.0, 1.33, 0.75, 1.5, 0.8)
@@ -74,13 +83,14 @@ class DemoBuilder:
             "stock_photos": ParquetSourceWriter(out / "stock_photos"),
             "web_images": FolderSourceWriter(out / "web_images"),
             "crawl_wds": WebDatasetWriter(out / "crawl_wds"),
+            "hf_photos": HuggingFaceSourceWriter(out / "hf_photos"),
         }
         self.counters: Counter = Counter()
 
     # -- primitives ------------------------------------------------------------------------
     def add(self, source: str, data: bytes, ext: str, caption: str, kinds: list[str],
             size: tuple[int, int] | None, **extra: object) -> str:
-        prefix = {"stock_photos": "sp", "web_images": "img", "crawl_wds": "crawl"}[source]
+        prefix = {"stock_photos": "sp", "web_images": "img", "crawl_wds": "crawl", "hf_photos": "hf"}[source]
         key = f"{prefix}_{self.counters[source]:05d}"
         self.counters[source] += 1
         self.writers[source].add(key, data, ext, caption)
@@ -269,7 +279,7 @@ def build_demo_sources(out_dir: str | Path, use_wallpapers: bool = True) -> Demo
     builder.modes_and_formats()
     builder.hostile()
     for source, count, formats in (("stock_photos", 96, ("jpg",)), ("web_images", 70, ("jpg", "jpg", "png", "webp")),
-                                   ("crawl_wds", 90, ("jpg", "jpg", "jpg", "webp"))):
+                                   ("crawl_wds", 90, ("jpg", "jpg", "jpg", "webp")), ("hf_photos", 24, ("jpg", "png"))):
         builder.regular(source, count, formats)
     builder.close()
     dump_catalog(list(SOURCES), staging / "sources.yaml")

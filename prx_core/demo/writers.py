@@ -1,8 +1,10 @@
-"""Writers for the three demo source formats: parquet, image folder, WebDataset tar shards."""
+"""Writers for the demo source formats: parquet, image folder, WebDataset tar shards, and a Hugging
+Face dataset in the Hub's own parquet layout."""
 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 from typing import Protocol
@@ -62,6 +64,39 @@ class ParquetSourceWriter:
             chunk = self.rows[start : start + self.rows_per_file]
             table = pa.Table.from_pylist(chunk, schema=schema)
             pq.write_table(table, self.folder / f"part-{part:05d}.parquet", row_group_size=32)
+
+
+class HuggingFaceSourceWriter:
+    """A dataset as the Hugging Face Hub serves it: `data/train-0000K-of-0000N.parquet` with an
+    `Image()` column (`struct<bytes, path>`, bytes embedded), the features in the schema's
+    `huggingface` metadata (what `datasets` writes and reads), and a dataset card."""
+
+    LICENSES = ("cc-by-4.0", "cc0-1.0", "cc-by-sa-4.0")
+
+    def __init__(self, folder: Path, shards: int = 2) -> None:
+        self.folder, self.shards = folder, shards
+        (folder / "data").mkdir(parents=True, exist_ok=True)
+        self.rows: list[dict] = []
+
+    def add(self, key: str, data: bytes, ext: str, caption: str) -> None:
+        license_ = self.LICENSES[len(self.rows) % len(self.LICENSES)]
+        self.rows.append({"id": key, "image": {"bytes": data, "path": f"{key}.{ext}"}, "text": caption,
+                          "license": license_})
+
+    def close(self) -> None:
+        features = {"id": {"dtype": "string", "_type": "Value"}, "image": {"_type": "Image"},
+                    "text": {"dtype": "string", "_type": "Value"}, "license": {"dtype": "string", "_type": "Value"}}
+        schema = pa.schema([("id", pa.string()), ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+                            ("text", pa.string()), ("license", pa.string())],
+                           metadata={"huggingface": json.dumps({"info": {"features": features}})})
+        per = -(-len(self.rows) // self.shards)
+        for shard in range(self.shards):
+            table = pa.Table.from_pylist(self.rows[shard * per:(shard + 1) * per], schema=schema)
+            pq.write_table(table, self.folder / "data" / f"train-{shard:05d}-of-{self.shards:05d}.parquet")
+        (self.folder / "README.md").write_text(
+            "---\nlicense: other\nconfigs:\n- config_name: default\n  data_files:\n  - split: train\n"
+            "    path: data/train-*\n---\n# Demo photos\n\nScikit-image sample photos, captioned, as the Hub "
+            "lays out a dataset.\n")
 
 
 class FolderSourceWriter:

@@ -1,25 +1,27 @@
 """Readers for the catalog's source formats, all yielding one Arrow schema.
 
 A source is split into fragments (parquet files, tar shards, folders of an image folder, Lance
-fragments) so that Ray tasks can read them in parallel; each fragment streams Arrow record
-batches of `RECORD_SCHEMA`. Local paths and s3:// URIs go through the same fsspec layer.
-Nothing is dropped here: a WebDataset sample without an image member comes through with
-empty image bytes, so decoding rejects it with a reason instead of losing it silently, and a
-sample the reader refuses (a link, an oversized member, a null or repeated key) comes through
-with a `reject_reason` (see `prx_core.sources.records`).
+fragments, a Hugging Face dataset's Arrow or parquet files) so that Ray tasks can read them in
+parallel; each fragment streams Arrow record batches of `RECORD_SCHEMA`. Local paths and s3://
+URIs go through the same fsspec layer. Nothing is dropped here: a WebDataset sample without an
+image member comes through with empty image bytes, so decoding rejects it with a reason instead
+of losing it silently, and a sample the reader refuses (a link, an oversized member, a null or
+repeated key) comes through with a `reject_reason` (see `prx_core.sources.records`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import posixpath
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 
-from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.catalog import CatalogError, SourceSpec
 from prx_core.sources.folders import list_folders, read_folder, relative_folder
+from prx_core.sources.hf_datasets import is_data_file, read_huggingface
 from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
 from prx_core.sources.tables import lance_options, read_lance, read_parquet, table_key_prefix
 from prx_core.sources.tars import is_shard, read_webdataset
@@ -36,8 +38,10 @@ def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 
 def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[tuple[str, int]]:
     """(fragment id, bytes) in id order: parquet files, tar shards (`.tar`, `.tar.gz`, `.tgz`), Lance
-    fragments, or the folders of an image folder (each folder's files are listed by the worker that
-    reads it, so the driver holds one entry per folder, never one per image)."""
+    fragments, a Hugging Face dataset's `.arrow`/`.parquet` files, or the folders of an image folder
+    (each folder's files are listed by the worker that reads it, so the driver holds one entry per
+    folder, never one per image). A folder holding none of its format's files but others is a
+    `CatalogError` naming what it holds and the format it looks like."""
     if spec.format == "lance":
         import lance
 
@@ -48,9 +52,11 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
     if not fs.exists(spec.uri):  # an empty listing would otherwise ingest nothing, silently
         raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
     if spec.format == "parquet":
-        return _glob_sizes(fs, spec.uri, lambda p: p.lower().endswith(".parquet"))
+        return _data_sizes(spec, fs, lambda p: p.lower().endswith(".parquet"), ".parquet file")
     if spec.format == "webdataset":
-        return _glob_sizes(fs, spec.uri, is_shard)
+        return _data_sizes(spec, fs, is_shard, ".tar shard")
+    if spec.format == "huggingface":
+        return _data_sizes(spec, fs, is_data_file, ".arrow or .parquet file")
     if spec.format == "imagefolder":
         return list_folders(fs, spec.uri)
     raise ValueError(f"unknown source format {spec.format!r}")
@@ -64,7 +70,7 @@ def read_fragment(
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
     readers = {"parquet": read_parquet, "webdataset": read_webdataset, "imagefolder": read_folder,
-               "lance": read_lance}
+               "lance": read_lance, "huggingface": read_huggingface}
     yield from readers[spec.format](spec, fragment, storage_options)
 
 
@@ -73,14 +79,35 @@ def read_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None)
         yield from read_fragment(spec, fragment, storage_options)
 
 
-def _glob_sizes(fs: Any, uri: str, wanted: Any) -> list[tuple[str, int]]:
-    """(file, bytes) under `uri` (or `uri` itself) whose name `wanted` accepts, sorted, as full URIs."""
+def _data_sizes(spec: SourceSpec, fs: Any, wanted: Any, what: str) -> list[tuple[str, int]]:
+    """(file, bytes) under the source's `uri` (or `uri` itself) whose name `wanted` accepts, sorted,
+    as full URIs. A folder holding files but none of these is an error naming what it holds (an
+    empty folder lists nothing: the `samples` stage's empty-source guard speaks for it)."""
+    uri = spec.uri
     prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
     if fs.isfile(uri):
         return [(uri, int(fs.info(uri).get("size") or 0))]
-    found = fs.find(uri, detail=True)
-    return sorted((prefix + p if prefix and not p.startswith(prefix) else p, int(info.get("size") or 0))
-                  for p, info in found.items() if wanted(p))
+    found = {prefix + p if prefix and not p.startswith(prefix) else p: int(info.get("size") or 0)
+             for p, info in fs.find(uri, detail=True).items()}
+    sizes = sorted((p, size) for p, size in found.items() if wanted(p))
+    if found and not sizes:
+        raise CatalogError(f"source {spec.name!r}: no {what} under {uri} ({describe_files(spec.format, list(found))})")
+    return sizes
+
+
+def describe_files(fmt: str, paths: list[str]) -> str:
+    """What a folder holds, by extension, and the format it looks like: `found 3 .arrow files, 2
+    .json files: a Dataset.save_to_disk folder; use format: huggingface`."""
+    kinds = Counter(posixpath.splitext(p)[1].lower() or posixpath.basename(p) for p in paths)
+    found = ", ".join(f"{n} {ext} file{'s' if n > 1 else ''}" for ext, n in kinds.most_common(4))
+    looks = [("lance", any(p.endswith(".manifest") and "/_versions/" in p for p in paths), "a Lance dataset"),
+             ("huggingface", any(p.lower().endswith(".arrow") for p in paths), "a Dataset.save_to_disk folder"),
+             ("parquet", any(p.lower().endswith(".parquet") for p in paths), "parquet files"),
+             ("webdataset", any(is_shard(p) for p in paths), "WebDataset shards"),
+             ("imagefolder", any(posixpath.splitext(p)[1].lower()[1:] in IMAGE_EXTENSIONS for p in paths),
+              "image files")]
+    hint = next((f": {what}; use format: {other}" for other, seen, what in looks if seen and other != fmt), "")
+    return f"found {found}{hint}"
 
 
 def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

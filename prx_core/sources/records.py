@@ -42,6 +42,7 @@ BAD_NAME = "bad_name"  # a file or member name that is not UTF-8
 DOWNLOAD_ERROR = "download_error"  # a URL that gave no image (HTTP status or exception in the message)
 DOWNLOAD_TIMEOUT = "download_timeout"
 OPTED_OUT = "opted_out"  # the server said X-Robots-Tag noai / noimageai
+PATH_OUTSIDE_SOURCE = "path_outside_source"  # an image path (HF Image()) resolving outside the source root
 
 
 def record(key: str, image: bytes = b"", caption: str | None = None, embedding: list[float] | None = None,

@@ -3,7 +3,8 @@
 A batch of a table goes through one pipeline, `normalize`, in the worker that reads it: keys
 (given or `<file>:<row>`, null and repeated keys refused), image bytes (a binary column, a
 Hugging Face `Image()` struct, or URLs fetched by `prx_core.sources.download`), caption, embedding
-and metadata columns, then the joined tables (`prx_core.sources.joins`), then the size limits.
+and metadata columns, then the size limits. Joined tables are applied later, to every reader's
+records alike (`prx_core.sources.joins`, in the `samples` unit).
 Each refusal is recorded on its row with a reason; a refused row carries no bytes.
 """
 
@@ -86,15 +87,13 @@ def source_columns(spec: SourceSpec) -> list[str]:
     return list(dict.fromkeys([c for c in named if c] + list(spec.metadata_columns)))
 
 
-def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int, seen: SeenKeys,
-              joiner: Any = None) -> pa.RecordBatch:
+def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int,
+              seen: SeenKeys) -> pa.RecordBatch:
     """Map a table source's batch onto `RECORD_SCHEMA` (see the module docstring for the order)."""
     rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
     _fill_images(spec, batch, rows, where)
     _carry_download_errors(batch, rows)
     _fill_columns(spec, batch, rows, where.metadata_columns or spec.metadata_columns)
-    if joiner is not None:
-        joiner.join(rows)
     _check_sizes(spec, rows)
     return rows.to_batch()
 
@@ -178,10 +177,34 @@ def _check_sizes(spec: SourceSpec, rows: Rows) -> None:
 def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
     fs = filesystem_for(path, storage_options)
     where = TableFile(table_key_prefix(spec.uri, path), path, storage_options)
-    with fs.open(path, "rb") as handle, _joiner(spec, storage_options) as joiner:
+    with fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         columns = _present(spec, parquet.schema_arrow.names, path, where)
-        yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where, joiner)
+        yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where)
+
+
+def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+    """An Arrow IPC file (the stream format `datasets` writes, or the file format), one record batch
+    in memory at a time, re-sliced to `BATCH_ROWS`; default keys `<file without .arrow>:<row>`."""
+    fs = filesystem_for(path, storage_options)
+    stem = table_key_prefix(spec.uri, path)
+    where = TableFile(stem[: -len(".arrow")] if stem.lower().endswith(".arrow") else stem, path, storage_options)
+    with fs.open(path, "rb") as handle:
+        schema, batches = arrow_batches(handle)
+        columns = _present(spec, schema.names, path, where)
+        sliced = (b.select(columns).slice(at, BATCH_ROWS) for b in batches for at in range(0, b.num_rows, BATCH_ROWS))
+        yield from _batches(spec, sliced, where)
+
+
+def arrow_batches(handle: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema and the batches of an open Arrow IPC stream or file, read batch by batch."""
+    try:
+        reader = pa.ipc.open_stream(handle)
+        return reader.schema, iter(reader)
+    except pa.ArrowInvalid:  # not a stream: the IPC file format (magic `ARROW1`, footer at the end)
+        handle.seek(0)
+        file = pa.ipc.open_file(handle)
+        return file.schema, (file.get_batch(i) for i in range(file.num_record_batches))
 
 
 def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
@@ -190,15 +213,14 @@ def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] 
     dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
     where = TableFile(f"fragment{fragment}", spec.uri, storage_options)
     columns = _present(spec, dataset.schema.names, spec.uri, where)
-    with _joiner(spec, storage_options) as joiner:
-        batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
-        yield from _batches(spec, batches, where, joiner)
+    batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
+    yield from _batches(spec, batches, where)
 
 
-def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile, joiner: Any) -> Iterator[pa.RecordBatch]:
+def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile) -> Iterator[pa.RecordBatch]:
     row, seen = 0, SeenKeys()
     for batch in batches:
-        yield normalize(spec, batch, where, row, seen, joiner)
+        yield normalize(spec, batch, where, row, seen)
         row += batch.num_rows
 
 
@@ -216,17 +238,6 @@ def _present(spec: SourceSpec, names: list[str], path: str, where: TableFile) ->
     defaults = url_metadata_columns(spec, names) if spec.url_column else []
     where.metadata_columns = tuple(dict.fromkeys([*spec.metadata_columns, *defaults]))
     return list(dict.fromkeys([*columns, *where.metadata_columns]))
-
-
-def _joiner(spec: SourceSpec, storage_options: dict[str, Any] | None) -> Any:
-    """A context holding the joined tables open for one file's batches (nothing when none are joined)."""
-    import contextlib
-
-    if not spec.joins:
-        return contextlib.nullcontext(None)
-    from prx_core.sources.joins import Joiner
-
-    return Joiner(spec, storage_options)
 
 
 def table_key_prefix(uri: str, path: str) -> str:

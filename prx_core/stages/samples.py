@@ -10,8 +10,11 @@ point leaves the previous version whole, and a rerun resumes from the recorded u
 A fragment that cannot be read is one `unreadable_fragment` reject (with the rows read before);
 a unit that keeps failing (a worker killed out of memory, a hang past `unit_seconds`) becomes
 one such reject per fragment of the unit, carrying the error, and the rest of the source goes on.
-A source that yields nothing (a folder matching no file) never replaces a partition holding rows
-unless the run says `allow_empty` (`EmptySource`).
+A source that yields no sample fails its run with one line saying why (`SourceRefused`, built by
+`prx_core.stages.source_causes`), unless the run says `allow_empty`. When every sample was refused,
+the rejects are committed first (they are what the operator inspects) and the partition then holds
+0 samples; but a partition holding samples is never replaced by nothing: then nothing is
+committed (`EmptySource`), as for a source that listed no file or whose files held no row.
 """
 
 from __future__ import annotations
@@ -35,7 +38,10 @@ from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
+from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import fragment_sizes, read_fragment
+from prx_core.stages.join_tables import JoinStagingError, stage_joins
+from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.store import lance_io, schemas
 from prx_core.store.locks import exclusive
 from prx_core.store.partitions import (
@@ -54,7 +60,12 @@ UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an 
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
 
 
-class EmptySource(RuntimeError):
+class SourceRefused(RuntimeError):
+    """The source yielded no sample: its message is the one line saying why (source, counts, the
+    dominant reject reason with an example, the likely fix), printed as is by the asset and CLI."""
+
+
+class EmptySource(SourceRefused):
     """The source yielded no sample while its partition holds rows: refused, not emptied."""
 
 
@@ -100,6 +111,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     (no commit). A corrupt file becomes one reject row for what could not be read."""
     storage, params = run.storage, run.manifest.params
     spec = SourceSpec.from_dict(params["spec"])
+    joiner = Joiner(spec, params.get("joins", ()), storage.lance_storage_options())  # every reader's records
     rejects: list[pa.Table] = []
     counts: Counter[str] = Counter()
 
@@ -109,7 +121,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
             pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
                 for batch in read_fragment(spec, fragment, storage.storage_options):
-                    samples, refused = ingest_batch(spec.name, batch, params["max_pixels"],
+                    samples, refused = ingest_batch(spec.name, joiner.join(batch), params["max_pixels"],
                                                     params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts)
                     rejects.append(refused)
                     read += batch.num_rows
@@ -127,6 +139,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
         "rows": counts["rows"], "bytes": counts["bytes"], "rejected": refused.num_rows,
         "reasons": dict(Counter(refused["reason"].to_pylist())), "source_fragments": len(unit.spec["fragments"]),
         "captions_cleaned": counts["captions_cleaned"], "captions_truncated": counts["captions_truncated"],
+        "examples": examples_by_reason(refused),
         **unit_outputs(storage, "samples", written, refused_fragments),
     }
 
@@ -148,7 +161,7 @@ def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
     source = run.manifest.partition
     refused = pa.concat_tables([unreadable_fragment(source, f, 0, message) for f in unit.spec["fragments"]])
     return {"rows": 0, "bytes": 0, "rejected": refused.num_rows, "reasons": {UNREADABLE_FRAGMENT: refused.num_rows},
-            "source_fragments": len(unit.spec["fragments"]),
+            "source_fragments": len(unit.spec["fragments"]), "examples": examples_by_reason(refused),
             **unit_outputs(run.storage, "samples", [], write_rejects(run.storage, refused))}
 
 
@@ -164,24 +177,33 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
                   max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS,
                   unit_seconds: float = UNIT_SECONDS, allow_empty: bool = False) -> SamplesReport:
     """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`;
-    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects. A
-    source that yields no sample and no reject raises `EmptySource` before any commit when the
-    partition holds rows, unless `allow_empty` (the attempt stays recorded for that rerun)."""
+    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects.
+
+    Unless `allow_empty`, a source that yields no sample raises `SourceRefused` (one line: why and
+    the fix). Every sample refused: the rejects are committed, then it raises (the partition holds
+    0 samples and its rejects), except that a partition holding samples is left whole (`EmptySource`,
+    nothing committed). No file listed, or no row at all: nothing is committed; `EmptySource` when
+    the partition holds rows. A run refused before its commit stays recorded for a rerun."""
     check_max_chars(max_caption_chars)
     start = time.monotonic()
+    try:  # each joined table as a key-indexed Lance table, before any unit (prx_core.stages.join_tables)
+        joins = stage_joins(spec, storage)
+    except JoinStagingError as exc:  # one line: the source, the table, the fix
+        raise SourceRefused(str(exc)) from exc
     sizes = fragment_sizes(spec, storage.storage_options)
     units = group_fragments(sizes, unit_bytes)
     manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "2",
                         {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes,
-                         "max_caption_chars": max_caption_chars})
+                         "max_caption_chars": max_caption_chars, **({"joins": joins} if joins else {})})
     lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
     run = UnitRun.open(storage, manifest)
     results = run_units(run, units, ingest_unit, progress=progress, time_limit_s=unit_seconds, on_failed=failed_unit)
-    if not allow_empty and results.total("rows") + results.total("rejected") == 0:
-        refuse_emptying(spec, storage, len(sizes))
+    refusal = None if allow_empty or results.total("rows") else refuse_nothing(spec, storage, len(sizes), results)
     pause_point("samples:before_commit")  # fragments written, nothing committed
     samples_version, rejects_version = commit_unit_outputs(storage, "samples", spec.name, "samples", results.summaries)
     run.finish()
+    if refusal is not None:  # every sample refused: its rejects are committed for inspection, the run fails
+        raise SourceRefused(refusal)
     reasons = results.counts("reasons")
     return SamplesReport(
         source=spec.name, rows=results.total("rows"), bytes=results.total("bytes"), fragments_read=len(sizes),
@@ -191,20 +213,40 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
     )
 
 
+def refuse_nothing(spec: SourceSpec, storage: Storage, listed: int, results: UnitResults) -> str:
+    """For a run that kept no sample: raise before any commit (nothing read, or a partition holding
+    samples to keep), or return the line to raise once its rejects are committed."""
+    if results.total("rejected") == 0:
+        refuse_emptying(spec, storage, listed)
+        raise SourceRefused(nothing_read_line(spec, listed))
+    line = refused_line(spec, results.counts("reasons"), first_examples(results.summaries))
+    held = held_rows(spec, storage, ("samples",))
+    if held:
+        raise EmptySource(f"{line}. Its partition holds {held} samples: kept whole, nothing committed (to empty it "
+                          "on purpose, rerun `samples` with run config `allow_empty: true`)")
+    return line + ". The refused rows are in rejects (stage samples; the explorer's rejects page)"
+
+
 def refuse_emptying(spec: SourceSpec, storage: Storage, fragments: int) -> None:
     """Raise `EmptySource` when the partition of an empty source holds rows (samples or rejects)."""
-    options = storage.lance_storage_options()
-    held = 0
-    partition = (("samples", source_predicate(spec.name)), ("rejects", rejects_predicate(spec.name, "samples")))
-    for table, predicate in partition:
-        dataset = lance_io.open_table(storage.lance_uri(table), options)
-        held += dataset.count_rows(filter=predicate) if dataset is not None else 0
+    held = held_rows(spec, storage, ("samples", "rejects"))
     if held:
         raise EmptySource(
             f"source {spec.name!r} ({spec.format} at {spec.uri}) yielded no sample ({fragments} files or folders "
             f"listed), and its partition holds {held} rows: refusing to replace them with nothing. Fix the "
             "source's uri (or restore its files), or, to empty the partition on purpose, rerun `samples` with "
             "run config `allow_empty: true`.")
+
+
+def held_rows(spec: SourceSpec, storage: Storage, tables: tuple[str, ...]) -> int:
+    """Rows the source's partition holds in `tables` (`rejects`: its samples-stage rows)."""
+    options = storage.lance_storage_options()
+    predicates = {"samples": source_predicate(spec.name), "rejects": rejects_predicate(spec.name, "samples")}
+    held = 0
+    for table in tables:
+        dataset = lance_io.open_table(storage.lance_uri(table), options)
+        held += dataset.count_rows(filter=predicates[table]) if dataset is not None else 0
+    return held
 
 
 def count_sample_ids(storage: Storage, source: str, version: int, unit_rows: int = 1_000_000) -> KeyCounts:

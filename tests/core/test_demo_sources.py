@@ -1,4 +1,4 @@
-"""The demo sources hold at least 300 samples in 3 formats, with every planted case present.
+"""The demo sources hold at least 300 samples in 4 formats, with every planted case present.
 
 The sources are read back here with plain pyarrow / tarfile / os (not the pipeline's readers),
 so a bug in the writer cannot hide behind the same bug in a reader.
@@ -36,13 +36,31 @@ def decode(data: bytes) -> Image.Image:
 def test_size_and_formats(demo_dir: Path, demo) -> None:
     manifest, files = demo
     catalog = load_catalog(demo_dir / "sources.yaml")
-    assert {s.format for s in catalog.sources} >= {"parquet", "imagefolder", "webdataset"}
+    assert {s.format for s in catalog.sources} >= {"parquet", "imagefolder", "webdataset", "huggingface"}
     assert len(files) == len(manifest.samples) >= 300
     assert all(Path(s.uri).exists() for s in catalog.sources)
-    assert min(Counter(source for source, _ in files).values()) >= 80
+    per_source = Counter(source for source, _ in files)
+    assert min(per_source[s] for s in ("stock_photos", "web_images", "crawl_wds")) >= 80
+    assert per_source["hf_photos"] >= 20
     parquet = catalog.get("stock_photos")
     table = pq.read_table(next(Path(parquet.uri).glob("*.parquet")))
     assert table.schema.field(parquet.embedding_column).type.list_size == 512
+
+
+def test_the_hf_source_is_what_the_datasets_library_reads(demo_dir: Path, demo) -> None:
+    """The Hub-layout demo source, read by the real `datasets` (a test tool, never a runtime
+    dependency): an Image() feature, a `text` column, every planted row and byte."""
+    import datasets
+
+    manifest, files = demo
+    loaded = datasets.load_dataset("parquet", data_files=str(demo_dir / "hf_photos" / "data" / "*.parquet"),
+                                   split="train", cache_dir=str(demo_dir.parent / "hf-cache"))
+    assert isinstance(loaded.features["image"], datasets.Image)
+    assert loaded.features["text"] == datasets.Value("string")
+    raw = loaded.cast_column("image", datasets.Image(decode=False))
+    got = {row["id"]: (row["image"]["bytes"], row["text"]) for row in raw}
+    want = {key: value for (source, key), value in files.items() if source == "hf_photos"}
+    assert got == want and len(got) == len([s for s in manifest.samples if s.source == "hf_photos"])
 
 
 def test_every_sample_matches_its_manifest_entry(demo) -> None:

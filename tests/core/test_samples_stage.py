@@ -12,7 +12,7 @@ import pytest
 
 from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import load_catalog
-from prx_core.stages.samples import EmptySource, build_samples, count_sample_ids, group_fragments, rejected_files
+from prx_core.stages.samples import EmptySource, SourceRefused, build_samples, count_sample_ids, group_fragments, rejected_files
 from prx_core.store import lance_io
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -97,4 +97,5 @@ def test_an_empty_source_never_silently_empties_its_partition(demo_dir: Path, tm
     assert (emptied.rows, emptied.rejected) == (0, 0)
     count = lance.dataset(storage.lance_uri("samples")).count_rows(filter=source_predicate("stock_photos"))
     assert count == 0
-    assert build_samples(moved, storage).rows == 0  # nothing left to lose: an empty partition stays empty
+    with pytest.raises(SourceRefused, match=r"source 'stock_photos' .* matched no file: nothing to ingest"):
+        build_samples(moved, storage)  # nothing left to lose, yet a source that yields nothing still fails, saying why

@@ -1,0 +1,112 @@
+"""Why a source yielded no sample, in one line an operator can act on.
+
+A source whose every sample is refused (or that lists no file) fails its `samples` run
+(`prx_core.stages.samples.SourceRefused`) with one line: the source, how many rows were
+refused, the dominant reject reason with its count, one example (its key and message) and the
+likely fix from `HINTS` (and `FILE_HINTS` for folder and tar sources), tables keyed by reject reason. The examples come from the work
+units' summaries (`examples_by_reason`), so the line is built without reading `rejects` back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from prx_core.sources.catalog import SourceSpec
+
+EXAMPLE_CHARS = 240  # an example message, cut: the whole of it is in rejects.lance
+KEY_CHARS = 160
+
+# reject reason -> the likely fix; a reason without an entry gets GENERIC_HINT.
+HINTS: dict[str, str] = {
+    "not_an_image": "the image column holds something other than image bytes (URLs? name that column "
+                    "`url_column` and the images are fetched; paths? check `image_column`)",
+    "empty": "the image column is empty or null (a metadata-only table? name its URL column `url_column`)",
+    "unreadable_fragment": "the files cannot be read as `format: {format}`: check the source's format, uri and "
+                           "column names in the catalog against the files",
+    "unreadable_file": "the files cannot be opened (permissions? credentials in storage_options?)",
+    "download_error": "no URL gave an image: check the URL column and that the workers reach those hosts "
+                      "(each reject's message has the HTTP status or error)",
+    "download_timeout": "every fetch timed out: check the workers' network, or raise `download` timeouts",
+    "opted_out": "every server opted out of AI use (X-Robots-Tag noai/noimageai): these images are not taken",
+    "format_not_allowed": "the images are in a format the corpus does not take (JPEG, PNG, WebP, TIFF, ...)",
+    "too_many_pixels": "every image is over the pixel cap (storage.max_pixels)",
+    "image_too_large": "every image file is over the source's `max_image_bytes`",
+    "caption_too_large": "every caption is over the source's `max_caption_bytes`",
+    "truncated": "the image files are cut short: check how they were copied",
+    "corrupt_image": "the image bytes are damaged: check how they were written or copied",
+    "decode_error": "the images do not decode: check how they were written or copied",
+    "null_key": "the key column is null in every row: check `key_column`",
+    "duplicate_key": "every key repeats: check `key_column` (it must be unique per sample)",
+    "bad_name": "the file or member names are not UTF-8",
+    "symlink": "the folder holds symlinks, which are never followed: point uri at the real files",
+    "not_regular_file": "the folder holds special files, not images",
+}
+# where a source's images are files (not a table column), these reasons mean something else
+FILE_FORMATS = ("imagefolder", "webdataset")
+FILE_HINTS: dict[str, str] = {
+    "not_an_image": "the files named as images are not images (text or HTML saved under an image name? a failed "
+                    "download?): check how they were fetched or written",
+    "empty": "the image files are empty (0 bytes): check how they were fetched or copied",
+}
+GENERIC_HINT = "see the rejects (rejects.lance, stage samples, or the explorer) for every refused row"
+
+
+def examples_by_reason(refused: pa.Table) -> dict[str, dict[str, str]]:
+    """The first reject of each reason in a unit's rejects, as {reason: {key, message}}: kept in
+    the unit's summary so a source refused whole can name an example without a read."""
+    examples: dict[str, dict[str, str]] = {}
+    if refused.num_rows == 0:
+        return examples
+    reasons = refused["reason"].to_pylist()
+    for i, reason in enumerate(reasons):
+        if reason not in examples:
+            examples[reason] = {"key": str(refused["source_key"][i].as_py() or ""),
+                                "message": one_line(str(refused["message"][i].as_py() or ""), EXAMPLE_CHARS)}
+    return examples
+
+
+def first_examples(summaries: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per reason, the example of the first unit (in plan order) that has one."""
+    out: dict[str, dict[str, str]] = {}
+    for summary in summaries:
+        for reason, example in (summary.get("examples") or {}).items():
+            out.setdefault(reason, example)
+    return out
+
+
+def refused_line(spec: SourceSpec, reasons: Mapping[str, int], examples: Mapping[str, Mapping[str, str]]) -> str:
+    """`source 'x' (fmt at uri): N of N rows refused (reason n: key: "message"; also ...); fix`."""
+    ranked = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    total = sum(reasons.values())
+    reason, count = ranked[0]
+    example = examples.get(reason) or {}
+    shown = f"{reason} {count}"
+    if example:
+        shown += f", e.g. {one_line(example.get('key', ''), KEY_CHARS)}: \"{example.get('message', '')}\""
+    others = ", ".join(f"{r} {n}" for r, n in ranked[1:4]) + (", ..." if len(ranked) > 4 else "")
+    also = f"; also {others}" if others else ""
+    return (f"source {spec.name!r} ({spec.format} at {spec.uri}): {total} of {total} rows refused, none kept "
+            f"({shown}{also}). Likely fix: {hint(reason, spec)}")
+
+
+def nothing_read_line(spec: SourceSpec, listed: int) -> str:
+    """A source that listed no file, or whose files held no row at all."""
+    what = "matched no file" if listed == 0 else f"listed {listed} files or folders holding no row"
+    return (f"source {spec.name!r} ({spec.format} at {spec.uri}) {what}: nothing to ingest. Likely fix: check the "
+            f"source's uri (a folder, a glob, an s3:// prefix) and that `format: {spec.format}` matches its files; "
+            "to empty the partition on purpose, rerun `samples` with run config `allow_empty: true`")
+
+
+def hint(reason: str, spec: SourceSpec) -> str:
+    """The fix for `reason` from the tables above (file sources first where they differ)."""
+    table = {**HINTS, **FILE_HINTS} if spec.format in FILE_FORMATS else HINTS
+    return table.get(reason, GENERIC_HINT).format(format=spec.format)
+
+
+def one_line(text: str, limit: int) -> str:
+    """Whitespace (newlines of a traceback or a multi-line error) collapsed, cut at `limit`."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -1,0 +1,72 @@
+"""`prx-corpus build` with a hopeless source beside a good one (issue 22, item 6), as an operator
+runs it: the summary names the hopeless source's cause in one line (not a traceback, not a
+downstream "materialize `buckets` first"), says its downstream assets were skipped, the good source
+goes all the way to MDS, and the build exits 1. One tiny build (two sources, 3 photos and 6 URLs).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from test_build import build_args, parse_summary, published_streams, run_cli, run_lines
+
+from prx_core.demo.photos import load_skimage_photos
+
+pytestmark = pytest.mark.slow
+
+CHAIN = ["buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"]
+
+
+def write_sources(work: Path) -> Path:
+    """`photos`: 3 real photos with sidecar captions. `laion`: a URL table whose catalog entry names
+    the URL column as `image_column` (the mistake a metadata-only table invites)."""
+    good = work / "photos"
+    good.mkdir()
+    colour = [p for p in load_skimage_photos() if p.image.mode == "RGB"][:3]
+    for i, (photo, size) in enumerate(zip(colour, [(640, 480), (512, 512), (480, 640)])):
+        photo.image.resize(size, Image.Resampling.BICUBIC).save(good / f"img_{i}.jpg", quality=90)
+        (good / f"img_{i}.txt").write_text(photo.caption)
+    bad = work / "laion"
+    bad.mkdir()
+    pq.write_table(pa.table({"URL": [f"https://example.org/{i}.jpg" for i in range(6)],
+                             "TEXT": [f"a photo {i}" for i in range(6)]}), bad / "part-00000.parquet")
+    catalog = work / "sources.yaml"
+    catalog.write_text(f"sources:\n- {{name: photos, format: imagefolder, uri: {good}}}\n"
+                       f"- {{name: laion, format: parquet, uri: {bad}, image_column: URL, caption_column: TEXT}}\n")
+    return catalog
+
+
+def test_a_hopeless_source_says_why_and_the_good_one_completes(tmp_path: Path) -> None:
+    root = tmp_path / "corpus"
+    result = run_cli(*build_args(write_sources(tmp_path), root, tmp_path / "home"))
+    out = result.stdout
+    assert result.returncode == 1, result.explain()
+    assert "Traceback" not in out, result.explain()
+    cause = [line for line in out.splitlines() if line.startswith("samples [laion] FAILED: ")]
+    assert len(cause) == 1, result.explain()
+    assert re.fullmatch(r"samples \[laion\] FAILED: source 'laion' \(parquet at \S+\): 6 of 6 rows refused, none "
+                        r"kept \(not_an_image 6, e\.g\. \S+: \"not a recognised image [^\"]*\"\)\. Likely fix: the "
+                        r"image column holds something other than image bytes \(URLs\? name that column `url_column`"
+                        r".*rejects \(stage samples.*", cause[0]), cause[0]
+    (skipped,) = [line for line in out.splitlines() if line.endswith("[laion] skipped: upstream samples failed")]
+    assert skipped.split(" [")[0].split(", ") == CHAIN, skipped
+    assert "materialize" not in out and "FAILED: " not in out.replace(cause[0], ""), result.explain()
+    assert re.search(r"^FAIL raw_source\+samples\+.*\[laion\] run [0-9a-f-]+$", out, re.M), result.explain()
+
+    # the good source went all the way; the bad one's rejects are there to inspect
+    assert ("raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, mds_shards",
+            "photos", "ok") in run_lines(out)
+    assert ("skip_lists", "photos", "ok") in run_lines(out) and ("duplicates", None, "ok") in run_lines(out)
+    assert not any(p == "laion" and a == "skip_lists" for a, p, _ in run_lines(out))  # never started
+    summary = parse_summary(out)
+    assert summary["photos"]["samples"] == 3 and summary["photos"]["in_mds"] == 3, result.explain()
+    assert published_streams(root / "mds", "photos") and not published_streams(root / "mds", "laion")
+    rejects = lance.dataset(str(root / "lance" / "rejects.lance")).to_table(filter="source = 'laion'").to_pylist()
+    assert len(rejects) == 6 and {r["reason"] for r in rejects} == {"not_an_image"}
+    assert re.search(r"^\d+ runs in \d+ s: FAILED$", out, re.M), result.explain()
