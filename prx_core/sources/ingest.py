@@ -27,6 +27,7 @@ from prx_core.image.decode import (
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.image.phash import PHASH_DECODE_SIZE, phash
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, clean_caption
+from prx_core.sources.records import BAD_NAME, key_problem, safe_key
 from prx_core.store import schemas
 from prx_core.store.partitions import reject_row
 
@@ -78,6 +79,10 @@ def ingest_batch(
     for record in batch.to_pylist():
         data: bytes = record["image"] or b""
         key = record["source_key"]
+        if (problem := key_problem(key)) is not None:  # every format's keys pass here, once
+            key = safe_key(key)
+            rejects.append(reject_row(schemas.sample_id(source, key), source, key, None, "samples", BAD_NAME, problem))
+            continue
         sid = schemas.sample_id(source, key)
         if record.get("reject_reason"):  # refused by the reader (a link, an oversized member, a repeated key)
             rejects.append(reject_row(sid, source, key, None, "samples", record["reject_reason"],

@@ -8,6 +8,7 @@ into a `rejects` row. Nothing is dropped silently.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,6 +64,23 @@ def decode_caption(data: bytes) -> str:
 def printable_name(name: str) -> str:
     """A member or file name as valid UTF-8: undecodable bytes (kept as surrogates) become `\\xNN`."""
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_UNSAFE_KEY = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def key_problem(key: str) -> str | None:
+    """Why a source key cannot be a sample id, or None. C0/C1 control characters, DEL and lone
+    surrogates (a non-UTF-8 name) would break SQL literals, paths and pages later, for good."""
+    found = _UNSAFE_KEY.search(key)
+    if found is None:
+        return None
+    return f"key holds the control or non-UTF-8 character {found.group()!r} at {found.start()}: refused"
+
+
+def safe_key(key: str) -> str:
+    """A refused key as printable text (`\\xNN` escapes), for the rejects row that names it."""
+    return _UNSAFE_KEY.sub(lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), key)
 
 
 def is_utf8(name: str) -> bool:
