@@ -57,6 +57,24 @@ def test_dump_then_load_round_trips(tmp_path: Path) -> None:
         ({"weight": "heavy"}, "weight", "positive number"),
         ({"weight": float("nan")}, "weight", "positive number"),
         ({"colour": "red"}, "colour", "unknown field"),
+        ({"url_column": "URL"}, "url_column", "not both"),
+        ({"image_column": None, "download": {"retries": 1}}, "image_column", "or url_column"),
+        ({"download": {"retries": 1}}, "download", "only with url_column"),
+        ({"image_column": None, "url_column": "URL", "download": {"retries": -1}}, "download.retries", "must be like"),
+        ({"image_column": None, "url_column": "URL", "download": {"speed": 9}}, "download.speed", "unknown setting"),
+        ({"image_column": None, "url_column": "URL", "download": {"honor_opt_out": "yes"}}, "download.honor_opt_out",
+         "must be like"),
+        ({"metadata_columns": "license"}, "metadata_columns", "list of column names"),
+        ({"metadata_columns": ["a", "a"]}, "metadata_columns", "twice"),
+        ({"joins": {"uri": "c"}}, "joins", "must be a list"),
+        ({"joins": [{"uri": "c", "caption_column": "caption"}]}, "joins[0].key_column", "required"),
+        ({"joins": [{"uri": "c", "key_column": "id"}]}, "joins[0]", "joins nothing"),
+        ({"joins": [{"uri": "c", "key_column": "id", "caption_column": "t", "format": "csv"}]}, "joins[0].format",
+         "must be one of parquet, lance"),
+        ({"joins": [{"uri": "c", "key_column": "id", "caption_column": "t", "colour": 1}]}, "joins[0].colour",
+         "unknown field"),
+        ({"key_column": None, "joins": [{"uri": "c", "key_column": "id", "caption_column": "t"}]}, "key_column",
+         "required with joins"),
     ],
 )
 def test_invalid_field_is_named(tmp_path: Path, change: dict, field: str, problem: str) -> None:
@@ -65,6 +83,27 @@ def test_invalid_field_is_named(tmp_path: Path, change: dict, field: str, proble
     message = str(err.value)
     assert f"field '{field}'" in message and problem in message
     assert "sources.yaml" in message
+
+
+def test_new_source_forms_load_and_round_trip(tmp_path: Path) -> None:
+    """The forms of *Bringing your datasets*: a URL table with download settings, a joined source,
+    an HF dataset with its columns left to the features."""
+    laion = {"name": "laion", "format": "parquet", "uri": "laion", "url_column": "URL", "caption_column": "TEXT",
+             "metadata_columns": ["similarity"], "download": {"per_host": 2, "read_timeout_s": 5}}
+    joined = {**VALID, "name": "joined", "joins": [{"uri": "captions", "key_column": "id", "caption_column": "c"},
+                                                    {"uri": "clip.lance", "key_column": "id", "embedding_column": "v"}]}
+    hf = {"name": "hf", "format": "huggingface", "uri": "hf"}
+    catalog = load_catalog(write(tmp_path, [laion, joined, hf]))
+    spec = catalog.get("laion")
+    assert spec.image_column is None and spec.download.per_host == 2 and spec.download.read_timeout_s == 5.0
+    assert spec.download.retries == 3 and spec.metadata_columns == ("similarity",)
+    first, second = catalog.get("joined").joins
+    assert first.uri == str(tmp_path / "captions") and first.format == "parquet" and second.format == "lance"
+    assert catalog.get("hf").image_column is None and catalog.get("hf").is_table
+    for source in catalog.sources:
+        assert SourceSpec.from_dict(source.to_dict()) == source  # what run manifests carry to workers
+    dump_catalog(list(catalog.sources), tmp_path / "again.yaml")
+    assert list(load_catalog(tmp_path / "again.yaml").sources) == list(catalog.sources)
 
 
 def test_error_names_the_source(tmp_path: Path) -> None:
