@@ -180,7 +180,8 @@ def test_a_damaged_skip_file_raises_value_error_naming_it(data: bytes) -> None:
 
 scalars = (st.none() | st.booleans() | st.integers() | st.integers(-10**400, 10**400) | st.floats()
            | st.text(max_size=12) | st.sampled_from(["parquet", "webdataset", "photos", "photos\n", "s3://b/x", "/data", ""]))
-FIELDS = ["name", "format", "uri", "image_column", "caption_column", "key_column", "embedding_column", "weight"]
+FIELDS = ["name", "format", "uri", "image_column", "caption_column", "key_column", "embedding_column", "weight",
+          "url_column", "metadata_columns", "joins", "download"]
 keys = st.sampled_from(FIELDS) | st.text(max_size=6) | st.integers(-3, 3) | st.none() | st.booleans()
 yamlish = st.recursive(scalars, lambda c: st.lists(c, max_size=4) | st.dictionaries(keys, c, max_size=5), max_leaves=20)
 entries = st.dictionaries(st.sampled_from(FIELDS) | keys, scalars | yamlish, max_size=9)
