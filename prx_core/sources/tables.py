@@ -29,8 +29,11 @@ from prx_core.sources.records import (
     SeenKeys,
 )
 
-IMG2DATASET_ERROR = "error_message"  # the column img2dataset writes beside a row it could not fetch
 from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
+
+ROW_GROUP_MAX_BYTES = 4 << 30  # what one parquet row group may decode to in an ingest worker
+OTHER_COLUMNS_BYTES_PER_ROW = 1 << 20  # key, embedding and metadata columns of one row
+IMG2DATASET_ERROR = "error_message"  # the column img2dataset writes beside a row it could not fetch
 
 
 @dataclass
@@ -180,7 +183,27 @@ def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | 
     with fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         columns = _present(spec, parquet.schema_arrow.names, path, where)
+        check_row_groups(spec, parquet.metadata, columns, path)
         yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where)
+
+
+def check_row_groups(spec: SourceSpec, metadata: pq.FileMetaData, columns: list[str], path: str) -> None:
+    """Refuse, from the footer and before decoding anything, a file whose row group would decode to
+    more than its rows may hold under the source's limits, or more than ROW_GROUP_MAX_BYTES (pyarrow
+    decodes a row group's columns whole: a 19 KiB zstd file can ask for gigabytes). The file then
+    becomes one `unreadable_fragment` reject naming the row group."""
+    wanted = {c.split(".", 1)[0] for c in columns}
+    per_row = spec.max_image_bytes + spec.max_caption_bytes + OTHER_COLUMNS_BYTES_PER_ROW
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
+                   if group.column(c).path_in_schema.split(".", 1)[0] in wanted)
+        allowed = min(group.num_rows * per_row, ROW_GROUP_MAX_BYTES)
+        if size > allowed:
+            raise ValueError(f"{path}: row group {g} would decode to {size} bytes for {group.num_rows} rows, over the "
+                             f"{allowed} its rows may hold (max_image_bytes + max_caption_bytes per row, at most "
+                             f"{ROW_GROUP_MAX_BYTES} per row group): refused before decoding; rewrite the file with "
+                             "smaller row groups if its images are legitimate")
 
 
 def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:

@@ -1,4 +1,4 @@
-"""A source key with a control character (C0, C1, DEL) or a lone surrogate is a `bad_name` reject,
+"""Reader bounds that hold for every format. A source key with a control character (C0, C1, DEL) or a lone surrogate is a `bad_name` reject,
 whatever the format: such a key used to be accepted by the readers and then broke the source for
 good (every `skip_lists` run raised "NUL character in a SQL literal"; the explorer refused it)."""
 
@@ -86,3 +86,16 @@ def test_image_folder_file_names(tmp_path: Path) -> None:
     samples, rejects = ingest(SourceSpec("keys", "imagefolder", str(tmp_path)))
     assert_refused(samples, rejects, 1)
     assert rejects.num_rows == 3
+
+
+def test_a_parquet_row_group_that_decodes_past_the_limits_is_refused_before_decoding(tmp_path: Path) -> None:
+    """A few KiB of zstd that would decode to 200 MiB of 'image' for 2 rows under a 1 MiB image
+    limit: refused from the footer, whatever the key (a default key is no exemption)."""
+    zeros = pa.array([b"\0" * (100 << 20)] * 2, pa.large_binary())
+    pq.write_table(pa.table({"image": zeros}), tmp_path / "bomb.parquet", compression="zstd")
+    assert (tmp_path / "bomb.parquet").stat().st_size < 200_000
+    spec = SourceSpec("bomb", "parquet", str(tmp_path), image_column="image", max_image_bytes=1 << 20)
+    before = pa.total_allocated_bytes()
+    with pytest.raises(ValueError, match="row group 0 would decode to .* refused before decoding"):
+        list(read_source(spec))
+    assert pa.total_allocated_bytes() - before < 1 << 20  # nothing was decoded
