@@ -28,7 +28,6 @@ from prx_core.sources.records import (
     BATCH_ROWS,
     SeenKeys,
 )
-
 from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
 
 ROW_GROUP_MAX_BYTES = 4 << 30  # what one parquet row group may decode to in an ingest worker
