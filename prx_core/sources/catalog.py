@@ -61,10 +61,13 @@ class DownloadSettings:
     concurrency: int = 16  # requests in flight per worker
     per_host: int = 4  # of those, to one host at a time
     connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
+    read_timeout_s: float = 30.0  # the longest silence while waiting for the response or its body
+    attempt_timeout_s: float = 120.0  # one attempt in all, redirects included (a body dripping slowly)
     retries: int = 3  # further attempts after a 429, a 5xx or a dropped connection, with backoff
     backoff_s: float = 1.0  # the first retry's wait; doubled at each further one
-    honor_opt_out: bool = True  # X-Robots-Tag noai / noimageai (and none / noindex) refuse the image
+    retry_after_max_s: float = 30.0  # a longer Retry-After is not waited for: the row is a download_error
+    max_redirects: int = 5  # redirects followed (http and https targets only)
+    honor_opt_out: bool = True  # X-Robots-Tag noai, noimageai, noindex, noimageindex or none refuse the image
     user_agent: str = "prx-corpus/0.1 (text-to-image corpus builder; honours X-Robots-Tag noai)"
 
 
@@ -204,6 +207,10 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
         for name_ in ("image_column", "url_column", "embedding_column"):
             if columns[name_]:
                 raise fail(name_, f"not supported for format {fmt}")
+    parts = (columns["caption_column"] or "txt").lower().split(".") if fmt == "webdataset" else ["txt"]
+    if "" in parts or ("json" in parts and parts.index("json") == len(parts) - 1):  # see tars.caption_rule
+        raise fail("caption_column", "a member extension (txt) or extension.field of a JSON member (json.caption), "
+                                     f"got {columns['caption_column']!r}")
     metadata_columns = _names(entry, "metadata_columns", fail)
     if metadata_columns and not table:
         raise fail("metadata_columns", f"not supported for format {fmt} (its metadata comes from its own files)")
@@ -299,7 +306,7 @@ def _download(value: Any, fail: Any) -> DownloadSettings:
             ok = isinstance(item, str) and bool(item.strip())
         else:
             ok = (not isinstance(item, bool) and isinstance(item, (int, float)) and math.isfinite(item) and item >= 0
-                  and (item > 0 or key in ("retries", "backoff_s")) and (isinstance(item, int) or isinstance(default, float)))
+                  and (item > 0 or key in ("retries", "backoff_s", "max_redirects")) and (isinstance(item, int) or isinstance(default, float)))
         if not ok:
             raise fail(f"download.{key}", f"must be like {default!r}, got {item!r}")
         settings[key] = float(item) if isinstance(default, float) else item

@@ -1,5 +1,9 @@
 """Image folders: image files with sidecar `<stem>.txt` captions, one fragment per folder.
 
+Captions and metadata also come from HF `imagefolder` metadata files (`metadata.jsonl` /
+`metadata.csv` in the folder or an ancestor), and a class folder's name is a `label`
+(`prx_core.sources.folder_captions` says which wins); metadata files are never samples.
+
 A folder source never reads outside its root: symbolic links (files or directories) and
 non-regular files (FIFOs, devices) are never opened; each becomes a reject with a reason, so a
 caption linked to `/proc/self/environ` cannot become a caption. Local files are opened with
@@ -20,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.folder_captions import FolderCaptions
 from prx_core.sources.records import (
     BAD_NAME,
     CAPTION_EXTENSIONS,
@@ -101,19 +106,21 @@ def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] |
     entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(folder, detail=True)
                if not (e["type"] == "directory" and not e.get("islink"))}
     keys = folder_leaf_keys(entries)
+    captions = FolderCaptions(fs, remote, spec.uri, spec.caption_column, rel, entries, set(keys))
     for name, leaf in keys.items():
         key = posixpath.join(rel, leaf) if rel else leaf
         if not is_utf8(key):
             row = refused(printable_name(key), BAD_NAME, "file or folder name is not UTF-8")
         else:
-            row = read_sample(fs, remote, spec, key, entries, name)
+            row = read_sample(fs, remote, spec, key, entries, name, captions)
         yield from batches.add(row)
     yield from batches.flush()
 
 
 def read_sample(fs: Any, remote: bool, spec: SourceSpec, key: str, entries: dict[str, dict[str, Any]],
-                name: str) -> dict[str, Any]:
-    """One image and its sidecar caption, or a refusal naming the file that was refused."""
+                name: str, captions: FolderCaptions) -> dict[str, Any]:
+    """One image with its caption (sidecar, else metadata row) and metadata, or a refusal naming
+    the file that was refused."""
     stem = posixpath.splitext(name)[0]
     sidecar = next((entries[f"{stem}.{e}"] for e in CAPTION_EXTENSIONS if f"{stem}.{e}" in entries), None)
     caption = None
@@ -125,7 +132,8 @@ def read_sample(fs: Any, remote: bool, spec: SourceSpec, key: str, entries: dict
     image = read_file(fs, remote, entries[name], spec.max_image_bytes, IMAGE_TOO_LARGE)
     if isinstance(image, tuple):
         return refused(key, *image)
-    return record(key, image, caption)
+    caption, metadata = captions.describe(name, caption)
+    return record(key, image, caption, metadata=metadata)
 
 
 def read_file(fs: Any, remote: bool, entry: dict[str, Any], limit: int, too_large: str) -> bytes | Refusal:
