@@ -52,11 +52,11 @@ from prx_core.sources.sample_metadata import (
     other_fields,
     parse_json_object,
 )
+from prx_core.sources.tar_headers import BoundedTarInfo
 from prx_core.store.storage import filesystem_for
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER_BYTES = 1 << 20  # a PAX or GNU long-name header tarfile would read whole into memory
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
 GZIP_MAGIC = b"\x1f\x8b"
@@ -88,22 +88,8 @@ def read_webdataset(spec: SourceSpec, path: str, storage_options: dict[str, Any]
         handle.seek(0)
         mode = "r|gz" if gzipped else "r:"
         with tarfile.open(fileobj=handle, mode=mode, encoding="utf-8", errors="surrogateescape",
-                          tarinfo=_BoundedTarInfo) as tar:
+                          tarinfo=BoundedTarInfo) as tar:
             yield from _samples(spec, tar, path)
-
-
-class _BoundedTarInfo(tarfile.TarInfo):
-    """tarfile reads a PAX or GNU long-name header's data whole, whatever size it declares (a
-    gzip shard can expand one to gigabytes): such a header over MAX_HEADER_BYTES ends the shard
-    with a clear error (the samples stage records the rest as `unreadable_fragment`)."""
-
-    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
-        extended = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
-                    tarfile.SOLARIS_XHDTYPE)
-        if self.type in extended and self.size > MAX_HEADER_BYTES:
-            raise tarfile.ReadError(f"extended header of {self.size} bytes (over {MAX_HEADER_BYTES}) "
-                                    f"at offset {self.offset}")
-        return super()._proc_member(tarfile_)
 
 
 class CaptionRule(NamedTuple):
@@ -246,6 +232,9 @@ def _samples(spec: SourceSpec, tar: tarfile.TarFile, path: str) -> Iterator[pa.R
             elif not seen.first(key):
                 current.problem = (DUPLICATE_KEY, f"key {key!r} appears again in the shard: the first is kept")
         if current.problem:
+            continue
+        if member.refusal:  # a sparse member: never expanded (prx_core.sources.tar_headers)
+            current.problem = (NOT_REGULAR_FILE, f"member {printable_name(member.name)!r} is {member.refusal}")
             continue
         kind = current.take(rule, ext, member, spec)
         if kind is None:
