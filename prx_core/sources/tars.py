@@ -233,12 +233,12 @@ def _samples(spec: SourceSpec, tar: tarfile.TarFile, path: str) -> Iterator[pa.R
                 current.problem = (DUPLICATE_KEY, f"key {key!r} appears again in the shard: the first is kept")
         if current.problem:
             continue
-        if member.refusal:  # a sparse member: never expanded (prx_core.sources.tar_headers)
-            current.problem = (NOT_REGULAR_FILE, f"member {printable_name(member.name)!r} is {member.refusal}")
-            continue
         kind = current.take(rule, ext, member, spec)
         if kind is None:
             continue  # not needed (never read), or refused from its header
+        if member.refusal:  # a sparse member the sample needs: never expanded (prx_core.sources.tar_headers)
+            current.problem = (NOT_REGULAR_FILE, f"member {printable_name(member.name)!r} is {member.refusal}")
+            continue
         handle = tar.extractfile(member)
         current.keep(kind, ext, handle.read(member.size) if handle is not None else b"")  # checked: at most the limit
     if current is not None:
