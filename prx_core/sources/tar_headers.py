@@ -60,6 +60,7 @@ class BoundedTarInfo(tarfile.TarInfo):
         self.refusal = f"a GNU sparse file ({real_size} bytes once expanded): sparse members are refused"
         self.offset_data = tarfile_.fileobj.tell()
         tarfile_.offset = self.offset_data + self._block(self.size)
+        self.size = real_size  # what it claims once expanded: the size limits judge that
         return self
 
     def _refuse_pax_sparse(self, member: tarfile.TarInfo) -> None:
