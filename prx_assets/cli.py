@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader, bench-scale.
+"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader, bench-scale, bench-download.
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -56,7 +56,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     import ray
 
-    from prx_assets.build import caption_lines, prepare_instance, run_build, sync_sources
+    from prx_assets.build import caption_lines, failure_lines, prepare_instance, run_build, sync_sources
     from prx_assets.definitions import build_definitions
     from prx_core.store.storage import Storage
     from prx_core.store.summary import corpus_summary, format_summary
@@ -84,6 +84,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
         print(f"WARN check {label}")
     for label in outcome.failed_blocking:
         print(f"FAIL blocking check {label}")
+    for line in failure_lines(outcome):  # each failed step's cause; tracebacks stay in the runs' Dagster logs
+        print(line)
     for label in outcome.failed_runs:
         print(f"FAIL {label}")
     print(f"\n{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
@@ -189,6 +191,19 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
+def _cmd_bench_download(args: argparse.Namespace) -> int:
+    import os
+
+    from benchmarks.download import format_table, run
+
+    os.environ.setdefault("LANCE_LOG", "error")
+    started = time.time()
+    print(f"download benchmark: {args.images} images fetched from a loopback server vs read from parquet, "
+          f"through the samples stage ...", flush=True)
+    results = run(images=args.images, files=args.files, cpus=args.cpus, workdir=args.workdir)
+    return _report(results, format_table(results), started, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from prx_core.compute.doctor import default_root
 
@@ -253,6 +268,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one Ray cluster for every stage (faster; by default a fresh one per stage)")
     scale.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     scale.set_defaults(func=_cmd_bench_scale)
+    bench_download = sub.add_parser("bench-download", help="samples stage images/s: a URL table fetched from a "
+                                                           "loopback server vs the same bytes in parquet")
+    bench_download.add_argument("--images", type=int, default=6000, help="rows of each source (default 6000)")
+    bench_download.add_argument("--files", type=int, default=12, help="parquet files (work units) of each (default 12)")
+    bench_download.add_argument("--cpus", type=int, help="CPUs of the benchmark's Ray (default: up to 4 cores)")
+    bench_download.add_argument("--workdir", help="where the sources and corpora are kept (default: a temporary folder)")
+    bench_download.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench_download.set_defaults(func=_cmd_bench_download)
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("bench-explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")

@@ -108,7 +108,8 @@ class Joiner:
         if len(staged) != len(spec.joins):
             raise ValueError(f"source {spec.name!r}: {len(spec.joins)} joins but {len(staged)} staged tables")
         self.spec = spec
-        self.tables = [StagedTable(j, join, uri, storage_options) for j, (join, uri) in enumerate(zip(spec.joins, staged))]
+        self.tables = [StagedTable(j, join, uri, storage_options)
+                       for j, (join, uri) in enumerate(zip(spec.joins, staged))]
 
     def __enter__(self) -> Joiner:
         return self
@@ -121,7 +122,8 @@ class Joiner:
         record per repeated joined row; the image column is passed through untouched."""
         keys = batch.column("source_key").to_pylist()
         reasons = batch.column("reject_reason").to_pylist()
-        live = [i for i, (k, r) in enumerate(zip(keys, reasons)) if r is None and k is not None and "\x00" not in k]
+        live = [i for i, (k, r) in enumerate(zip(keys, reasons))
+                if r is None and k is not None and "\x00" not in k]  # a key with a NUL is no SQL literal: none joined
         if not self.tables or not live:
             return batch
         captions = batch.column("caption").to_pylist()
@@ -152,7 +154,8 @@ class Joiner:
         columns.update(caption=pa.array(captions, pa.string()), reject_reason=pa.array(reasons, pa.string()),
                        reject_message=pa.array(messages, pa.string()),
                        embedding=pa.array(embeddings, pa.list_(pa.float32())),
-                       metadata=pa.array([list(m.items()) or None for m in metadata], pa.map_(pa.string(), pa.string())))
+                       metadata=pa.array([list(m.items()) or None for m in metadata],
+                                         pa.map_(pa.string(), pa.string())))
         joined = pa.RecordBatch.from_arrays([columns[n] for n in RECORD_SCHEMA.names], schema=RECORD_SCHEMA)
         if not extra:
             return joined

@@ -11,7 +11,7 @@ Each refusal is recorded on its row with a reason; a refused row carries no byte
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -47,7 +47,6 @@ class Rows:
     urls: list[str | None]
     reasons: list[str | None]
     messages: list[str | None]
-    extra: list[dict[str, Any]] = field(default_factory=list)  # refusals of joined rows (a repeated join key)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -68,7 +67,7 @@ class Rows:
                  "embedding": self.embeddings[i] if keep[i] else None,
                  "reject_reason": self.reasons[i], "reject_message": self.messages[i],
                  "metadata": self.metadata[i] or None, "source_url": self.urls[i]} for i in range(n)]
-        return pa.RecordBatch.from_pylist(rows + self.extra, schema=RECORD_SCHEMA)
+        return pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prx_core.compute.parallel import run_on_worker
+from prx_core.compute.parallel import Throttle, run_on_worker
 from prx_core.compute.units import Manifest, Unit, UnitFailed, UnitRun, run_units
 from prx_core.sources.catalog import JoinSpec, SourceSpec
 from prx_core.sources.joins import STAGED_SCHEMA, staged_schema
@@ -60,15 +60,17 @@ class _Plan:
     version: int | None
 
 
-def stage_joins(spec: SourceSpec, storage: Storage) -> list[str]:
-    """The staged table of each of `spec.joins` (in catalog order), staging those not staged yet;
-    the staged tables of the source's earlier joins are removed."""
+def stage_joins(spec: SourceSpec, storage: Storage, progress: Throttle | None = None) -> list[str]:
+    """The staged table of each of `spec.joins` (in catalog order), staging those not staged yet
+    (progress lines through `progress`'s report); the source's other staged tables are removed."""
     if not spec.joins:
         return []
     plans = [_plan(spec, j, join, storage) for j, join in enumerate(spec.joins)]
     todo = list({p.uri: p for p in plans if not _ready(p.uri, storage)}.values())
     if todo:
-        _stage(spec, storage, todo)
+        lines = None if progress is None else Throttle(progress.report, f"{progress.label}: staging joined tables",
+                                                        progress.seconds, "files")
+        _stage(spec, storage, plans, todo, lines)
     _forget_stale(storage, spec.name, {posixpath.basename(p.uri) for p in plans})
     return [p.uri for p in plans]
 
@@ -96,16 +98,21 @@ def _plan(spec: SourceSpec, index: int, join: JoinSpec, storage: Storage) -> _Pl
     return _Plan(index, join, uri, files, names, version)
 
 
-def _stage(spec: SourceSpec, storage: Storage, plans: list[_Plan]) -> None:
-    """Stage `plans` as work units, then commit and index each table."""
+def _stage(spec: SourceSpec, storage: Storage, plans: list[_Plan], todo: list[_Plan],
+           progress: Throttle | None) -> None:
+    """Stage `todo` (of the source's `plans`) as work units, then commit and index each table.
+
+    The attempt is named after all the source's tables, so a run that died between two tables'
+    commits resumes; its units list no outputs for a discarded attempt to delete, because a table
+    committed before the death holds them (a crash can leave unreferenced files, never a broken table)."""
     units = [Unit(f"j{p.index}-{k:06d}", 0, {"source": spec.name, "index": p.index, "join": asdict(p.join),
                                              "uri": p.uri, "file": k, "path": path, "name": p.names[k],
                                              "version": p.version})
-             for p in plans for k, (path, _) in enumerate(p.files)]
+             for p in todo for k, (path, _) in enumerate(p.files)]
     manifest = Manifest("joins", spec.name, {"tables": [posixpath.basename(p.uri) for p in plans]}, STAGE_VERSION)
     run = UnitRun.open(storage, manifest)
     try:
-        results = run_units(run, units, stage_unit, max_retries=1)
+        results = run_units(run, units, stage_unit, progress=progress, max_retries=1)
     except UnitFailed as exc:
         cause = getattr(exc.__cause__, "cause", None)
         if isinstance(cause, JoinStagingError):
@@ -113,7 +120,7 @@ def _stage(spec: SourceSpec, storage: Storage, plans: list[_Plan]) -> None:
         raise JoinStagingError(f"source {spec.name!r}: its joined tables could not be staged: {exc}. Fix the "
                                "cause and rerun samples (staged files are kept for the rerun)") from exc
     options = storage.lance_storage_options()
-    for plan in plans:
+    for plan in todo:
         fragments = lance_io.fragments_from_json(f for s in results.summaries if s["uri"] == plan.uri
                                                  for f in s["fragments"])
         lance_io.replace_rows(plan.uri, "", fragments, staged_schema(plan.join.uri, plan.names), options)
@@ -146,7 +153,7 @@ def stage_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
                                      "replace or remove that file (or fix the column names in the catalog), "
                                      "then rerun samples")) from exc
     return {"uri": spec["uri"], "rows": counts["rows"], "null_keys": counts["null_keys"],
-            "fragments": [f.to_json() for f in written], "outputs": lance_io.fragment_files(spec["uri"], written)}
+            "fragments": [f.to_json() for f in written], "outputs": []}  # see _stage
 
 
 def _read(source: SourceSpec, index: int, join: JoinSpec, path: str, name: str, version: int | None,
@@ -187,11 +194,12 @@ def _parquet_batches(path: str, columns: list[str], storage: Storage) -> Iterato
 def staged_batch(join: JoinSpec, batch: pa.RecordBatch, file: int, first_row: int) -> pa.RecordBatch:
     """A joined file's batch in the staged shape: keys as text, its (file, row) place, the caption,
     the embedding as float32s, the metadata columns as strings; rows with a null key left out."""
-    batch = batch.filter(batch.column(join.key_column).is_valid())
+    rows = pa.array(np.arange(first_row, first_row + batch.num_rows, dtype=np.int64))
+    keep = batch.column(join.key_column).is_valid()
+    batch, rows = batch.filter(keep), rows.filter(keep)  # row numbers count the rows left out too
     n = batch.num_rows
     columns = {"key": batch.column(join.key_column).cast(pa.string()),
-               "file": pa.array(np.full(n, file, dtype=np.int32)),
-               "row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64)),
+               "file": pa.array(np.full(n, file, dtype=np.int32)), "row": rows,
                "caption": batch.column(join.caption_column).cast(pa.string()) if join.caption_column
                else pa.nulls(n, pa.string()),
                "embedding": batch.column(join.embedding_column).cast(pa.list_(pa.float32())) if join.embedding_column

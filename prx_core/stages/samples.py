@@ -187,7 +187,7 @@ def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_
     check_max_chars(max_caption_chars)
     start = time.monotonic()
     try:  # each joined table as a key-indexed Lance table, before any unit (prx_core.stages.join_tables)
-        joins = stage_joins(spec, storage)
+        joins = stage_joins(spec, storage, progress)
     except JoinStagingError as exc:  # one line: the source, the table, the fix
         raise SourceRefused(str(exc)) from exc
     sizes = fragment_sizes(spec, storage.storage_options)
