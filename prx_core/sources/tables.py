@@ -125,6 +125,9 @@ def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: Tab
 
     if spec.url_column:
         rows.urls = batch.column(spec.url_column).cast(pa.string()).to_pylist()
+        for i in rows.live():
+            if not (rows.urls[i] or "").strip():
+                rows.refuse(i, DOWNLOAD_ERROR, f"url column {spec.url_column!r} is null or empty: nothing to fetch")
     else:
         image_bytes(spec, batch.column(spec.image_column), rows, where)
     if any(rows.images[i] is None and rows.urls[i] for i in rows.live()):

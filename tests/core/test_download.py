@@ -95,6 +95,18 @@ def test_each_outcome_of_a_fetch_is_its_image_or_its_reject(tmp_path: Path, serv
     assert {r.user_agent for r in server.log} == {FAST.user_agent} and FAST.user_agent.startswith("prx-corpus/")
 
 
+def test_a_row_without_a_url_is_a_download_error_naming_the_column(tmp_path: Path, server: PhotoServer) -> None:
+    rows = [{"key": "none", "URL": None, "TEXT": "a"}, {"key": "blank", "URL": "  ", "TEXT": "b"},
+            {"key": "ok", "URL": server.url("/photo/astronaut/n"), "TEXT": "c"}]
+    url_table(tmp_path / "table", [rows])
+    server.clear()
+    got = records(spec_for(tmp_path / "table"))
+    for key in ("none", "blank"):
+        assert got[key]["reject_reason"] == "download_error" and "url column 'URL' is null or empty" in \
+            got[key]["reject_message"]
+    assert got["ok"]["reject_reason"] is None and [r.path for r in server.log] == ["/photo/astronaut/n"]
+
+
 def test_429_5xx_and_dropped_connections_are_retried_with_backoff(tmp_path: Path, server: PhotoServer,
                                                                   photos: dict[str, bytes]) -> None:
     paths = ["/flaky/astronaut/r", "/drop/coffee/r", "/throttle/chelsea/r"]
