@@ -27,6 +27,8 @@ HINTS: dict[str, str] = {
     "unreadable_fragment": "the files cannot be read as `format: {format}`: check the source's format, uri and "
                            "column names in the catalog against the files",
     "unreadable_file": "the files cannot be opened (permissions? credentials in storage_options?)",
+    "path_outside_source": "the Image() paths point outside the source's uri: embed the images' bytes in the table, "
+                           "or point uri at a folder holding both the table and the images",
     "download_error": "no URL gave an image: check the URL column and that the workers reach those hosts "
                       "(each reject's message has the HTTP status or error)",
     "download_timeout": "every fetch timed out: check the workers' network, or raise `download` timeouts",
