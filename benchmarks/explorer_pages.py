@@ -48,7 +48,10 @@ def write_corpus(root: Path, rows: int, seed: int = 0) -> None:
                     "width": width, "height": height, "format": ["JPEG"] * rows, "mode": ["RGB"] * rows,
                     "orientation": pa.array([1] * rows, pa.int8()), "jpeg_quality": pa.array([90] * rows, pa.int16()),
                     "num_bytes": pa.array([1000] * rows, pa.int64()), "original_caption": captions,
-                    "embedding": pa.nulls(rows, pa.list_(pa.float32())), "phash": pa.nulls(rows, pa.uint64())},
+                    "embedding": pa.nulls(rows, pa.list_(pa.float32())), "phash": pa.nulls(rows, pa.uint64()),
+                    "metadata": pa.array([[("label", f"class{i % 20}"), ("license", "cc-by")] for i in range(rows)],
+                                         schemas.SAMPLES.field("metadata").type),
+                    "source_url": [f"https://example.org/{i}.jpg" for i in range(rows)]},
         "buckets": {"sample_id": ids, "source": src, "content_id": cids, "width": width, "height": height, "tier": tier,
                     "bucket_width": tier, "bucket_height": tier, "bucket": bucket, "drop_reason": pa.nulls(rows, pa.string())},
         "captions": {"content_id": cids, "captioner_version": ["c1"] * rows, "captioner_id": ["c"] * rows,
@@ -104,12 +107,15 @@ def measure(root: Path, repeats: int) -> dict[str, object]:
     vector = np.asarray(embeddings.to_table(columns=["embedding"], limit=1)["embedding"][0].as_py(), np.float32)
     floors = {"fts": lambda: captions.to_table(full_text_query="astronaut", columns=["content_id", "_score"], limit=2000),
               "nn": lambda: embeddings.to_table(nearest={"column": "embedding", "q": vector, "k": 201, "nprobes": 20,
-                                                         "refine_factor": 10}, columns=["content_id", "_distance"])}
+                                                         "refine_factor": 10}, columns=["content_id", "_distance"]),
+              "meta": lambda: snapshot.table("samples").to_table(
+                  columns=["sample_id"], filter="array_has(map_extract(metadata, 'label'), 'class3')")}
     like = snapshot.frame["sample_id"].iloc[0]
     pages = {"browse": ("/", {}, None), "browse_page_50": ("/", {"page": "50"}, None),
              "filters": ("/", {"source": "web", "tier": "1024", "label": "text"}, None),
              "text_search": ("/", {"q": "astronaut"}, "fts"), "text_search_filtered": ("/", {"q": "rocket", "source": "stock"}, "fts"),
-             "more_like_this": ("/", {"like": like}, "nn"), "detail": ("/sample", {"id": like}, None)}
+             "more_like_this": ("/", {"like": like}, "nn"), "detail": ("/sample", {"id": like}, None),
+             "meta_filter": ("/", {"meta": "label:class3"}, "meta")}
     explorer = client.app.state.explorer
     for name, (path, params, floor) in pages.items():
         def cold() -> None:  # every request recomputes the match, as a new query would

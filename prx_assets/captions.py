@@ -6,16 +6,19 @@ from dagster_ray import RayResource
 
 from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
 from prx_assets.rate_checks import rate_check, rate_description
+from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import Progress
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
+COVERAGE = ("Eligible (bucketed) contents of the source the captioner failed on (stored with their error and "
+            "retried on the next run); mds_shards refuses them (reject `no_caption`). Under the `source` captioner a "
+            "content the source has no caption for is not a failure: it is counted apart (`without_source_caption`) "
+            "and refused by mds_shards the same way, and a source with no caption at all fails the captions run.")
 CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
-                            description=rate_description("captions_coverage",
-                                                         "Eligible (bucketed) contents of the source with a caption; "
-                                                         "mds_shards refuses the others (reject `no_caption`)."))]
+                            description=rate_description("captions_coverage", COVERAGE))]
 
 
 def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
@@ -32,11 +35,18 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
         report: CaptionsReport = run_stage(context, ray, "captions", source=context.partition_key, storage=store,
                                            config=config, actors=captioner.actors,
                                            progress=Progress(f"captions[{context.partition_key}]"))
+        if report.without_source_caption:
+            context.log.warning(f"captions[{context.partition_key}]: {report.without_source_caption} of "
+                                f"{report.eligible} eligible contents have no source caption; mds_shards refuses "
+                                f"them (no_caption): {SOURCE_HAS_NONE}")
         made = max(report.captioned, 1)
         return dg.MaterializeResult(
             metadata={
                 "captioner": config.captioner_id(), "eligible": report.eligible, "reused": report.reused,
                 "captioned": report.captioned, "failed": report.failed,
+                "without_source_caption": report.without_source_caption,
+                **({"without_source_caption_examples": dg.MetadataValue.json(report.without_source_caption_examples)}
+                   if report.without_source_caption_examples else {}),
                 "images_per_second": round(report.images_per_second, 2),
                 "mean_words": round(report.words / made, 1) if report.captioned else 0.0,
                 "in_100_200_words": round(report.in_100_200_words / made, 3) if report.captioned else 0.0,
@@ -49,8 +59,10 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                 **lance_versions(**report.read_versions, captions=report.captions_version),
                 **explorer.metadata(context.partition_key),
             },
-            check_results=[rate_check("captions_coverage", checks, checked=report.eligible, failed=report.missing,
-                                      offenders=report.offenders, eligible=report.eligible, missing=report.missing)],
+            check_results=[rate_check("captions_coverage", checks, checked=report.eligible,
+                                      failed=report.captioner_missing, offenders=report.offenders,
+                                      eligible=report.eligible, missing=report.missing,
+                                      without_source_caption=report.without_source_caption)],
             data_version=dg.DataVersion(f"captions@{report.captions_version}"),
         )
 

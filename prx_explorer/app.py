@@ -29,9 +29,10 @@ from starlette.templating import Jinja2Templates
 
 from prx_core.store.storage import Storage
 from prx_explorer import plots
+from prx_explorer.metadata import sample_details
 from prx_explorer.params import BadRequest, int_param, text_param
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
-from prx_explorer.search import FILTERS, MAX_PAGE, NeighbourCache, Query, QueryCache, run_query, with_captions
+from prx_explorer.search import MAX_PAGE, MENUS, NeighbourCache, Query, QueryCache, run_query, with_captions
 from prx_explorer.snapshot import Snapshot, SnapshotCache
 
 HERE = Path(__file__).parent
@@ -86,7 +87,7 @@ class Explorer:
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
         snapshot = context.get("snapshot") or self.snapshots.get()
-        base = {"root": self.storage.root, "snapshot": snapshot, "filters": FILTERS}
+        base = {"root": self.storage.root, "snapshot": snapshot, "filters": MENUS}
         return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
 
     def index(self, request: Request) -> HTMLResponse:
@@ -102,7 +103,7 @@ class Explorer:
         """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
         results = run_query(self.snapshots.get(), Query.from_params(request.query_params), self.queries)
         columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
-                   "caption", "original_caption"] + (["score"] if "score" in results.rows else [])
+                   "meta_label", "caption", "original_caption"] + (["score"] if "score" in results.rows else [])
         rows = results.rows[columns].astype(object).where(results.rows[columns].notna(), None).to_dict("records")
         return JSONResponse({"total": results.total, "page": results.query.page, "pages": results.pages,
                              "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets})
@@ -127,6 +128,7 @@ class Explorer:
             "group_pages": max(1, math.ceil(total / GROUP_PAGE)),
             "crop": crop_rect(row.get("width"), row.get("height"), row.get("bucket"), _tier(row.get("tier"))),
             "caption_html": highlight(row["caption"], set()), "original_html": highlight(row["original_caption"], set()),
+            "details": sample_details(snapshot, row.get("rowaddr")),
         })
 
     def thumbnail(self, request: Request) -> Response:

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 MAX_TEXT = 500  # characters: a sample id, a reason or a search, never a document
+MAX_META_KEY = 64  # characters of a metadata key in the `meta` filter
+MAX_META_VALUE = 200  # characters of a metadata value in it (longer values are shown, not filtered on)
 MAX_DIGITS = 9
 _DIGITS = re.compile(r"[0-9]{1,%d}" % MAX_DIGITS)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -55,3 +57,20 @@ def choice_param(params: Mapping[str, str], name: str, choices: Sequence[str], d
     if raw not in choices:
         raise BadRequest(name, "must be one of " + ", ".join(choices))
     return raw
+
+
+def meta_param(params: Mapping[str, str], name: str) -> str:
+    """A metadata filter `key:value` (split at the first colon; the value may hold more), both
+    parts stripped, the key non-empty; "" when absent."""
+    raw = text_param(params, name)
+    if raw == "":
+        return ""
+    key, colon, value = raw.partition(":")
+    key, value = key.strip(), value.strip()
+    if not colon or not key:
+        raise BadRequest(name, "must be key:value, e.g. label:cat")
+    if len(key) > MAX_META_KEY:
+        raise BadRequest(name, f"key longer than {MAX_META_KEY} characters")
+    if len(value) > MAX_META_VALUE:
+        raise BadRequest(name, f"value longer than {MAX_META_VALUE} characters")
+    return f"{key}:{value}"

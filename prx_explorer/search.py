@@ -19,7 +19,8 @@ import pandas as pd
 from lance import LanceDataset
 
 from prx_core.store import lance_io
-from prx_explorer.params import choice_param, int_param, text_param
+from prx_explorer import metadata
+from prx_explorer.params import choice_param, int_param, meta_param, text_param
 from prx_explorer.snapshot import Snapshot, rows_by_key
 
 PAGE_SIZE = 48
@@ -32,6 +33,7 @@ FACET_VALUES = 50  # options per filter menu; duplicate groups alone can number 
 FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected")
 FRAME_COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
                 "skipped": "skip_reason", "rejected": "reject_reason"}
+MENUS = (*FILTERS, "meta")  # the index page's filter menus; `meta` (key:value) offers the common metadata labels
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,17 @@ class Query:
     group: str = ""
     skipped: str = ""
     rejected: str = ""
+    meta: str = ""  # key:value of the samples' source metadata, e.g. label:cat
     page: int = 1
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Query:
         """The query of a request; a malformed value raises `BadRequest` (a 400)."""
-        values = {f.name: text_param(params, f.name) for f in fields(cls) if f.name not in ("by", "tier", "page")}
+        checked = ("by", "tier", "page", "meta")
+        values = {f.name: text_param(params, f.name) for f in fields(cls) if f.name not in checked}
         tier = int_param(params, "tier", None, 1, MAX_TIER)
         return cls(**values, by=choice_param(params, "by", BY, "caption"), tier="" if tier is None else str(tier),
-                   page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
+                   meta=meta_param(params, "meta"), page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
 
     def url(self, **changes: object) -> str:
         """This query with `changes`, as a `?...` string (page resets unless given)."""
@@ -212,6 +216,9 @@ def facet_counts(frame: pd.DataFrame, top: int = FACET_VALUES) -> dict[str, list
         pairs = [(str(int(k)) if name == "tier" else str(k), int(v)) for k, v in counts.items()]
         pairs.sort(key=lambda kv: (int(kv[0]), 0) if name == "tier" else (-kv[1], kv[0]))
         out[name] = pairs if name == "tier" else pairs[:top]
+    labels = frame["meta_label"].value_counts() if "meta_label" in frame else pd.Series(dtype="int64")
+    pairs = [(f"{metadata.FACET_KEY}:{k}", int(v)) for k, v in labels[labels > 0].items()]
+    out["meta"] = sorted(pairs, key=lambda kv: (-kv[1], kv[0]))[:top]
     return out
 
 
@@ -244,6 +251,9 @@ def match(snapshot: Snapshot, query: Query, nearest: NeighbourCache | None = Non
     for name in FILTERS:
         if value := getattr(query, name):
             frame = frame[_mask(frame, name, value)]
+    if query.meta:
+        ids, note = metadata.matching_ids(snapshot, query.meta)
+        frame, notes = frame[frame.index.isin(ids)], notes + ([note] if note else [])
     return Matches(frame, facet_counts(frame), mode, notes)
 
 

@@ -3,7 +3,8 @@
 Filters (source, label, tier, bucket, duplicate group, skip and reject reasons) span seven
 tables; joining their small scalar columns once into a pandas frame makes every filter,
 facet count and page a vectorized mask instead of a multi-table query. Large columns (image
-bytes, caption text, vectors) stay in Lance and are read for one page at a time.
+bytes, caption text, vectors, the metadata maps) stay in Lance and are read for one page at a
+time; of the metadata the frame keeps only the bounded `label` value (`meta_label`, for facets).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from lance import LanceDataset
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
+from prx_explorer.metadata import facet_labels, label_expression
 
 TABLES = ("samples", "rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index",
           "caption_embeddings", "source_embeddings")
@@ -28,7 +30,7 @@ SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "h
                   "num_bytes"]
 # content_id too: few repeats, but isin/map then hash the values once, not a million strings per query
 CATEGORICAL = ["source", "format", "label", "bucket", "reject_reason", "reject_stage", "skip_reason", "caption_error",
-               "content_id"]
+               "content_id", "meta_label"]
 _SERIALS = itertools.count(1)
 REJECT_COLUMNS = ["sample_id", "source", "source_key", "content_id", "stage", "reason", "message", "width", "height"]
 
@@ -59,6 +61,17 @@ def _read(ds: LanceDataset | None, columns: list[str], where: str | None = None,
     present = [c for c in columns if c in ds.schema.names]
     table = ds.to_table(columns=present, filter=where, **kwargs)
     return table.to_pandas()
+
+
+def _read_samples(ds: LanceDataset | None) -> pd.DataFrame:
+    """The samples' scalar columns with their row addresses (`rowaddr`) and `meta_label`."""
+    if ds is None:
+        return pd.DataFrame(columns=SAMPLE_COLUMNS)
+    columns = {c: c for c in SAMPLE_COLUMNS if c in ds.schema.names} | label_expression(ds)
+    table = ds.to_table(columns=columns, with_row_address=True)
+    labels = facet_labels(table["meta_label"] if "meta_label" in table.column_names else None, table.num_rows)
+    table = table.drop_columns([c for c in ("meta_label",) if c in table.column_names]).append_column("meta_label", labels)
+    return table.to_pandas().rename(columns={"_rowaddr": "rowaddr"})
 
 
 def _most_common(values: pd.Series) -> str | None:
@@ -100,7 +113,7 @@ def build_snapshot(storage: Storage) -> Snapshot:
     options = storage.lance_storage_options()
     datasets = {name: ds for name in TABLES if (ds := lance_io.open_table(storage.lance_uri(name), options)) is not None}
     captioner, labeler, embedder = _choose_versions(datasets)
-    samples = _read(datasets.get("samples"), SAMPLE_COLUMNS, with_row_address=True).rename(columns={"_rowaddr": "rowaddr"})
+    samples = _read_samples(datasets.get("samples"))
     rejects = _read(datasets.get("rejects"), REJECT_COLUMNS)
     # An ingest reject has no samples row; a later-stage reject (buckets) does: keep one row each.
     ingest_only = rejects[~rejects["sample_id"].isin(samples["sample_id"])]
@@ -130,7 +143,7 @@ def build_snapshot(storage: Storage) -> Snapshot:
     skip = _skip_reasons(storage)
     frame["skip_reason"] = frame["sample_id"].map(skip) if len(skip) else None
     for column in ("label", "tier", "bucket", "group_id", "reject_reason", "reject_stage", "reject_message", "word_count",
-                   "score", "mds_index", "caption_error", "format", "caption_rowaddr", "clip_rowaddr"):
+                   "score", "mds_index", "caption_error", "format", "caption_rowaddr", "clip_rowaddr", "meta_label"):
         if column not in frame.columns:
             frame[column] = None
     frame["tier"] = pd.to_numeric(frame["tier"], errors="coerce").astype("Int32")

@@ -36,8 +36,9 @@ class ChecksResource(dg.ConfigurableResource):
                     "above it nothing is changed and the check blocks (fix the catalog's key).")
     captions_coverage: float = Field(
         default=0.001, ge=0, le=1,
-        description="Eligible contents without a caption (e.g. a `source` caption that is missing): "
-                    "largest passing share. Uncaptioned samples are refused by mds_shards (no_caption).")
+        description="Eligible contents the captioner failed on (retried on the next run): largest passing "
+                    "share. Uncaptioned samples are refused by mds_shards (no_caption). A source caption missing "
+                    "under the `source` captioner is counted apart (without_source_caption), not a failure.")
     caption_labels_coverage: float = Field(
         default=0.001, ge=0, le=1,
         description="Captioned contents without a label (a labeller error): largest passing share. "

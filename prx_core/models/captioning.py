@@ -31,6 +31,15 @@ from prx_core.models.caption_base import (
 )
 from prx_core.models.caption_text import clean_caption
 
+# Why a sample has no caption under the `source` captioner, and what to do about it: the reject
+# message of `mds_shards` (no_caption) and the `captions` run's refusal of a source without any.
+NO_CAPTION_HERE = "the source has no caption for this image"
+SOURCE_HAS_NONE = ("the source has no caption and the captioner is `source`: configure a VLM captioner "
+                   "(README: Captioning)")
+VLM_SETTINGS = ("`captioner: {backend: vllm, model: <hub id or checkpoint dir>}`, "
+                "`captioner: {backend: openai, endpoint: http://host:8000/v1, model: <served model>}` or "
+                "`captioner: {backend: transformers, model: <checkpoint dir>}` in PRX_CONFIG")
+
 
 class SourceCaptioner(Captioner):
     """Keeps the source dataset's caption: the baseline, and the no-GPU path. Ingest cleaned and
@@ -43,9 +52,29 @@ class SourceCaptioner(Captioner):
         cleaned = [clean_caption(text, self.config.max_caption_chars).text for text in original_captions]
         return [
             CaptionResult(text) if text
-            else CaptionResult.failed(NO_SOURCE_CAPTION, "the source has no caption for this image")
+            else CaptionResult.failed(NO_SOURCE_CAPTION, NO_CAPTION_HERE)
             for text in cleaned
         ]
+
+
+def no_source_captions_message(source: str, eligible: int) -> str:
+    """The `captions` run's refusal of a source none of whose eligible images has a source caption
+    under the `source` captioner: nothing of it could ever reach the MDS output."""
+    return (f"source {source!r}: none of its {eligible} eligible images has a caption and the captioner is `source` "
+            f"(it only keeps source captions): configure a VLM captioner, e.g. {VLM_SETTINGS} (README: Captioning), "
+            "or point the catalog entry at the source's captions (caption_column, joins)")
+
+
+def missing_caption_message(captioner_version: str, error: str | None) -> str:
+    """Why a sample has no caption of `captioner_version`, from its stored failure (`error`):
+    the message of its `no_caption` reject in `mds_shards`."""
+    reason = (error or "").split(":", 1)[0]
+    if reason == NO_SOURCE_CAPTION:
+        return SOURCE_HAS_NONE
+    if error:
+        return (f"captioning failed for captioner version {captioner_version} ({error[:200]}); "
+                "the next captions run retries it")
+    return f"no caption for captioner version {captioner_version}"
 
 
 def build_captioner(config: CaptionerConfig) -> Captioner:

@@ -8,6 +8,12 @@ each unit looks up which of its contents are captioned already, captions the res
 them as fragments, which the driver appends in batched commits. Failures are stored with their
 error and retried on the next run (the retry replaces the failed row). The `vllm` backend runs
 the same units through one `ray.data.llm` pipeline (prx_core.stages.model_pipeline).
+
+Under the `source` captioner a content whose source has no caption is not a captioner failure:
+it is stored the same way (`no_source_caption`, looked at again on the next run), counted apart
+(`without_source_caption`, outside `failed`, `failures` and the coverage check's offenders) and
+refused by `mds_shards` (`no_caption`). A source of which no eligible content got a caption
+fails the run (`NoSourceCaptions`): it needs a VLM captioner, not a retry.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ import pyarrow.compute as pc
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
-from prx_core.models.caption_base import SOURCE, VLLM, CaptionerConfig
-from prx_core.models.captioning import CaptionBatch
+from prx_core.models.caption_base import NO_SOURCE_CAPTION, SOURCE, VLLM, CaptionerConfig
+from prx_core.models.captioning import CaptionBatch, no_source_captions_message
 from prx_core.stages.contents import (
     FAILED_EXAMPLES,
     UNIT_ROWS,
@@ -47,13 +53,17 @@ CAPTION_KEYS = ["content_id", "captioner_version"]
 ROWS_PER_READ = 64  # rows per take by row address (64 source images of 400 KB: 25 MB), read ahead of the model
 
 
+class NoSourceCaptions(RuntimeError):
+    """Under the `source` captioner, no eligible content of the source has a caption."""
+
+
 @dataclass
 class CaptionsReport:
     source: str
     eligible: int  # distinct contents
     reused: int
     captioned: int
-    failed: int
+    failed: int  # captioner failures (retried on the next run), not contents without a source caption
     seconds: float
     failures: dict[str, int] = field(default_factory=dict)
     words: int = 0  # over the captions made by this run
@@ -66,9 +76,11 @@ class CaptionsReport:
     actors: int = 1
     gpu_hours: float | None = None  # vllm: engine replicas x GPUs each x generation time
     commits: int = 0  # Lance commits of this run (batched appends, failed-row deletes)
-    failed_examples: list[str] = field(default_factory=list)  # a few content_ids still without a caption
+    failed_examples: list[str] = field(default_factory=list)  # a few content_ids the captioner failed on
     offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason of those
     units: UnitResults | None = None
+    without_source_caption: int = 0  # `source` captioner: eligible contents the source has no caption for
+    without_source_caption_examples: list[str] = field(default_factory=list)  # sample_ids of a few of them
 
     @property
     def images_per_second(self) -> float:
@@ -80,8 +92,14 @@ class CaptionsReport:
 
     @property
     def missing(self) -> int:
-        """Eligible contents without a caption after the run (the coverage check)."""
+        """Eligible contents without a caption after the run, whatever the cause."""
         return self.eligible - self.reused - self.captioned
+
+    @property
+    def captioner_missing(self) -> int:
+        """Eligible contents the captioner failed on (the coverage check): the missing ones less
+        those the `source` captioner had no source caption for."""
+        return self.missing - self.without_source_caption
 
     @property
     def model_busy_fraction(self) -> float:
@@ -145,20 +163,23 @@ def write_captions(storage: Storage, batch: pa.Table) -> dict[str, Any]:
 def caption_summary(storage: Storage, parts: list[pa.Table]) -> dict[str, Any]:
     """Counts of the produced caption rows, and the fragments they were written to."""
     if not parts:
-        return {"captioned": 0, "failed": 0, "fragments": []}
+        return {"captioned": 0, "failed": 0, "without_source_caption": 0, "fragments": []}
     batch = pa.concat_tables(parts)
     rows = to_caption_rows(batch)
     errors = rows["error"].to_pylist()
     words = [w for w, e in zip(rows["word_count"].to_pylist(), errors) if not e]
+    reasons = [(c, e.split(":", 1)[0]) for c, e in zip(rows["content_id"].to_pylist(), errors) if e]
+    failed = [(c, r) for c, r in reasons if r != NO_SOURCE_CAPTION]  # the captioner's own failures
+    uncaptioned = [[c, r] for c, r in reasons if r == NO_SOURCE_CAPTION]
     tokens = int(pc.sum(batch["num_generated_tokens"]).as_py() or 0) if "num_generated_tokens" in batch.column_names else 0
     written = lance_io.write_fragments(storage.lance_uri("captions"), rows, schemas.CAPTIONS,
                                        storage.lance_storage_options())
-    return {"captioned": len(words), "failed": len(errors) - len(words),
-            "failures": dict(Counter(e.split(":", 1)[0] for e in errors if e)),
+    return {"captioned": len(words), "failed": len(failed), "without_source_caption": len(uncaptioned),
+            "failures": dict(Counter(r for _, r in failed)),
             "words": sum(words), "in_100_200_words": sum(100 <= w <= 200 for w in words), "output_tokens": tokens,
-            "failed_examples": [c for c, e in zip(rows["content_id"].to_pylist(), errors) if e][:5],
-            "failed_detail": [[c, e.split(":", 1)[0]] for c, e in zip(rows["content_id"].to_pylist(), errors)
-                              if e][:FAILED_EXAMPLES],
+            "failed_examples": [c for c, _ in failed][:5],
+            "failed_detail": [[c, r] for c, r in failed][:FAILED_EXAMPLES],
+            "uncaptioned_detail": uncaptioned[:FAILED_EXAMPLES],
             "fragments": [f.to_json() for f in written]}
 
 
@@ -194,9 +215,15 @@ def build_captions(
         model_seconds=sum(float(s.get("model_seconds") or 0) for s in results.summaries), actors=actors,
         commits=appends.commits, units=results,
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
+    report.without_source_caption = results.total("without_source_caption")
     report.offenders = offending_samples(storage, source, [d for s in results.summaries
                                                            for d in s.get("failed_detail") or []], versions["buckets"])
+    uncaptioned = [d for s in results.summaries for d in s.get("uncaptioned_detail") or []]
+    report.without_source_caption_examples = [row["sample_id"] or row["content_id"] for row in
+                                              offending_samples(storage, source, uncaptioned, versions["buckets"])]
     if config.backend == VLLM:
         report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
     report.seconds = time.monotonic() - start
+    if config.backend == SOURCE and report.eligible and not report.captioned + report.reused:
+        raise NoSourceCaptions(no_source_captions_message(source, report.eligible))
     return report

@@ -37,11 +37,12 @@ from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_uni
 from prx_core.image.buckets import TIERS, Bucket, assign_buckets
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.image.imaging import process_image
+from prx_core.models.captioning import missing_caption_message
 from prx_core.shards.mds import StreamKey, chunk_complete, read_chunk_record, stream_name, stream_uri, write_chunk
 from prx_core.shards.publish import StreamReport, publish_source
 from prx_core.store import lance_io, schemas
 from prx_core.store.locks import exclusive
-from prx_core.store.lookups import caption_texts
+from prx_core.store.lookups import caption_errors, caption_texts
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
 
@@ -197,8 +198,10 @@ def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
 def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None], run: UnitRun,
            refused: list[dict]) -> Iterator[dict[str, Any]]:
     """The chunk's MDS rows in order, its captions joined, each image decoded and encoded once;
-    what cannot be stored goes to `refused` with a reason."""
+    what cannot be stored goes to `refused` with a reason (an uncaptioned one with its stored failure)."""
     storage, params, source = run.storage, run.manifest.params, run.manifest.partition
+    uncaptioned = [c for c in rows["content_id"].to_pylist() if c not in captions]
+    why = caption_errors(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"]).get
     for start in range(0, rows.num_rows, TAKE_ROWS):
         part = rows.slice(start, TAKE_ROWS).to_pylist()
         images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
@@ -207,8 +210,8 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
             base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
             caption = captions.get(row["content_id"])
             if caption is None:
-                refused.append({**base, "reason": NO_CAPTION,
-                                "message": f"no caption for captioner version {params['captioner_version']}"})
+                refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
+                    params["captioner_version"], why(row["content_id"]))})
                 continue
             result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"])
             if isinstance(result, Rejection):

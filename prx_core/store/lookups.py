@@ -47,3 +47,15 @@ def caption_texts(storage: Storage, captioner_version: str, content_ids: Sequenc
                         f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''",
                         storage.lance_storage_options(), version)
     return dict(zip(table["content_id"].to_pylist(), table["caption"].to_pylist()))
+
+
+def caption_errors(storage: Storage, captioner_version: str, content_ids: Sequence[str],
+                   version: int | None = None) -> dict[str, str]:
+    """content_id -> stored error of the given contents' failed captions of that captioner: why
+    they have none."""
+    if not content_ids:
+        return {}
+    table = lookup_keys(storage.lance_uri("captions"), "content_id", content_ids, ["content_id", "error"],
+                        f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error != ''",
+                        storage.lance_storage_options(), version)
+    return dict(zip(table["content_id"].to_pylist(), table["error"].to_pylist()))

@@ -1,30 +1,41 @@
 """`captions`: eligible contents only, each once per captioner version; the source and the
-transformers backends; `caption_labels` on top."""
+transformers backends; `caption_labels` on top. Under the `source` captioner, missing source
+captions are counted and left out of MDS but are no coverage failure; a source with none at all
+fails the captions run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from conftest import (
     SOURCES,
     Corpus,
     Manifest,
     check,
+    checks_of,
     copy_corpus,
     fresh_instance,
+    image_folder_source,
+    make_settings,
     materialize,
     materialized,
     read,
     resources_for,
+    stream_dirs,
     transformers_config,
 )
 
+from prx_assets.definitions import build_resources
 from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.captioning import SOURCE_HAS_NONE
+from prx_core.sources.catalog import load_catalog
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
 SOURCE_VERSION = CaptionerConfig("source").version()
+UP_TO_MDS = ["raw_source", "samples", "buckets", "phashes", "captions", "mds_shards"]
 
 
 def eligible(corpus: Corpus, source: str) -> set[str]:
@@ -136,3 +147,54 @@ def test_transformers_backend_captions_every_eligible_content(corpus: Corpus, ti
     assert all(r["captioner_id"] == meta["captioner"] and r["prompt_version"] for r in new)
     old = sorted((r for r in rows if r["captioner_version"] == SOURCE_VERSION), key=lambda r: r["content_id"])
     assert old == sorted(before, key=lambda r: r["content_id"])
+
+
+def uncaptioned_source(tmp_path: Path, count: int, uncaptioned: int) -> Path:
+    """An image folder source of `count` images whose first `uncaptioned` have no caption file."""
+    catalog = image_folder_source(tmp_path / "src", "few_missing", count=count)
+    for i in range(uncaptioned):
+        (tmp_path / "src" / "images" / "part_0" / f"photo_{i}.txt").unlink()
+    return catalog
+
+
+def test_missing_source_captions_pass_coverage_and_mds_holds_the_captioned(ray_session, tmp_path: Path) -> None:
+    """2 of 6 without a source caption, at the default 0.1% threshold: counted, not failures."""
+    catalog_path = uncaptioned_source(tmp_path, count=6, uncaptioned=2)
+    root = tmp_path / "corpus"
+    result = materialize(build_resources(make_settings(root, catalog_path)), UP_TO_MDS, "few_missing",
+                         fresh_instance(load_catalog(catalog_path)))
+
+    assert result.success
+    done = materialized(result)
+    assert (done["captions"]["captioned"], done["captions"]["failed"], done["captions"]["without_source_caption"]) == (
+        4, 0, 2)
+    missing = ["few_missing/part_0/photo_0", "few_missing/part_0/photo_1"]
+    assert done["captions"]["without_source_caption_examples"] == missing
+    coverage = checks_of(result)["captions_coverage"]
+    assert coverage.passed and coverage.severity == dg.AssetCheckSeverity.ERROR
+    meta = {k: v.value for k, v in coverage.metadata.items()}
+    assert (meta["checked"], meta["failed"], meta["missing"], meta["without_source_caption"]) == (6, 0, 2, 2)
+    assert meta["offender_ids"] == [] and meta["max_failure_rate"] == 0.001
+    # the uncaptioned are refused by mds_shards with a reason that says why; the captioned are written
+    assert done["mds_shards"]["samples_written"] == 4 and checks_of(result)["mds_shards_readable"].passed
+    assert len(stream_dirs(root, "few_missing")) == 1
+    index = read(root, "mds_index").to_pylist()
+    assert len(index) == 4 and not set(missing) & {r["sample_id"] for r in index}
+    rejects = read(root, "rejects", filter="stage = 'mds_shards'").to_pylist()
+    assert sorted((r["sample_id"], r["reason"], r["message"]) for r in rejects) == [
+        (sample_id, "no_caption", SOURCE_HAS_NONE) for sample_id in missing]
+
+
+def test_a_source_without_any_caption_fails_the_captions_run(ray_session, tmp_path: Path) -> None:
+    catalog_path = image_folder_source(tmp_path / "src", "no_captions", count=3, captions=False)
+    root = tmp_path / "corpus"
+    result = materialize(build_resources(make_settings(root, catalog_path)), UP_TO_MDS, "no_captions",
+                         fresh_instance(load_catalog(catalog_path)))
+
+    assert not result.success
+    (failure,) = result.get_step_failure_events()
+    assert failure.step_key == "captions"
+    error = str(failure.event_specific_data.error)
+    assert "NoSourceCaptions" in error and "source 'no_captions': none of its 3 eligible images has a caption" in error
+    assert "configure a VLM captioner" in error and "backend: vllm" in error and "README: Captioning" in error
+    assert "mds_shards" not in materialized(result) and not (root / "mds").exists()

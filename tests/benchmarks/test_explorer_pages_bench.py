@@ -13,9 +13,10 @@ def test_explorer_pages_benchmark_reports_every_page(tmp_path: Path) -> None:
     out = tmp_path / "pages.json"
     assert main(["--rows", "2000", "--repeats", "3", "--json", str(out)]) == 0
     report = json.loads(out.read_text())["2000"]
-    pages = ["browse", "browse_page_50", "filters", "text_search", "text_search_filtered", "more_like_this", "detail"]
+    pages = ["browse", "browse_page_50", "filters", "text_search", "text_search_filtered", "more_like_this", "detail",
+             "meta_filter"]
     for page in pages:
         assert 0 < report[page]["p50_ms"] <= report[page]["p95_ms"], page
-    for page in ("text_search", "text_search_filtered", "more_like_this"):
+    for page in ("text_search", "text_search_filtered", "more_like_this", "meta_filter"):
         assert report[f"{page}_over_lance"] > 0 and report[f"{page}_lance"]["p50_ms"] > 0
     assert report["snapshot_s"] > 0

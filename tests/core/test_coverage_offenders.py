@@ -33,10 +33,11 @@ class FailingOn(LabelBatch):
         return out
 
 
-def test_captions_offenders_name_the_owning_sample(storage: Storage) -> None:  # noqa: F811
+def test_captions_examples_name_the_owning_sample(storage: Storage) -> None:  # noqa: F811
+    """c7 has no source caption: not a captioner failure (no offender), but listed by its sample."""
     report = build_captions("a", storage, CONFIG, unit_rows=3)
-    assert report.missing == 1
-    assert report.offenders == [{"sample_id": "a/k07", "content_id": "c7", "reason": "no_source_caption"}]
+    assert report.missing == 1 and report.captioner_missing == 0 and report.offenders == []
+    assert report.without_source_caption_examples == ["a/k07"]
 
 
 def test_labels_offenders_name_the_owning_sample_and_the_error(storage: Storage) -> None:  # noqa: F811

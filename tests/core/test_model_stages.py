@@ -29,7 +29,7 @@ from prx_core.store.storage import Storage
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 CONFIG = CaptionerConfig("source")
 # source a: (key, content, source caption, bucketed); c3 twice (the first bucketed sample wins),
-# c5 dropped at k05 but bucketed at k11, c7 has no caption (a failure), c9 only dropped
+# c5 dropped at k05 but bucketed at k11, c7 has no caption (counted, not a failure), c9 only dropped
 A = [("k00", "c0", "a dog"), ("k01", "c1", "a cat"), ("k02", "c2", "an invoice"), ("k03", "c3", "first c3"),
      ("k04", "c4", "  a tree  "), ("k05", "c5", "dropped c5", False), ("k06", "c6", "a boat"), ("k07", "c7", None),
      ("k08", "c8", "a car"), ("k09", "c9", "dropped", False), ("k10", "c3", "second c3"), ("k11", "c5", "kept c5")]
@@ -85,13 +85,14 @@ def test_captions_units_give_the_reference_rows_once_per_content(storage: Storag
     want = reference_captions(A)
     assert caption_rows(storage) == sorted(want)  # one row per content: no duplicate keys
     assert report.units.units == -(-len(A) // unit_rows) and report.units.ran == report.units.units
-    assert (report.eligible, report.reused, report.captioned, report.failed) == (9, 0, 8, 1)
-    assert report.failures == {"no_source_caption": 1} and report.missing == 1 and report.failed_examples == ["c7"]
+    assert (report.eligible, report.reused, report.captioned, report.failed) == (9, 0, 8, 0)
+    assert report.without_source_caption == 1 and report.without_source_caption_examples == ["a/k07"]
+    assert report.failures == {} and report.missing == 1 and report.captioner_missing == 0
     assert report.commits == 1 and report.model_seconds > 0  # 64 units per append by default
     assert not os.listdir(os.path.join(storage.root, RUNS, "captions", "a"))  # the attempt is forgotten
 
     again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # the failure is retried and replaced
-    assert (again.reused, again.captioned, again.failed) == (8, 0, 1)
+    assert (again.reused, again.captioned, again.failed, again.without_source_caption) == (8, 0, 0, 1)
     assert caption_rows(storage) == sorted(want)
 
     other = build_captions("b", storage, CONFIG, unit_rows=unit_rows)  # c1 and c2 are a's bytes too
@@ -142,4 +143,4 @@ def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once
     report = build_captions("a", storage, CONFIG, unit_rows=2)
     assert report.units.skipped == recorded and report.units.ran == report.units.units - recorded == 6 - recorded
     assert caption_rows(storage) == sorted(reference_captions(A))  # recorded rows appended once, none lost
-    assert (report.eligible, report.captioned + report.reused, report.failed) == (9, 8, 1)
+    assert (report.eligible, report.captioned + report.reused, report.without_source_caption) == (9, 8, 1)

@@ -771,11 +771,13 @@ def side_runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     return runs
 
 
-def test_failing_blocking_check_exits_nonzero_and_names_it(side_runs: dict[str, Run]) -> None:
-    """The default `source` captioner copies source captions: with none, `captions_coverage` fails."""
+def test_a_source_without_captions_exits_nonzero_and_says_to_configure_a_vlm(side_runs: dict[str, Run]) -> None:
+    """The default `source` captioner copies source captions: with none, the captions run fails
+    naming the source and the fix (not a coverage check: nothing there is a captioner failure)."""
     result = side_runs["no_captions"]
     assert result.returncode == 1, result.explain()
-    assert re.search(r"^FAIL blocking check captions_coverage\[nocaption\]$", result.stdout, re.M), result.explain()
+    assert re.search(r"^captions \[nocaption\] FAILED: .*source 'nocaption': none of its 3 eligible images has a "
+                     r"caption .*configure a VLM captioner.*\(README: Captioning\)", result.stdout, re.M), result.explain()
     assert re.search(r"^\d+ runs in \d+ s: FAILED$", result.stdout, re.M), result.explain()
     assert "Traceback" not in result.stdout
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -55,10 +56,16 @@ def explorer_corpus(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     return ExplorerCorpus(work / "corpus", demo_dir, manifest)
 
 
-def write_small_corpus(root: Path, n: int = 40) -> Storage:
+def source_fields(meta: dict[str, str] | None, url: str | None) -> dict[str, Any]:
+    """A samples row's `metadata` (a map: a list of pairs for Arrow) and `source_url`."""
+    return {"metadata": None if meta is None else list(meta.items()), "source_url": url}
+
+
+def write_small_corpus(root: Path, n: int = 40,
+                       metadata: Callable[[int], tuple[dict[str, str] | None, str | None]] | None = None) -> Storage:
     """`n` bucketed, captioned, embedded samples (one duplicate group of the first five) written
     straight into real Lance tables with full-text indexes: every explorer route in seconds,
-    without a pipeline build."""
+    without a pipeline build. `metadata(i)` gives sample i's metadata map and source_url."""
     import numpy as np
     import pyarrow as pa
 
@@ -71,7 +78,9 @@ def write_small_corpus(root: Path, n: int = 40) -> Storage:
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     tables = {
         "samples": [{"sample_id": s, "content_id": f"c{i}", "source": "tiny", "source_key": s[5:], "width": 640,
-                     "height": 480, "original_caption": f"a {words[i % 5]} photo"} for i, s in enumerate(ids)],
+                     "height": 480, "original_caption": f"a {words[i % 5]} photo",
+                     **(source_fields(*metadata(i)) if metadata else {})}
+                    for i, s in enumerate(ids)],
         "buckets": [{"sample_id": s, "source": "tiny", "content_id": f"c{i}", "width": 640, "height": 480,
                      "tier": 512, "bucket": "576x448"} for i, s in enumerate(ids)],
         "duplicates": [{"sample_id": s, "source": "tiny", "group_id": "00000000000000ab", "group_size": 5,

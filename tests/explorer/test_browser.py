@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import write_small_corpus
 from playwright.sync_api import Browser, Page, expect, sync_playwright
+from test_metadata import HOSTILE_KEY, HOSTILE_VALUE, URLS, source_metadata
 
 if TYPE_CHECKING:
     from conftest import ExplorerCorpus  # tests/explorer/conftest.py
@@ -38,12 +40,24 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(explorer_corpus: ExplorerCorpus, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from browse(explorer_corpus.root, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def meta_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The explorer over a small corpus whose samples carry (hostile) metadata and source URLs."""
+    root = tmp_path_factory.mktemp("meta-browse") / "corpus"
+    write_small_corpus(root, metadata=source_metadata)
+    yield from browse(root, tmp_path_factory)
+
+
+def browse(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`prx-corpus browse` on a free loopback port, until it answers /healthz."""
     port = free_port()
     log = tmp_path_factory.mktemp("browse") / "browse.log"
     env = {k: v for k, v in os.environ.items() if k != "PRX_CONFIG"}
     with log.open("w") as out:
-        process = subprocess.Popen([CLI, "browse", "--root", str(explorer_corpus.root), "--port", str(port)],
+        process = subprocess.Popen([CLI, "browse", "--root", str(root), "--port", str(port)],
                                    stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -135,3 +149,28 @@ def test_xss_caption_is_inert(page: Page, server: str, explorer_corpus: Explorer
     assert not page.title().startswith("XSS"), page.title()
     assert page.url.endswith(entry["sample_id"].replace("/", "%2F")) or "sample?id=" in page.url
     page.screenshot(path=str(SHOTS / "06-xss-inert.png"), full_page=True)
+
+
+def test_hostile_metadata_and_source_urls_are_inert(page: Page, meta_server: str) -> None:
+    page.goto(f"{meta_server}/sample?id=tiny/007")
+    entries = page.locator("#metadata")
+    expect(entries).to_contain_text(HOSTILE_KEY)
+    expect(entries).to_contain_text(HOSTILE_VALUE)
+    assert entries.locator("script, img").count() == 0, "the metadata made no elements"
+    assert not page.title().startswith("XSS"), page.title()  # (a dialog would have failed the test already)
+    page.screenshot(path=str(SHOTS / "07-metadata.png"), full_page=True)
+
+    page.goto(f"{meta_server}/sample?id=tiny/001")  # a javascript: source URL: text, not a link
+    expect(page.locator("#source-url")).to_have_text(URLS[1])
+    assert page.locator("#source-url a").count() == 0
+    page.goto(f"{meta_server}/sample?id=tiny/000")  # an https one: a link that tells nothing to where it leads
+    link = page.locator("#source-url a")
+    assert link.get_attribute("href") == URLS[0] and link.get_attribute("rel") == "noopener noreferrer nofollow"
+
+
+def test_a_metadata_value_links_to_its_filter(page: Page, meta_server: str) -> None:
+    page.goto(f"{meta_server}/sample?id=tiny/009")
+    page.locator("#metadata").get_by_role("link", name="cat & dog: mixed").click()
+    expect(page.locator("#result-count")).to_contain_text("1 images")
+    expect(page.locator("ul.grid li.card")).to_have_count(1)
+    expect(page.locator("select[name=meta]")).to_have_value("label:cat & dog: mixed")

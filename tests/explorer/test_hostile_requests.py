@@ -26,7 +26,7 @@ NUMERIC = [("/", "page"), ("/", "tier"), ("/api/search", "page"), ("/api/search"
            ("/sample", "group_page")]
 ENUM = [("/", "by"), ("/api/search", "by"), ("/api/neighbours", "by")]
 TEXT = [(route, name) for route in SEARCH_ROUTES for name in ("q", "like", "source", "label", "bucket", "group",
-                                                               "skipped", "rejected")] + [
+                                                               "skipped", "rejected", "meta")] + [
     ("/api/neighbours", "like"), ("/sample", "id"), ("/thumb", "id")]
 BAD_NUMBERS = ["²", "١٢", "１", "5" * 5000, "9" * 20, "-1", "0", "+1", "1.5", "1e3", "0x10", "NaN", "inf", "1 2",
                "abc", "\x00"]

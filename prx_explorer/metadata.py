@@ -1,0 +1,110 @@
+"""Per-sample source metadata (`samples.metadata`, a string map: label, license, width, ...) and
+`source_url` in the explorer.
+
+Both are untrusted source text: pages escape them like captions, and a URL becomes a link only
+when it is plain http(s) (rel="noopener noreferrer nofollow"), else it is shown as text. The
+snapshot frame holds one bounded column of them, `meta_label` (the `label` key: class folders,
+`.cls` members), for facet counts; the `meta=key:value` filter asks the pinned `samples` dataset
+(`array_has(map_extract(metadata, key), value)`), so any key filters without the maps in memory.
+A table written before these columns existed simply has none: no facet, no match.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance import LanceDataset
+
+from prx_core.store import lance_io
+from prx_explorer.params import MAX_META_KEY, MAX_META_VALUE
+
+if TYPE_CHECKING:
+    from prx_explorer.snapshot import Snapshot
+
+FACET_KEY = "label"  # the key whose most common values the index page offers
+MAX_SHOWN = 100  # metadata entries on a detail page
+MAX_SHOWN_CHARS = 2000  # of one value (or URL) on a detail page
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def has_metadata(ds: LanceDataset | None) -> bool:
+    return ds is not None and "metadata" in ds.schema.names
+
+
+def label_expression(ds: LanceDataset | None) -> dict[str, str]:
+    """The projection adding `meta_label` to the snapshot's samples read, where the table has metadata."""
+    return {"meta_label": f"map_extract(metadata, {lance_io.sql_literal(FACET_KEY)})"} if has_metadata(ds) else {}
+
+
+def facet_labels(column: pa.ChunkedArray | None, rows: int) -> pa.Array:
+    """`meta_label` as one string per row: the key's first value, null where absent, over-long
+    (above what the `meta` filter accepts) or holding control characters (which it refuses)."""
+    if column is None:
+        return pa.nulls(rows, pa.string())
+    first = pc.list_element(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column, 0)
+    keep = pc.and_(pc.less_equal(pc.utf8_length(first), MAX_META_VALUE),
+                   pc.invert(pc.match_substring_regex(first, r"[\x00-\x1f\x7f]")))
+    return pc.if_else(pc.fill_null(keep, False), first, pa.scalar(None, pa.string()))
+
+
+def split_filter(value: str) -> tuple[str, str]:
+    """`key:value` (validated by `params.meta_param`) as its key and value."""
+    key, _, wanted = value.partition(":")
+    return key, wanted
+
+
+def matching_ids(snapshot: Snapshot, value: str) -> tuple[pd.Index, str | None]:
+    """sample_ids whose metadata maps `key` to `value` (exactly), or a note why none can."""
+    samples = snapshot.table("samples")
+    if not has_metadata(samples):
+        return pd.Index([], dtype=object), "this corpus's samples carry no metadata"
+    key, wanted = split_filter(value)
+    where = f"array_has(map_extract(metadata, {lance_io.sql_literal(key)}), {lance_io.sql_literal(wanted)})"
+    ids = samples.to_table(columns=["sample_id"], filter=where)["sample_id"].to_pylist()
+    return pd.Index(ids, dtype=object), None
+
+
+def filter_link(key: str, value: str) -> str | None:
+    """The `meta` filter value selecting samples with this entry, where the filter accepts it."""
+    if not key or ":" in key or len(key) > MAX_META_KEY or len(value) > MAX_META_VALUE:
+        return None
+    if _CONTROL.search(key + value) or key != key.strip() or value != value.strip():
+        return None
+    return f"{key}:{value}"
+
+
+def safe_link(url: str | None) -> str | None:
+    """`url` when a browser may follow it: http(s) with a host, nothing odd in it; else None."""
+    if not url or len(url) > MAX_SHOWN_CHARS or _CONTROL.search(url) or any(c.isspace() for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    return url if parts.scheme in ("http", "https") and parts.hostname else None
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "…"
+
+
+def sample_details(snapshot: Snapshot, address: Any) -> dict[str, Any]:
+    """The detail page's metadata entries (key, value, filter value or None; at most MAX_SHOWN,
+    values cut for display), how many more there are, and the source URL with its link, if any."""
+    samples = snapshot.table("samples")
+    out: dict[str, Any] = {"entries": [], "more": 0, "source_url": None, "source_link": None}
+    columns = [c for c in ("metadata", "source_url") if samples is not None and c in samples.schema.names]
+    if not columns or address is None or pd.isna(address):
+        return out
+    row = samples._take_rows([int(address)], columns=columns).to_pylist()[0]  # a take, not a scan
+    pairs = [(str(k), "" if v is None else str(v)) for k, v in (row.get("metadata") or [])]
+    out["entries"] = [(_shown(k), _shown(v), filter_link(k, v)) for k, v in sorted(pairs)[:MAX_SHOWN]]
+    out["more"] = max(0, len(pairs) - MAX_SHOWN)
+    if url := row.get("source_url"):
+        out["source_url"], out["source_link"] = _shown(url), safe_link(url)
+    return out
