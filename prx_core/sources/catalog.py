@@ -8,22 +8,32 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from prx_core.store.storage import is_remote, join_uri
+from prx_core.sources.catalog_fields import (
+    JOIN_FORMATS,
+    DownloadSettings,
+    JoinSpec,
+    column_field,
+    names_field,
+    parse_download,
+    parse_joins,
+    resolve_uri,
+)
+
+__all__ = ["FORMATS", "TABLE_FORMATS", "JOIN_FORMATS", "CatalogError", "Catalog", "SourceSpec", "JoinSpec",
+           "DownloadSettings", "load_catalog", "parse_catalog", "dump_catalog", "validate_source_name"]
 
 FORMATS = ("parquet", "imagefolder", "webdataset", "lance", "huggingface")
 TABLE_FORMATS = ("parquet", "lance", "huggingface")  # rows of a table: columns name the image, caption, key...
-JOIN_FORMATS = ("parquet", "lance")
 NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
 _COLUMN_FIELDS = ("image_column", "url_column", "caption_column", "key_column", "embedding_column")
 _LIMIT_FIELDS = ("max_image_bytes", "max_caption_bytes")
 _FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "metadata_columns", "joins", "download", "weight", *_LIMIT_FIELDS)
-_JOIN_FIELDS = ("uri", "format", "key_column", "caption_column", "embedding_column", "metadata_columns")
 DEFAULT_MAX_IMAGE_BYTES = 64 << 20  # a bigger image or caption is a reject, checked before reading it
 DEFAULT_MAX_CAPTION_BYTES = 64 << 10
 
@@ -39,36 +49,6 @@ def validate_source_name(name: object) -> str:
         raise ValueError(f"invalid source name {name!r}: a source name must match [a-z0-9_]+ "
                          "(it is the partition key and a folder name under the corpus root)")
     return name
-
-
-@dataclass(frozen=True)
-class JoinSpec:
-    """A table keyed like its source (captions, CLIP vectors, metadata kept apart from the images),
-    joined on the workers by each unit's own keys (`prx_core.sources.joins`)."""
-
-    uri: str
-    key_column: str
-    format: str = "parquet"  # parquet | lance (default: lance when the uri ends in .lance)
-    caption_column: str | None = None
-    embedding_column: str | None = None
-    metadata_columns: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class DownloadSettings:
-    """How a metadata-only source's images are fetched (`url_column`), per ingest worker."""
-
-    concurrency: int = 16  # requests in flight per worker
-    per_host: int = 4  # of those, to one host at a time
-    connect_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0  # the longest silence while waiting for the response or its body
-    attempt_timeout_s: float = 120.0  # one attempt in all, redirects included (a body dripping slowly)
-    retries: int = 3  # further attempts after a 429, a 5xx or a dropped connection, with backoff
-    backoff_s: float = 1.0  # the first retry's wait; doubled at each further one
-    retry_after_max_s: float = 30.0  # a longer Retry-After is not waited for: the row is a download_error
-    max_redirects: int = 5  # redirects followed (http and https targets only)
-    honor_opt_out: bool = True  # X-Robots-Tag noai, noimageai, noindex, noimageindex or none refuse the image
-    user_agent: str = "prx-corpus/0.1 (text-to-image corpus builder; honours X-Robots-Tag noai)"
 
 
 @dataclass(frozen=True)
@@ -196,7 +176,7 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
         raise fail("uri", "required: a local path or an s3:// URI")
     columns: dict[str, str | None] = {}
     for name_ in _COLUMN_FIELDS:
-        columns[name_] = _column(entry, name_, fail)
+        columns[name_] = column_field(entry, name_, fail)
     table = fmt in TABLE_FORMATS
     if table and columns["image_column"] and columns["url_column"]:
         raise fail("url_column", "give image_column (image bytes in the table) or url_column (images fetched "
@@ -211,14 +191,14 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
     if "" in parts or ("json" in parts and parts.index("json") == len(parts) - 1):  # see tars.caption_rule
         raise fail("caption_column", "a member extension (txt) or extension.field of a JSON member (json.caption), "
                                      f"got {columns['caption_column']!r}")
-    metadata_columns = _names(entry, "metadata_columns", fail)
+    metadata_columns = names_field(entry, "metadata_columns", fail)
     if metadata_columns and not table:
         raise fail("metadata_columns", f"not supported for format {fmt} (its metadata comes from its own files)")
-    joins = _joins(entry.get("joins"), base_dir, fail)
+    joins = parse_joins(entry.get("joins"), base_dir, fail)
     if joins and table and not columns["key_column"]:
         raise fail("key_column", "required with joins: joined tables are keyed like the source, and the default "
                                  "key (<file>:<row>) names no row of another table")
-    download = _download(entry.get("download"), fail)
+    download = parse_download(entry.get("download"), fail)
     if download != DownloadSettings() and not columns["url_column"]:
         raise fail("download", "only with url_column (a table of image URLs)")
     weight = entry.get("weight", 1.0)
@@ -231,7 +211,7 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
     return SourceSpec(
         name=name,
         format=fmt,
-        uri=_resolve_uri(uri.strip(), base_dir),
+        uri=resolve_uri(uri.strip(), base_dir),
         weight=float(weight),
         metadata_columns=metadata_columns,
         joins=joins,
@@ -239,84 +219,6 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
         **columns,
         **limits,
     )
-
-
-def _column(entry: dict[str, Any], name: str, fail: Any) -> str | None:
-    value = entry.get(name)
-    if value is not None and (not isinstance(value, str) or not value):
-        raise fail(name, f"must be a column name or null, got {value!r}")
-    return value
-
-
-def _names(entry: dict[str, Any], name: str, fail: Any) -> tuple[str, ...]:
-    value = entry.get(name)
-    if value is None:
-        return ()
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise fail(name, f"must be a list of column names, got {value!r}")
-    if len(set(value)) != len(value):
-        raise fail(name, f"names a column twice: {value!r}")
-    return tuple(value)
-
-
-def _joins(value: Any, base_dir: Path, fail: Any) -> tuple[JoinSpec, ...]:
-    if value is None or value == []:
-        return ()
-    if not isinstance(value, list):
-        raise fail("joins", f"must be a list of tables ({{uri, key_column, caption_column, ...}}), got {value!r}")
-    joins = []
-    for index, join in enumerate(value):
-        where = f"joins[{index}]"
-        if not isinstance(join, dict):
-            raise fail(where, f"expected a mapping, got {type(join).__name__}")
-        unknown = set(join) - set(_JOIN_FIELDS)
-        if unknown:
-            raise fail(f"{where}.{sorted(map(str, unknown))[0]}", f"unknown field (allowed: {', '.join(_JOIN_FIELDS)})")
-        uri = join.get("uri")
-        if not isinstance(uri, str) or not uri.strip():
-            raise fail(f"{where}.uri", "required: a local path or an s3:// URI")
-        fmt = join.get("format") or ("lance" if uri.rstrip("/").endswith(".lance") else "parquet")
-        if fmt not in JOIN_FORMATS:
-            raise fail(f"{where}.format", f"must be one of {', '.join(JOIN_FORMATS)}, got {fmt!r}")
-        cols = {f: _column(join, f, lambda f_, p: fail(f"{where}.{f_}", p))
-                for f in ("key_column", "caption_column", "embedding_column")}
-        if not cols["key_column"]:
-            raise fail(f"{where}.key_column", "required: the column holding the source's keys")
-        metadata = _names(join, "metadata_columns", lambda f_, p: fail(f"{where}.{f_}", p))
-        if not (cols["caption_column"] or cols["embedding_column"] or metadata):
-            raise fail(where, "joins nothing: give caption_column, embedding_column or metadata_columns")
-        joins.append(JoinSpec(uri=_resolve_uri(uri.strip(), base_dir), format=fmt, metadata_columns=metadata, **cols))
-    return tuple(joins)
-
-
-def _download(value: Any, fail: Any) -> DownloadSettings:
-    if value is None:
-        return DownloadSettings()
-    if not isinstance(value, dict):
-        raise fail("download", f"must be a mapping of settings, got {value!r}")
-    known = {f.name: f for f in fields(DownloadSettings)}
-    settings: dict[str, Any] = {}
-    for key, item in value.items():
-        if key not in known:
-            raise fail(f"download.{key}", f"unknown setting (allowed: {', '.join(known)})")
-        default = known[key].default
-        if isinstance(default, bool):
-            ok = isinstance(item, bool)
-        elif isinstance(default, str):
-            ok = isinstance(item, str) and bool(item.strip())
-        else:
-            ok = (not isinstance(item, bool) and isinstance(item, (int, float)) and math.isfinite(item) and item >= 0
-                  and (item > 0 or key in ("retries", "backoff_s", "max_redirects")) and (isinstance(item, int) or isinstance(default, float)))
-        if not ok:
-            raise fail(f"download.{key}", f"must be like {default!r}, got {item!r}")
-        settings[key] = float(item) if isinstance(default, float) else item
-    return DownloadSettings(**settings)
-
-
-def _resolve_uri(uri: str, base_dir: Path) -> str:
-    if is_remote(uri) or Path(uri).is_absolute():
-        return uri
-    return join_uri(str(base_dir), uri)
 
 
 def dump_catalog(sources: list[SourceSpec], path: str | Path) -> None:

@@ -31,7 +31,7 @@ from prx_core.store import lance_io
 from prx_core.store.schemas import sample_id
 from prx_core.store.storage import Storage
 
-SOURCES = ("stock_photos", "web_images", "crawl_wds")
+SOURCES = ("stock_photos", "web_images", "crawl_wds", "hf_photos")
 # reject reasons the `samples` stage gives (the others are given by `buckets`)
 SAMPLES_REASONS = {"truncated", "empty", "not_an_image", "too_many_pixels", "format_not_allowed"}
 BUCKETS_REASONS = {"below_floor", "aspect_ratio"}
@@ -234,7 +234,7 @@ def collect_checks(instance: dg.DagsterInstance) -> dict[tuple[str, str | None],
 
 @pytest.fixture(scope="session")
 def corpus(ray_session, demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Corpus:
-    """The full graph for the three demo sources, in `run_build`'s order: every source's chain
+    """The full graph for the demo sources, in `run_build`'s order: every source's chain
     raw_source..mds_shards, then `duplicates`, then every source's `skip_lists`."""
     root = tmp_path_factory.mktemp("corpus") / "root"
     sources = demo_dir / "sources.yaml"

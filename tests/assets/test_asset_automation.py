@@ -95,7 +95,7 @@ def test_compact_corpus_keeps_tables_readable_with_fewer_fragments(corpus: Corpu
     for table, (fragments, rows) in before.items():
         assert after[table][1] == rows, table
         assert after[table][0] <= fragments, (table, before[table], after[table])
-    assert after["samples"][0] == before["samples"][0] == 3  # one fragment per source from ingest on: no rewrite
+    assert after["samples"][0] == before["samples"][0] == len(SOURCES)  # one fragment per source from ingest on: no rewrite
     assert after["mds_index"][0] < before["mds_index"][0]  # one fragment per chunk, merged per source
     for table in TABLES:
         assert read(root, table).num_rows == before[table][1]
