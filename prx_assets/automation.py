@@ -16,6 +16,7 @@ from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE, Settings, SettingsError, load_settings
 from prx_core.shards.publish import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
+from prx_core.store.retention import pinned_versions
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 from prx_resources import CatalogResource, StorageResource
 
@@ -95,17 +96,19 @@ class CompactConfig(dg.Config):
 
 
 @dg.op(description="Per table: merge small fragments (per source for per-source tables), clean versions "
-                   "older than the retention, merge index segments; then remove MDS chunks no published "
-                   "index references once older than the retention")
+                   "superseded longer than the retention ago and pinned by no running stage, merge index "
+                   "segments; then remove MDS chunks no published index has referenced for the retention")
 def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray: RayResource, config: CompactConfig) -> None:
     store = storage.storage()
     options = store.lance_storage_options()
+    pins = pinned_versions(store)  # versions uncommitted stage attempts read: never cleaned up
     for table in TABLES:
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
         report = maintenance.compact_table(uri, storage_options=options,
-                                                 partition_columns=PARTITION_COLUMNS.get(table, ()))
+                                                 partition_columns=PARTITION_COLUMNS.get(table, ()),
+                                                 pinned_versions=pins.get(table, ()))
         indexes = maintenance.refresh_table_indexes(uri, table, options, merge=True)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets

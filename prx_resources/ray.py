@@ -10,6 +10,7 @@ dagster-ray's `KubeRayCluster` (see deploy/README.md), which shares the interfac
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
@@ -18,8 +19,8 @@ from dagster_ray import Lifecycle, LocalRay, RayResource
 from pydantic import Field, PrivateAttr, field_validator
 
 from prx_core.compute import wire
-from prx_core.stages import entry
-from prx_core.stages.job import REPORT
+from prx_core.stages import entry, wire_types
+from prx_core.stages.job import REPORT_KEY
 from prx_core.store.credentials import refuse_literal_secrets
 from prx_core.store.locks import RUN_LABEL
 
@@ -95,11 +96,13 @@ class RayCluster(ReusesRay, RayResource):
         return value
 
     def submit_stage(self, context: dg.AssetExecutionContext, stage: str, kwargs: dict[str, Any]) -> Any:
-        """Run `stage` as a Ray job and return its report; the job's log lines become run logs."""
+        """Run `stage` as a Ray job and return its report; the job's log lines become run logs. The
+        report is the one Pipes message signed with a key made for this job alone."""
         from dagster_ray.core.pipes import PipesRayJobClient
 
         client = PipesRayJobClient(address=self.jobs_address, poll_interval=self.job_poll_seconds)
-        extras = {"stage": stage, "kwargs": wire.encode(kwargs),
+        key = secrets.token_hex(32)
+        extras = {"stage": stage, "kwargs": wire.encode(kwargs), REPORT_KEY: key,
                   "run_label": RUN_LABEL.get() or f"dagster run {context.run.run_id}"}
         deadline = time.monotonic() + self.job_server_wait_seconds
         while True:
@@ -114,12 +117,17 @@ class RayCluster(ReusesRay, RayResource):
                     raise
                 context.log.warning(f"the job server {self.jobs_address} has no agent yet; submitting again in 5 s")
                 time.sleep(5)
-        reports = [m[REPORT] for m in invocation.get_custom_messages() if isinstance(m, dict) and REPORT in m]
-        job_id = invocation.metadata.get("Ray Job ID")
-        if not reports:
-            raise dg.Failure(f"Ray job {job_id} of stage {stage} ended without a report (see its logs above)")
-        context.add_asset_metadata({"ray_job_id": str(job_id.value if job_id is not None else "")})
-        return wire.decode(reports[-1])
+        messages = invocation.get_custom_messages()
+        job_id = getattr(invocation.metadata.get("Ray Job ID"), "value", "")
+        if forged := wire.unsigned_reports(messages, key, stage):
+            context.log.warning(f"Ray job {job_id} of stage {stage}: refused {forged} report line(s) not signed with "
+                                "this run's key (printed into the job's log by something other than the stage)")
+        try:
+            report = wire.open_report(messages, key, stage, wire_types.report_type(stage))
+        except wire.WireError as exc:
+            raise dg.Failure(f"Ray job {job_id}: {exc} (see its logs above)") from exc
+        context.add_asset_metadata({"ray_job_id": str(job_id)})
+        return report
 
     @property
     def host(self) -> str:

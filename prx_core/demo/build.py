@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from prx_core.demo import synthetic as syn
+from prx_core.demo.manifest import DemoManifest, Planted
 from prx_core.demo.photos import BasePhoto, load_base_photos, skimage_data_dir
 from prx_core.demo.writers import (
     FolderSourceWriter,
@@ -41,32 +42,6 @@ ASPECTS = (0.56, 0.67, 0.75, 0.8, 1.0, 1.0, 1.25, 1.33, 1.5, 1.78)
 DUPLICATE_ASPECTS = (1.0, 1.33, 0.75, 1.5, 0.8)
 CROP_WORDS = ("", "Close-up of ", "Detail of ", "Wide shot: ", "Cropped view of ")
 
-
-@dataclass
-class Planted:
-    """One demo sample as planted: what it is and where the pipeline should send it."""
-
-    source: str
-    key: str
-    kinds: list[str]
-    caption: str
-    size: tuple[int, int] | None  # upright (width, height) when decodable
-    format: str
-    reject: str | None = None  # expected reject reason code
-    group: str | None = None  # duplicate group id
-    role: str | None = None  # original | reencode | resize50 | copy
-
-
-@dataclass
-class DemoManifest:
-    root: str
-    samples: list[Planted] = field(default_factory=list)
-
-    def kinds(self) -> Counter:
-        return Counter(kind for s in self.samples for kind in s.kinds)
-
-    def by_source(self) -> Counter:
-        return Counter(s.source for s in self.samples)
 
 # Script, event-handler and javascript: payloads, each of which would mark the page if it ran.
 HOSTILE_CAPTION = ('<script>document.title="XSS-script"</script> <img src=x onerror="document.title=\'XSS-onerror\'"> '
@@ -240,6 +215,23 @@ class DemoBuilder:
         # uncompressed: libtiff's LZW output was seen to differ between two identical runs
         self.add("web_images", syn.encode(im, "TIFF", compression="raw"), "tif", photo.caption, ["tiff"], im.size)
 
+    def hf_cases(self) -> None:
+        """The Hugging Face source's planted cases, drawn last so the other sources stay as they were:
+        one text-heavy sample of each kind, one below the floor, one outside [0.5, 2]."""
+        sizes = {"document": (1240, 1754), "spreadsheet": (1600, 1000), "slide": (1600, 900), "screenshot": (1440, 900)}
+        for kind, (render, caption) in syn.TEXT_RENDERERS.items():
+            image = render(self.rng, sizes[kind])
+            ext = "png" if kind in ("spreadsheet", "screenshot") else "jpg"
+            self.add("hf_photos", self._encode(image, ext), ext, caption, ["text_heavy", kind], image.size)
+        photo = self.pick()
+        small = self.crop(photo, 4 / 3, 320)
+        self.add("hf_photos", self._encode(small, "jpg"), "jpg", f"Small thumbnail: {photo.caption.lower()}", ["small"],
+                 small.size, reject="below_floor")
+        photo = self.pick()
+        wide = self.crop(photo, 3.0, 1800)
+        self.add("hf_photos", self._encode(wide, "jpg"), "jpg", f"Panorama of {photo.caption[0].lower()}{photo.caption[1:]}",
+                 ["aspect_ratio"], wide.size, reject="aspect_ratio")
+
     def hostile(self) -> None:
         """Files that must be rejected with a reason, never crash the run."""
         photo, im = self.pick(), None
@@ -281,6 +273,7 @@ def build_demo_sources(out_dir: str | Path, use_wallpapers: bool = True) -> Demo
     for source, count, formats in (("stock_photos", 96, ("jpg",)), ("web_images", 70, ("jpg", "jpg", "png", "webp")),
                                    ("crawl_wds", 90, ("jpg", "jpg", "jpg", "webp")), ("hf_photos", 24, ("jpg", "png"))):
         builder.regular(source, count, formats)
+    builder.hf_cases()
     builder.close()
     dump_catalog(list(SOURCES), staging / "sources.yaml")
     manifest = builder.manifest
@@ -289,9 +282,3 @@ def build_demo_sources(out_dir: str | Path, use_wallpapers: bool = True) -> Demo
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     return manifest
-
-
-def load_manifest(out_dir: str | Path) -> DemoManifest:
-    rows = json.loads((Path(out_dir) / "manifest.json").read_text())
-    samples = [Planted(**{**r, "size": tuple(r["size"]) if r["size"] else None}) for r in rows]
-    return DemoManifest(root=str(Path(out_dir).resolve()), samples=samples)

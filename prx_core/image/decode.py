@@ -3,8 +3,13 @@
 pillow-simd lags Pillow's security fixes, so only an allow-list of formats ever reaches a
 decoder, the pixel count is checked from the header before any pixel is decoded, and truncated
 or corrupt data is refused instead of padded (`prx_core.image.integrity` checks what Pillow's
-decoders skip). High-bit-depth and float images become 8-bit band by band, never as a float64
-copy. Every refusal is a `Rejection` with a stable reason code; no exception escapes to the caller.
+decoders skip). CPU bombs under the pixel cap are refused before decoding (JPEG scans and markers,
+PNG chunks: `prx_core.image.structure`; inflating past the header's size: `integrity`), and what
+they miss is bounded by a per-sample decode budget (`prx_core.image.budget`, `decode_timeout`).
+Every decode path (ingest, mds_shards, pHash, captions, the explorer) goes through `open_image`
+and `decode_opened`. High-bit-depth and float images become 8-bit band by band, never as a
+float64 copy. Every refusal is a `Rejection` with a stable reason code; no exception escapes to
+the caller.
 """
 
 from __future__ import annotations
@@ -16,7 +21,16 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
 
+from prx_core.image.budget import (
+    DECODE_TIMEOUT,
+    DEFAULT_DECODE_SECONDS,
+    BudgetedReader,
+    Deadline,
+    attach,
+    deadline_of,
+)
 from prx_core.image.integrity import CORRUPT, Broken, check_container, check_riff
+from prx_core.image.structure import TOO_MANY_CHUNKS, TOO_MANY_SCANS, TOO_MANY_SEGMENTS, check_structure
 
 ALLOWED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 DEFAULT_MAX_PIXELS = 100_000_000
@@ -29,6 +43,8 @@ TOO_MANY_PIXELS = "too_many_pixels"
 TRUNCATED = "truncated"
 DECODE_ERROR = "decode_error"
 CORRUPT_IMAGE = CORRUPT  # a checksum or a compressed stream that does not hold: never filler pixels
+# CPU bombs under the pixel cap (prx_core.image.structure, prx_core.image.budget).
+BOMB_REASONS = (TOO_MANY_SCANS, TOO_MANY_SEGMENTS, TOO_MANY_CHUNKS, DECODE_TIMEOUT)
 SCALE_BAND_BYTES = 4 << 20  # source bytes converted at once from a 16-bit, 32-bit or float image
 
 # Magic numbers of formats we recognise but refuse, so the reject says which format it was
@@ -70,19 +86,27 @@ def sniff_refused_format(data: bytes) -> str | None:
     return None
 
 
-def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFile.ImageFile | Rejection:
-    """Parse the header (format allow-list, pixel cap) and check the container's integrity
-    (CRCs, stream lengths: no pixel buffer); nothing decoded yet."""
+def open_image(
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, budget_s: float = DEFAULT_DECODE_SECONDS
+) -> ImageFile.ImageFile | Rejection:
+    """Parse the header (format allow-list, pixel cap) and check the container's structure (scan,
+    marker and chunk counts) and integrity (CRCs, stream lengths: no pixel buffer); nothing
+    decoded yet. The sample's decode budget of `budget_s` starts here and travels with the image."""
     if not data:
         return Rejection(EMPTY, "zero-byte input")
+    deadline = Deadline(budget_s)
     try:
         check_riff(data)  # before Pillow, which reports a cut WebP as an unreadable header
+        check_structure(data)  # before Pillow, whose marker and chunk parsing is per piece in Python
     except Broken as exc:
         return Rejection(exc.reason, str(exc))
     if max_pixels > (Image.MAX_IMAGE_PIXELS or 0):
         Image.MAX_IMAGE_PIXELS = max_pixels  # Pillow's own bomb check must not be the stricter one
     try:
-        image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
+        reader = BudgetedReader(io.BytesIO(data), deadline)
+        image = Image.open(reader, formats=ALLOWED_FORMATS)  # type: ignore[arg-type]
+    except Broken as exc:  # the budget, spent while Pillow parsed the header
+        return Rejection(exc.reason, str(exc))
     except UnidentifiedImageError:
         variant = next((name for sig, name in _ALLOWED_SIGNATURES if data.startswith(sig)), None)
         if variant:
@@ -101,9 +125,10 @@ def open_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFile.I
     if width * height > max_pixels:
         return Rejection(TOO_MANY_PIXELS, f"{width}x{height} = {width * height / 1e6:.0f} MP exceeds the {max_pixels / 1e6:.0f} MP cap")
     try:
-        check_container(data, image)
+        check_container(data, image, deadline)
     except Broken as exc:
         return Rejection(exc.reason, str(exc)[:300])
+    attach(image, deadline)
     return image
 
 
@@ -131,6 +156,8 @@ def load_pixels(image: ImageFile.ImageFile) -> Rejection | None:
         return Rejection(DECODE_ERROR, "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set: refusing to load padded data")
     try:
         image.load()
+    except Broken as exc:  # the decode budget, spent between two reads
+        return Rejection(exc.reason, str(exc))
     except Exception as exc:
         text = str(exc)
         truncated = "truncated" in text or "broken data stream" in text or isinstance(exc, EOFError)
@@ -220,12 +247,13 @@ class Decoded:
 
 
 def decode_image(
-    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, min_size: tuple[int, int] | None = None
+    data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS, min_size: tuple[int, int] | None = None,
+    budget_s: float = DEFAULT_DECODE_SECONDS,
 ) -> Decoded | Rejection:
     """Decode to upright RGB; with `min_size` (upright), a JPEG is DCT-scaled to the smallest
     scale still at least that size."""
     try:
-        opened = open_image(data, max_pixels)
+        opened = open_image(data, max_pixels, budget_s)
         if isinstance(opened, Rejection):
             return opened
         return decode_opened(opened, min_size)
@@ -236,15 +264,25 @@ def decode_image(
 def decode_opened(
     image: ImageFile.ImageFile, min_size: tuple[int, int] | None = None, orientation: int | None = None
 ) -> Decoded | Rejection:
-    """Decode an `open_image` result; pass `orientation` when the caller already read the EXIF."""
-    orientation = exif_orientation(image) if orientation is None else orientation
-    original = upright_size(image, orientation)
-    fmt, mode, stored = image.format or "?", image.mode, image.size
-    if image.format == "JPEG" and min_size is not None:
-        want = _oriented(min_size, orientation)
-        image.draft(None, (max(1, want[0]), max(1, want[1])))
-    if (failure := load_pixels(image)) is not None:
-        return failure
-    scale = max(1, round(stored[0] / image.size[0]))
-    rgb = to_rgb(apply_orientation(image, orientation))
+    """Decode an `open_image` result; pass `orientation` when the caller already read the EXIF.
+    The sample's decode budget is checked between the stages."""
+    deadline = deadline_of(image)
+    try:
+        orientation = exif_orientation(image) if orientation is None else orientation
+        original = upright_size(image, orientation)
+        fmt, mode, stored = image.format or "?", image.mode, image.size
+        if image.format == "JPEG" and min_size is not None:
+            want = _oriented(min_size, orientation)
+            image.draft(None, (max(1, want[0]), max(1, want[1])))
+        deadline.check("reading the EXIF")  # a PNG's EXIF is read by loading it, errors swallowed
+        if (failure := load_pixels(image)) is not None:
+            return failure
+        deadline.check("decoding")
+        scale = max(1, round(stored[0] / image.size[0]))
+        upright = apply_orientation(image, orientation)
+        deadline.check("orientation")
+        rgb = to_rgb(upright)
+        deadline.check("conversion to RGB")
+    except Broken as exc:
+        return Rejection(exc.reason, str(exc))
     return Decoded(rgb, fmt, mode, original, orientation, scale)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from prx_core.image.budget import DEFAULT_DECODE_SECONDS, deadline_of
 from prx_core.image.buckets import TIERS, Bucket, Drop, assign_bucket, crop_box
 from prx_core.image.decode import (
     DECODE_ERROR,
@@ -25,6 +26,7 @@ from prx_core.image.decode import (
     open_image,
     upright_size,
 )
+from prx_core.image.integrity import Broken
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.image.phash import phash
 
@@ -72,16 +74,19 @@ def process_image(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     quality: int = OUTPUT_QUALITY,
     max_tier: int = TIERS[-1],
+    budget_s: float = DEFAULT_DECODE_SECONDS,
 ) -> Processed | Rejection:
     """Bytes in, a bucketed JPEG with its pHash out, or a `Rejection`; never raises.
 
     With every tier allowed an image is at most 1.5x its bucket per side (below 37 MP), so
     DCT scaling pays off mainly when `max_tier` caps the tier (a 1024 corpus from 4K photos).
+    The same guards as ingest (`open_image`: structure limits, integrity, the decode budget of
+    `budget_s`, checked again between resize, pHash and encode) refuse a bomb here too.
     """
     if max_tier not in TIERS:  # a configuration error, not a property of the image
         raise ValueError(f"unknown max_tier {max_tier}; tiers are {TIERS}")
     try:
-        opened = open_image(data, max_pixels)
+        opened = open_image(data, max_pixels, budget_s)
         if isinstance(opened, Rejection):
             return opened
         source_quality = estimate_jpeg_quality(opened)
@@ -93,17 +98,25 @@ def process_image(
         decoded = decode_opened(opened, min_size=draft_target(upright, bucket), orientation=orientation)
         if isinstance(decoded, Rejection):
             return decoded
+        deadline = deadline_of(opened)
         resized = resize_to_bucket(decoded.image, bucket)
+        deadline.check("resize")
+        hashed = phash(decoded.image)
+        deadline.check("pHash")
+        jpeg = encode_jpeg(resized, quality)
+        deadline.check("encode")
         return Processed(
-            jpeg=encode_jpeg(resized, quality),
+            jpeg=jpeg,
             bucket=bucket,
             original_size=decoded.original_size,
-            phash=phash(decoded.image),
+            phash=hashed,
             source_quality=source_quality,
             source_format=decoded.format,
             source_mode=decoded.mode,
             orientation=decoded.orientation,
             draft_scale=decoded.draft_scale,
         )
+    except Broken as exc:  # the decode budget, spent in a stage after the decode
+        return Rejection(exc.reason, str(exc))
     except Exception as exc:  # the contract: a Rejection, never an exception
         return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])

@@ -1,18 +1,16 @@
 """Publishing MDS streams: a stream's index.json merged from its chunks and written last, in one
-atomic step; streams a source lost unpublished; superseded chunks pruned after a retention
-window; and the single-process writer that tests, scripts and the distributed stage's reference
-use. See `prx_core.shards.mds` for the layout and the chunk writer."""
+atomic step; streams a source lost unpublished; the chunks an index drops recorded as superseded
+(pruned a retention later: `prx_core.shards.retention`); and the single-process writer that
+tests, scripts and the distributed stage's reference use. See `prx_core.shards.mds` for the
+layout and the chunk writer."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-import fsspec
 import pyarrow.compute as pc
 
 from prx_core.shards.mds import (
@@ -29,10 +27,15 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
+from prx_core.shards.retention import (  # noqa: F401  (prune_streams and its report are used from here)
+    RETENTION_SECONDS,
+    PruneReport,
+    note_superseded,
+    prune_streams,
+    referenced_chunks,
+)
 from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
-
-RETENTION_SECONDS = 7 * 24 * 3600  # superseded chunks outlive the index that dropped them by this much
 
 
 @dataclass
@@ -66,11 +69,13 @@ def merge_chunk_indexes(chunks: Sequence[tuple[str, dict]]) -> dict:
 
 def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None = None) -> int:
     """Make the stream at `uri` the concatenation of its complete chunk folders `chunks` (names, in
-    order) by writing its index.json in one atomic step; returns its sample count."""
+    order) by writing its index.json in one atomic step; returns its sample count. The chunks
+    the previous index referenced and this one does not are recorded as superseded first."""
     fs = filesystem_for(uri, storage_options)
     fs.invalidate_cache()
     indexes = [(name, json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks]
     merged = merge_chunk_indexes(indexes)
+    note_superseded(fs, uri, referenced_chunks(fs, uri), chunks)
     put_atomic(fs, join_uri(uri, INDEX), json.dumps(merged, sort_keys=True).encode())
     fs.invalidate_cache()
     return sum(int(s["samples"]) for s in merged["shards"])
@@ -78,13 +83,15 @@ def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None
 
 def unpublish_streams(root: str, source: str, keep: set[StreamKey], storage_options: dict | None = None) -> list[str]:
     """Remove the index.json of every published stream of `source` not in `keep` (a bucket that
-    lost all its samples); its chunks stay for readers that hold the index until `prune_streams`."""
+    lost all its samples); its chunks, recorded as superseded now, stay for readers that hold the
+    index until `prune_streams` removes them a retention later."""
     fs = filesystem_for(_normalize(root), storage_options)
     gone = []
     for uri in list_streams(root, source, storage_options):
         tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
         size = BUCKET_FOLDER.fullmatch(bucket)
         if size and (int(tier), int(size[1]), int(size[2])) not in keep:
+            note_superseded(fs, uri, referenced_chunks(fs, uri), ())
             fs.rm_file(join_uri(uri, INDEX))
             gone.append(uri)
     fs.invalidate_cache()
@@ -137,69 +144,6 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
         publish_stream(s.uri, s.chunks, storage_options)
     unpublish_streams(root, source, {(s.tier, s.width, s.height) for s in summaries}, storage_options)
     return summaries
-
-
-@dataclass
-class PruneReport:
-    streams: int = 0
-    removed: list[str] = field(default_factory=list)  # chunk folders and loose files, as URIs
-    kept_recent: int = 0  # unreferenced, but younger than the retention
-
-
-def prune_streams(root: str, retention_seconds: float = RETENTION_SECONDS, storage_options: dict | None = None,
-                  source: str | None = None, now: float | None = None) -> PruneReport:
-    """Delete what no published index.json references (superseded chunks, crashed writers'
-    leftovers, pre-chunk shards) once it is older than `retention_seconds`. Never touches what an
-    index references, so only readers older than the retention can lose their shards."""
-    root = _normalize(root)
-    fs = filesystem_for(root, storage_options)
-    now = time.time() if now is None else now
-    report = PruneReport()
-    for stream in _stream_folders(fs, root, source):
-        report.streams += 1
-        referenced = set()
-        if fs.exists(join_uri(stream, INDEX)):
-            for shard in json.loads(fs.cat_file(join_uri(stream, INDEX)))["shards"]:
-                referenced.add(shard["raw_data"]["basename"].split("/", 1)[0])
-        newest: dict[str, float] = {}
-        for path, info in fs.find(stream, detail=True).items():
-            rel = path[len(fs._strip_protocol(stream).rstrip("/")) + 1:]
-            if rel == INDEX:
-                continue
-            top = rel.split("/", 1)[0]
-            newest[top] = max(newest.get(top, 0.0), _mtime(info))
-        for top, mtime in sorted(newest.items()):
-            if top in referenced:
-                continue
-            if now - mtime < retention_seconds:
-                report.kept_recent += 1
-                continue
-            fs.rm(join_uri(stream, top), recursive=True)
-            report.removed.append(join_uri(stream, top))
-    fs.invalidate_cache()
-    return report
-
-
-def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None) -> list[str]:
-    base = join_uri(root, "mds")
-    folder = join_uri(base, validate_source_name(source)) if source is not None else base
-    fs.invalidate_cache()
-    if not fs.exists(base):
-        return []
-    prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    found = set()
-    for path in fs.find(folder):
-        parts = path[len(prefix):].split("/")
-        if len(parts) >= 4 and not parts[0].startswith(".") and parts[1].isdigit() and BUCKET_FOLDER.fullmatch(parts[2]):
-            found.add(join_uri(base, *parts[:3]))
-    return sorted(found)
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    value = info.get("mtime", info.get("LastModified", info.get("created")))
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    return float(value or 0.0)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 from lance.fragment import FragmentMetadata
 
 from prx_core.compute.parallel import run_on_worker
-from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store import fencing, lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 
 EVERY_UNITS = 64
@@ -70,6 +70,7 @@ class BatchedAppend:
         fragments = lance_io.fragments_from_json(f for s in self.pending for f in s.get("fragments") or [])
         retry = sorted({k for s in self.pending for k in s.get("retry") or []})
         if retry and self.failed_rows is not None and (ds := lance_io.open_table(self.uri, self.options)) is not None:
+            fencing.ensure_held()  # the deletes commit too (the append is fenced in replace_rows)
             for start in range(0, len(retry), 5_000):
                 ds.delete(self.failed_rows(retry[start:start + 5_000]))
             self.commits += 1

@@ -22,6 +22,7 @@ from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 from lance.fragment import FragmentMetadata
 
+from prx_core.store import fencing
 from prx_core.store.storage import naming_full_disk
 
 log = logging.getLogger(__name__)
@@ -198,6 +199,7 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
         ds = open_table(uri, storage_options)
         try:
             if ds is None:
+                fencing.ensure_held()
                 return _create(uri, schema, fragments, storage_options)
             ds = upgrade_schema(ds, schema, uri)
             removed, updated = _plan_removal(ds, predicate) if predicate else ([], [])  # "": a pure append
@@ -205,6 +207,7 @@ def replace_rows(uri: str, predicate: str, fragments: Sequence[FragmentMetadata]
                 return ds.version
             op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated,
                                        new_fragments=list(fragments))
+            fencing.ensure_held()  # a writer that lost its partition lock never commits
             with naming_full_disk(uri):
                 return LanceDataset.commit(ds, op, read_version=ds.version).version
         except (CommitConflictError, _CreationRaced) as exc:

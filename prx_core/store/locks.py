@@ -1,15 +1,23 @@
-"""Per-partition write locks: at most one writer of an (asset, partition) at a time, whoever runs it.
+"""Per-partition write locks: at most one writer of an (asset, partition) commits at a time.
 
 Two runs of one partition at once corrupt it (both replaces of a new partition commit; one run's
 cleanup deletes the other's staging), so every writing stage holds a lock object under the root,
-`<root>/_locks/<asset>/<partition>.lock` (JSON: token, run, host, pid, since, heartbeat, ttl),
-created atomically (local files: O_CREAT|O_EXCL; S3: a PUT with `If-None-Match: *`, honoured by
-AWS S3, MinIO and moto) and refreshed by a heartbeat thread every `ttl / 3` seconds. A lock is
-stale when its storage modification time is older than `ttl`, or at once when its holder ran on
-this host and its process is gone; one breaker at a time (`<lock>.break`) deletes it if it is
-still the one judged stale. Other object stores: the same protocol, best effort (no atomic create).
-A holder whose lock was taken over (stalled longer than `ttl`) fails when it releases, so its run
-is rerun, never trusted. Dagster's run queue adds one run per partition (`dagster.yaml`).
+`<root>/_locks/<asset>/<partition>.lock` (JSON: token, run, host, boot id, PID namespace, pid,
+since, beat, ttl). Every change to it is a compare-and-swap on the version last seen
+(`lock_objects`): created only if absent, refreshed by a heartbeat every `ttl / 3` seconds only
+while it still holds what this writer wrote, taken over only while it still holds what was judged
+stale, deleted only if it is still ours. So a slow heartbeat never recreates a lock another writer
+released, and two breakers never both win.
+
+A lock is stale when the store's own clock says it was last written more than its `ttl` ago (no
+writer's wall clock is compared with another's), or at once when its holder ran on this host, in
+this boot and in this PID namespace, and its process is gone.
+
+Fencing: a writer checks its locks right before every commit (`fencing.ensure_held`, called by
+the commit primitives). It fails with `LockLost` if its lock was taken over, or if it went longer
+than `ttl` without a confirmed heartbeat (e.g. stopped): a writer that lost its lock never commits.
+An object store is probed once for conditional writes; one that ignores them is refused unless
+`PRX_LOCK_BEST_EFFORT=1` (then a loud warning: locking is best effort there).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import errno
 import functools
 import inspect
 import json
+import logging
 import os
 import socket
 import threading
@@ -30,12 +39,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from prx_core.sources.catalog import validate_source_name
-from prx_core.store.lock_objects import LocalStore, store_for
+from prx_core.store import fencing, lock_objects
+from prx_core.store.lock_objects import Held, LockStore
 from prx_core.store.storage import Storage
+
+log = logging.getLogger(__name__)
 
 LOCKS = "_locks"
 TTL_SECONDS = float(os.environ.get("PRX_LOCK_TTL_SECONDS", "300"))
-BREAKER_TTL_SECONDS = 60.0
+BEST_EFFORT_ENV = "PRX_LOCK_BEST_EFFORT"
 # who is writing, for the message another writer gets (a Dagster asset sets its run id here)
 RUN_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("prx_run_label", default=None)
 
@@ -47,7 +59,18 @@ class PartitionLocked(RuntimeError):
 
 
 class LockLost(RuntimeError):
-    """This writer's lock expired and was taken over while it ran: its results are suspect."""
+    """This writer's lock expired or was taken over while it ran: it must not commit, and its run is rerun."""
+
+
+class LockUnsupported(RuntimeError):
+    """The object store ignores conditional writes: a lock there cannot exclude a second writer."""
+
+
+def identity() -> dict[str, Any]:
+    """Who this process is, as far as another process can check it: a pid means something only
+    on the same host, in the same boot and in the same PID namespace."""
+    return {"host": socket.gethostname(), "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
+            "pid_ns": _link("/proc/self/ns/pid"), "pid": os.getpid()}
 
 
 @dataclass
@@ -62,6 +85,11 @@ class PartitionLock:
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
     lost: bool = False
     since: float = 0.0
+    _store: LockStore | None = field(default=None, repr=False)
+    _version: str | None = field(default=None, repr=False)  # what this writer last wrote
+    _confirmed: float = field(default=0.0, repr=False)  # time.monotonic() before that write
+    _beats: int = field(default=0, repr=False)
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -75,56 +103,99 @@ class PartitionLock:
         return self.storage.uri(LOCKS, self.asset, f"{self.partition}.lock")
 
     def record(self) -> dict[str, Any]:
-        now = time.time()
+        self._beats += 1
         return {"asset": self.asset, "partition": self.partition, "token": self.token, "run": self.run,
-                "host": socket.gethostname(), "pid": os.getpid(), "since": self.since or now,
-                "heartbeat": now, "ttl": self.ttl}
+                **identity(), "since": self.since, "heartbeat": time.time(), "beat": self._beats, "ttl": self.ttl}
 
     def acquire(self) -> PartitionLock:
         """Take the lock or raise PartitionLocked naming the holder; a stale lock is taken over."""
-        store = store_for(self.storage)
+        store = self._store = lock_objects.store_for(self.storage)
+        require_conditions(store, self.storage)
         self.since = time.time()
-        for _ in range(3):  # a stale lock broken by us or another breaker: try again
-            if store.create(self.uri, _encode(self.record())):
-                self._thread = threading.Thread(target=self._beat, name=f"lock-{self.asset}-{self.partition}",
-                                                daemon=True)
-                self._thread.start()
-                return self
-            held = store.read(self.uri)
-            if held is None:
-                continue  # released in between
-            holder, modified = held
-            if not _stale(holder, modified, self.ttl):
-                raise PartitionLocked(describe(self.asset, self.partition, holder))
-            _break(store, self.uri, holder)
+        for _ in range(3):  # a lock released or taken by another in between: look again
+            started = time.monotonic()
+            try:
+                version = self._take(store)
+            except TimeoutError as exc:  # a holder stuck inside its compare-and-swap: it is there
+                raise PartitionLocked(f"partition {self.partition!r} of asset {self.asset!r} is being written by "
+                                      f"another writer ({exc}); retry") from exc
+            if not isinstance(version, str):
+                continue
+            self._version, self._confirmed = version, started
+            self._thread = threading.Thread(target=self._beat, name=f"lock-{self.asset}-{self.partition}", daemon=True)
+            self._thread.start()
+            fencing.hold(self)
+            return self
         raise PartitionLocked(f"partition {self.partition!r} of asset {self.asset!r}: could not take its lock "
                               f"{self.uri} (it keeps changing hands); retry")
+
+    def _take(self, store: LockStore) -> str | bool:
+        """Create the lock, or take it over if stale: our version; False to look again (it changed hands)."""
+        version = store.create(self.uri, _encode(self.record()))
+        if version is not None:
+            return version
+        held = store.read(self.uri)
+        if held is None:
+            return False  # released in between
+        if not is_stale(held, self.ttl):
+            raise PartitionLocked(describe(self.asset, self.partition, held.record))
+        version = store.swap(self.uri, _encode(self.record()), held.version)  # only the one judged stale
+        if version is None:
+            return False
+        log.warning("%s: took over the stale lock of %s", self.uri, held.record.get("run") or "a writer")
+        return version
+
+    def renew(self) -> bool:
+        """One heartbeat: rewrite the lock only if it still holds what we wrote; False once lost."""
+        with self._mutex:
+            if self.lost or self._store is None or self._version is None:
+                return False
+            started = time.monotonic()
+            version = self._store.swap(self.uri, _encode(self.record()), self._version)
+            if version is None:
+                self.lost = True
+                return False
+            self._version, self._confirmed = version, started
+            return True
+
+    def ensure_held(self) -> None:
+        """The fence before a commit: LockLost unless the lock is provably still ours. Within a third
+        of the ttl of a confirmed heartbeat no one can have judged it stale; later, renew it first;
+        past the ttl (stopped, starved, cut off) the writer has lost it, taken over or not."""
+        elapsed = time.monotonic() - self._confirmed
+        if not self.lost and elapsed > self.ttl:
+            self.lost = True
+        if self.lost or (elapsed > self.ttl / 3 and not self.renew()):
+            raise LockLost(self._lost_message())
 
     def release(self) -> None:
         """Stop the heartbeat and delete the lock if it is still ours; LockLost if it was not."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        store = store_for(self.storage)
-        held = store.read(self.uri)
-        if held is not None and held[0].get("token") == self.token:
-            store.delete(self.uri)
-        elif not self.lost:
-            self.lost = True
+        fencing.drop(self)
+        with self._mutex:  # delete it if it still holds what we wrote, even after a stall (nobody took it)
+            removed = self._store is not None and self._version is not None \
+                and self._store.remove(self.uri, self._version)
+            self.lost = self.lost or not removed
         if self.lost:
-            raise LockLost(f"partition {self.partition!r} of asset {self.asset!r}: the lock {self.uri} expired "
-                           f"(no heartbeat for {self.ttl:.0f}s) and was taken over while this run wrote; another "
-                           "writer may have run at the same time: rerun the partition")
+            raise LockLost(self._lost_message())
 
     def _beat(self) -> None:
-        store = store_for(self.storage)
         while not self._stop.wait(self.ttl / 3):
-            held = store.read(self.uri)
-            if held is None or held[0].get("token") != self.token:
-                self.lost = True
-                return
-            with contextlib.suppress(OSError):
-                store.refresh(self.uri, _encode(self.record()))
+            try:
+                if not self._heartbeat():
+                    return
+            except Exception as exc:  # a store hiccup: the next beat retries; the fence judges by time
+                log.warning("%s: heartbeat failed: %s", self.uri, exc)
+
+    def _heartbeat(self) -> bool:
+        return self.renew()
+
+    def _lost_message(self) -> str:
+        return (f"partition {self.partition!r} of asset {self.asset!r}: this writer lost its lock {self.uri} (no "
+                f"confirmed heartbeat for over {self.ttl:.0f}s, or another writer took it over); it did not commit "
+                "after that point, and another writer may have run: rerun the partition")
 
     def __enter__(self) -> PartitionLock:
         return self.acquire()
@@ -134,10 +205,13 @@ class PartitionLock:
 
 
 def describe(asset: str, partition: str, holder: dict[str, Any]) -> str:
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(holder.get("since") or 0)))
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(holder.get("since") or 0)))
+    except (TypeError, ValueError, OverflowError):
+        since = "an unknown time"
     return (f"partition {partition!r} of asset {asset!r} is being written by {holder.get('run') or 'another writer'} "
             f"since {since}; wait for it to finish (a crashed writer's lock expires "
-            f"{float(holder.get('ttl') or TTL_SECONDS):.0f}s after its last heartbeat)")
+            f"{_ttl_of(holder, TTL_SECONDS):.0f}s after its last heartbeat)")
 
 
 @contextlib.contextmanager
@@ -181,16 +255,37 @@ def exclusive(asset: str, partition: str | None = None) -> Callable[[F], F]:
     return decorate
 
 
-# -- staleness and breaking ---------------------------------------------------------------------------
+# -- staleness and the store's conditions ---------------------------------------------------------------
 
-def _encode(record: dict[str, Any]) -> bytes:
-    return json.dumps(record, sort_keys=True).encode()
+def is_stale(held: Held, ttl: float) -> bool:
+    """Stale by the store's clock (age past the holder's ttl), or a holder provably gone."""
+    return held.age > _ttl_of(held.record, ttl) or _process_gone(held.record)
 
 
-def _stale(holder: dict[str, Any], modified: float, ttl: float) -> bool:
-    if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
-        return True
-    return time.time() - modified > float(holder.get("ttl") or ttl)
+def _process_gone(holder: dict[str, Any]) -> bool:
+    mine = identity()
+    same = all(holder.get(k) and holder.get(k) == mine[k] for k in ("host", "boot_id", "pid_ns"))
+    return same and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
+
+
+def require_conditions(store: LockStore, storage: Storage) -> None:
+    """Refuse a store that ignores conditional writes, unless PRX_LOCK_BEST_EFFORT=1 says to go on."""
+    endpoint = (storage.storage_options.get("client_kwargs") or {}).get("endpoint_url", "")
+    if lock_objects.conditions_honoured(store, storage.uri(LOCKS, ".probe"), f"{endpoint}|{storage.root}"):
+        return
+    text = (f"the store of {storage.root} ignores conditional writes (If-None-Match / If-Match), so a partition "
+            "lock there cannot keep two writers of one partition apart")
+    if os.environ.get(BEST_EFFORT_ENV, "").lower() not in ("1", "true", "yes"):
+        raise LockUnsupported(f"{text}; use a store that honours them (AWS S3, MinIO) or set "
+                              f"{BEST_EFFORT_ENV}=1 to accept best-effort locking")
+    log.warning("%s: LOCKING IS BEST EFFORT (%s=1); run one writer per partition yourself", text, BEST_EFFORT_ENV)
+
+
+def _ttl_of(holder: dict[str, Any], default: float) -> float:
+    try:
+        return float(holder.get("ttl") or default)
+    except (TypeError, ValueError):
+        return default
 
 
 def _alive(pid: int) -> bool:
@@ -201,17 +296,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _break(store: LocalStore, uri: str, stale: dict[str, Any]) -> None:
-    """Delete the stale lock at `uri`, one breaker at a time, only if it is still the stale one."""
-    breaker = uri + ".break"
-    if not store.create(breaker, _encode({"token": uuid.uuid4().hex, "since": time.time()})):
-        held = store.read(breaker)
-        if held is not None and time.time() - held[1] > BREAKER_TTL_SECONDS:
-            store.delete(breaker)  # a breaker that died while breaking
-        return
+def _read_text(path: str) -> str:
     try:
-        held = store.read(uri)
-        if held is not None and held[0].get("token") == stale.get("token"):
-            store.delete(uri)
-    finally:
-        store.delete(breaker)
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _link(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True).encode()

@@ -8,7 +8,7 @@ measures and repairs. Pure library: never imports dagster.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -19,6 +19,7 @@ from lance.commit import CommitConflictError
 
 from prx_core.store.compaction import compact_partitions
 from prx_core.store.lance_io import StorageOptions, require_table
+from prx_core.store.retention import cleanup_superseded
 from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
@@ -67,19 +68,24 @@ class CompactionReport:
     version: int
     partitions_rewritten: int = 0  # partition compaction only: partitions whose fragments were merged
     mixed_fragments_split: int = 0  # ... and fragments that held more than one partition
+    versions_kept_pinned: int = 0  # old enough to go, kept: an uncommitted stage attempt reads them
+    versions_kept_recent: int = 0  # kept: superseded less than the retention ago
 
 
 def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
                   cleanup_older_than: timedelta = timedelta(days=7),
-                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = ()) -> CompactionReport:
+                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = (),
+                  pinned_versions: Collection[int] = ()) -> CompactionReport:
     """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
 
     Tables replaced per partition name their `partition_columns` and are compacted partition by
     partition (prx_core.store.compaction), so a fragment never mixes sources; the others go
     through Lance's `compact_files`, indexes first: Lance never merges an indexed fragment with
     an unindexed one (a replaced partition's new fragments), so compaction alone left them apart.
-    Cleanup never removes the latest or tagged versions, nor (no `delete_unverified`) files of
-    in-flight writers younger than 7 days.
+    Cleanup (prx_core.store.retention) removes a version only once the version after it is
+    `cleanup_older_than` old (aged from supersession, not creation), never one in
+    `pinned_versions` (what uncommitted stage attempts read: `retention.pinned_versions`), the
+    latest or a tagged one, nor (no `delete_unverified`) files of in-flight writers younger than 7 days.
     """
     ds = require_table(uri, storage_options)
     before = len(ds.get_fragments())
@@ -90,12 +96,14 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
         ds = require_table(uri, storage_options)
     else:
         ds = compact_files(ds, uri, target_rows_per_fragment, storage_options)
-    stats = ds.cleanup_old_versions(older_than=cleanup_older_than, error_if_tagged_old_versions=False)
+    cleanup = cleanup_superseded(ds, cleanup_older_than, pinned_versions)
     _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
     return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
-                            versions_removed=stats.old_versions, bytes_removed=stats.bytes_removed,
+                            versions_removed=cleanup.removed, bytes_removed=cleanup.bytes_removed,
                             version=ds.version, partitions_rewritten=partitions.partitions if partitions else 0,
-                            mixed_fragments_split=partitions.mixed_split if partitions else 0)
+                            mixed_fragments_split=partitions.mixed_split if partitions else 0,
+                            versions_kept_pinned=len(cleanup.kept_pinned),
+                            versions_kept_recent=len(cleanup.kept_recent))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 import fsspec
 
+from prx_core.store import fencing
 from prx_core.store.credentials import redact, refuse_literal_secrets, resolve_references
 
 REMOTE_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
@@ -102,7 +103,9 @@ def naming_full_disk(uri: str) -> Iterator[None]:
 
 
 def put_atomic(fs: fsspec.AbstractFileSystem, uri: str, data: bytes) -> None:
-    """Atomic for readers: temp file + rename locally, one PUT (all or nothing) remotely."""
+    """Atomic for readers: temp file + rename locally, one PUT (all or nothing) remotely. A
+    publication (an MDS index.json, a skip list): fenced by the partition locks held."""
+    fencing.ensure_held()
     if is_remote(uri):
         fs.pipe_file(uri, data)
         return

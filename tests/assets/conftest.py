@@ -25,7 +25,7 @@ from prx_assets.build import QUIET_LOGS, BuildOutcome, run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 from prx_assets.settings import Settings
-from prx_core.demo.build import Planted, load_manifest
+from prx_core.demo import Planted, load_manifest
 from prx_core.sources.catalog import Catalog, load_catalog
 from prx_core.store import lance_io
 from prx_core.store.schemas import sample_id

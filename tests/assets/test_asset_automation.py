@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import time
@@ -37,12 +38,12 @@ def test_sensor_adds_missing_and_deletes_stale_partitions(corpus: Corpus) -> Non
     requests = result.dynamic_partitions_requests
     adds = [r for r in requests if isinstance(r, dg.AddDynamicPartitionsRequest)]
     deletes = [r for r in requests if isinstance(r, dg.DeleteDynamicPartitionsRequest)]
-    assert [(r.partitions_def_name, list(r.partition_keys)) for r in adds] == [(PARTITIONS.name, ["stock_photos", "crawl_wds"])]
+    assert [(r.partitions_def_name, list(r.partition_keys)) for r in adds] == [(PARTITIONS.name, ["stock_photos", "crawl_wds", "hf_photos"])]
     assert [(r.partitions_def_name, list(r.partition_keys)) for r in deletes] == [(PARTITIONS.name, ["retired_source"])]
     assert not result.run_requests
 
     # once applied, the catalog and the partitions agree: nothing to request
-    instance.add_dynamic_partitions(PARTITIONS.name, ["stock_photos", "crawl_wds"])
+    instance.add_dynamic_partitions(PARTITIONS.name, ["stock_photos", "crawl_wds", "hf_photos"])
     instance.delete_dynamic_partition(PARTITIONS.name, "retired_source")
     again = sources_sensor(dg.build_sensor_context(instance=instance, resources=resources))
     assert not again.dynamic_partitions_requests and again.skip_reason is not None
@@ -85,8 +86,10 @@ def test_compact_corpus_keeps_tables_readable_with_fewer_fragments(corpus: Corpu
     for planted in (superseded, recent):
         shutil.copytree(live[0], planted)
     week_ago = time.time() - 8 * 24 * 3600
-    for path in [superseded, *superseded.iterdir()]:
+    for path in [recent, *recent.iterdir()]:  # written long ago, but unreferenced since this run only: kept
         os.utime(path, (week_ago, week_ago))
+    # what a publish records when an index drops a chunk: superseded 8 days ago, past the retention
+    (stream / "superseded.json").write_text(json.dumps({"version": 1, "superseded": {superseded.name: week_ago}}))
     resources = resources_for(corpus, root)
     instance = fresh_instance(corpus.catalog)
     result = compact_corpus.execute_in_process(resources=resources, instance=instance)

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from crash import kill_at, recorded_units
-from http_server import BIG_BYTES, PhotoServer, load_photos, serving
+from http_server import PhotoServer, load_photos, serving
 
 from prx_core.sources.catalog import DownloadSettings, SourceSpec
 from prx_core.sources.download import url_metadata_columns

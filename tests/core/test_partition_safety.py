@@ -1,6 +1,8 @@
 """A source name is a path segment: hostile names (`..`, `a/b`, ``) are refused by every prx_core
 entry point before any I/O, and one partition has at most one writer at a time (a lock object
-under the root, atomic, with a heartbeat; a dead holder's lock is taken over)."""
+under the root changed only by compare-and-swap, with a heartbeat; a dead holder's lock is taken
+over; a store that ignores conditional writes is refused). The races between two processes are in
+test_lock_races.py."""
 
 from __future__ import annotations
 
@@ -34,11 +36,12 @@ from prx_core.stages.phashes import build_phashes
 from prx_core.stages.samples import build_samples
 from prx_core.stages.skip_lists import build_skip_lists
 from prx_core.stages.source_embeddings import write_source_embeddings
-from prx_core.store import locks
+from prx_core.store import lock_objects, locks
 from prx_core.store.locks import LockLost, PartitionLock, PartitionLocked, partition_lock, run_label
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
 
+STORE_FOR = lock_objects.store_for
 HOSTILE = ["..", "a/b", "", "../etc", ".", "A", "x\n", "x y"]
 
 
@@ -218,12 +221,77 @@ def test_s3_lock_is_a_conditional_put(s3_endpoint: dict) -> None:
     with partition_lock(storage, "samples", "photos", ttl=3) as held:
         first = json.loads(fs.cat_file("locks-bucket/corpus/_locks/samples/photos.lock"))
         assert first["token"] == held.token
-        time.sleep(4.5)  # past its ttl: the heartbeat (a PUT conditional on the ETag it read) kept it
+        time.sleep(4.5)  # past its ttl: the heartbeat (a PUT conditional on the ETag it last wrote) kept it
         fs.invalidate_cache()
         beat = json.loads(fs.cat_file("locks-bucket/corpus/_locks/samples/photos.lock"))
         assert beat["token"] == held.token and beat["heartbeat"] > first["heartbeat"]
         with pytest.raises(PartitionLocked):
             PartitionLock(storage, "samples", "photos").acquire()
+
+
+def s3_storage(s3_endpoint: dict, bucket: str) -> Storage:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1").create_bucket(Bucket=bucket)
+    return Storage(f"s3://{bucket}/corpus", s3_endpoint["storage_options"])
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_lock_objects_change_only_by_compare_and_swap(tmp_path: Path, s3_endpoint: dict, kind: str) -> None:
+    """The primitives under the lock: a create over an existing lock, a swap or a remove of a version
+    the store does not hold are refused, and a swap of a deleted lock does not recreate it."""
+    storage = Storage(str(tmp_path)) if kind == "local" else s3_storage(s3_endpoint, "cas-bucket")
+    store, uri = lock_objects.store_for(storage), storage.uri("_locks", "samples", "photos.lock")
+    first = store.create(uri, b'{"token": "a", "beat": 1}')
+    assert first and store.create(uri, b'{"token": "b"}') is None
+    held = store.read(uri)
+    assert held is not None and held.record == {"token": "a", "beat": 1} and held.version == first
+    assert 0 <= held.age < 60  # by the store's clock
+    second = store.swap(uri, b'{"token": "a", "beat": 2}', first)
+    assert second and second != first
+    assert store.swap(uri, b'{"token": "a", "beat": 3}', first) is None  # a stale heartbeat's version
+    assert not store.remove(uri, first)
+    assert store.remove(uri, second) and store.read(uri) is None
+    assert store.swap(uri, b'{"token": "a", "beat": 4}', second) is None and store.read(uri) is None
+
+
+class IgnoresConditions(lock_objects.S3Store):
+    """An S3-compatible store that accepts If-None-Match / If-Match and ignores them."""
+
+    def _put(self, uri: str, data: bytes, **condition: str) -> str | None:
+        return super()._put(uri, data)
+
+    def remove(self, uri: str, version: str) -> bool:
+        self.fs.rm_file(uri)
+        return True
+
+
+def test_a_store_ignoring_conditional_writes_is_refused_unless_best_effort(
+        s3_endpoint: dict, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    storage = s3_storage(s3_endpoint, "ignoring-bucket")
+    monkeypatch.setattr(lock_objects, "store_for", lambda s: IgnoresConditions(s.filesystem()))
+    monkeypatch.delenv(locks.BEST_EFFORT_ENV, raising=False)
+    with pytest.raises(locks.LockUnsupported, match=r"ignores conditional writes .* PRX_LOCK_BEST_EFFORT=1"):
+        PartitionLock(storage, "samples", "photos").acquire()
+    fs = storage.filesystem()
+    fs.invalidate_cache()
+    assert not fs.exists("ignoring-bucket/corpus/_locks/samples/photos.lock")  # refused before writing a lock
+    assert not fs.find("ignoring-bucket/corpus/_locks/.probe")  # the probe cleaned up
+    monkeypatch.setenv(locks.BEST_EFFORT_ENV, "1")
+    with caplog.at_level("WARNING"), partition_lock(storage, "samples", "photos"):
+        pass
+    assert "LOCKING IS BEST EFFORT" in caplog.text
+    monkeypatch.setattr(lock_objects, "store_for", STORE_FOR)
+    with partition_lock(s3_storage(s3_endpoint, "honouring-bucket"), "samples", "photos"):
+        pass  # moto honours them: probed, locked, no warning needed
+
+
+
+
+def test_an_object_store_without_conditional_writes_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(locks.BEST_EFFORT_ENV, raising=False)
+    with pytest.raises(locks.LockUnsupported, match="memory://corpus ignores conditional writes"):
+        PartitionLock(Storage("memory://corpus"), "samples", "photos").acquire()
 
 
 # -- two real runs of one partition at once ------------------------------------------------------------
@@ -276,3 +344,17 @@ def test_two_runs_of_one_new_partition_commit_once(tmp_path: Path) -> None:
     assert all(not isinstance(r, Exception) or isinstance(r, PartitionLocked) for r in results)
     assert lance.dataset(storage.lance_uri("samples")).count_rows(filter=source_predicate("photos")) == 2
     assert locks.LOCKS in os.listdir(storage.root) and not lock.exists()
+
+
+def test_a_local_lock_without_hard_links_is_still_exclusive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some file systems (SMB, some FUSE mounts) refuse `link`: the lock falls back to O_EXCL."""
+    import errno
+
+    def no_links(*_: object) -> None:
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    won, lost = race_for_lock(Storage(str(tmp_path)), 4)
+    assert (len(won), len(lost)) == (1, 3)
+    won[0].release()
+    assert not (tmp_path / "_locks" / "samples" / "photos.lock").exists()

@@ -1,8 +1,16 @@
-"""Stage arguments and reports cross a Ray job's Pipes messages as JSON (prx_core.compute.wire)."""
+"""Stage arguments and reports cross a Ray job's Pipes messages as JSON (prx_core.compute.wire):
+only registered classes are built, nesting is bounded, and the run accepts exactly one report, of
+the stage's type, signed with its per-run key."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,8 +21,8 @@ from prx_core.compute.unit_results import UnitResults
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.shards.publish import StreamReport
 from prx_core.shards.verify import VerifyReport
-from prx_core.sources.catalog import SourceSpec
-from prx_core.stages import entry
+from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
+from prx_core.stages import entry, wire_types
 from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamCount
 from prx_core.stages.mds_shards import MdsReport
 from prx_core.stages.sample_keys import KeyResolution
@@ -41,7 +49,9 @@ def roundtrip(value: object) -> object:
                   seconds=1.0, read_versions={"buckets": 4}, units={"route": UNITS}),
         VerifyReport(streams=1, shards=1, samples=2, counts={"s3://b/x": 2}),
         [StreamCount("x", 2, None)], buckets_version=None),
-    {"spec": SourceSpec("web", "folder", "/data/web"), "storage": Storage("s3://bucket/root", {"anon": False}),
+    {"spec": SourceSpec("web", "parquet", "/data/web", metadata_columns=("m",), download=DownloadSettings(retries=1),
+                        joins=(JoinSpec("/data/j.parquet", "key", "parquet", metadata_columns=("a",)),)),
+     "storage": Storage("s3://bucket/root", {"anon": False}),
      "config": CaptionerConfig(backend="source"), "progress": Progress("samples[web]", unit="chunks")},
     (1, "a", [2.5, None]),
     {"set": {"b", "a"}, "nested": [(1, 2)]},
@@ -55,10 +65,166 @@ def test_numpy_scalars_become_numbers() -> None:
 
 
 @pytest.mark.parametrize("name", ["os:system", "builtins:dict", "prx_core.compute.wire:WireError",
-                                  "prx_core_evil.mod:Thing", "prx_core.stages.entry:nothing_here"])
-def test_only_prx_core_dataclasses_are_built(name: str) -> None:
-    with pytest.raises(wire.WireError):
-        wire.decode({wire.CLASS: name})
+                                  "prx_core_evil.mod:Thing", "prx_core.stages.entry:nothing_here",
+                                  "prx_core.store.lance_io:lance.blob.Blob", "lance.blob:Blob",
+                                  "prx_core.compute.units:ModelSpec", "prx_core.stages.entry:dataclasses.Field"])
+def test_only_registered_classes_are_built(name: str) -> None:
+    """`lance.blob.Blob` was reachable through `prx_core.store.lance_io`'s `import lance`."""
+    with pytest.raises(wire.WireError, match="not a class registered for the wire"):
+        wire.decode({wire.CLASS: name, "data": b"".hex()})
+
+
+def test_an_unregistered_dataclass_is_refused_on_both_sides() -> None:
+    from lance.blob import Blob
+
+    @dataclasses.dataclass
+    class Unlisted:
+        n: int
+
+    for value in (Unlisted(1), Blob(b"x"), {"nested": [Unlisted(2)]}):
+        with pytest.raises(wire.WireError, match="not registered for the wire"):
+            wire.encode(value)
+    with pytest.raises(TypeError):
+        wire.register(dict)  # type: ignore[arg-type]
+
+
+def test_a_registered_class_refuses_fields_it_does_not_have() -> None:
+    good = wire.encode(entry.StreamCount("x", 2, None))
+    with pytest.raises(wire.WireError, match="has no field"):
+        wire.decode({**good, "__class__": "os:system"})
+    with pytest.raises(wire.WireError, match="cannot build"):
+        wire.decode({wire.CLASS: good[wire.CLASS], "name": "x"})
+
+
+@pytest.mark.parametrize("wrap", [lambda v: [v], lambda v: {"k": v}, lambda v: {wire.TUPLE: [v]},
+                                  lambda v: {wire.SET: [v]} if not isinstance(v, (list, dict)) else [v]])
+def test_nesting_is_bounded_with_a_wire_error(wrap: Any) -> None:
+    deep: Any = 0
+    for _ in range(900):
+        deep = wrap(deep)
+    with pytest.raises(wire.WireError, match="nested deeper than"):
+        wire.decode(deep)
+    shallow: Any = 0
+    for _ in range(wire.MAX_DEPTH - 1):
+        shallow = [shallow]
+    assert wire.decode(shallow) == shallow
+
+
+def test_encoding_refuses_a_deep_value_too() -> None:
+    deep: Any = []
+    for _ in range(900):
+        deep = [deep]
+    with pytest.raises(wire.WireError, match="nested deeper than"):
+        wire.encode(deep)
+
+
+# -- the registry holds exactly what stages carry -------------------------------------------------------
+
+def dataclasses_in(hint: Any, found: dict[str, type]) -> None:
+    """Every dataclass reachable from a type hint, through containers and fields."""
+    for arg in typing.get_args(hint):
+        dataclasses_in(arg, found)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint) and wire.wire_name(hint) not in found:
+        found[wire.wire_name(hint)] = hint
+        hints = typing.get_type_hints(hint)
+        for f in dataclasses.fields(hint):
+            dataclasses_in(hints[f.name], found)
+
+
+def carried() -> dict[str, type]:
+    """What `run_stage` can take or return: every stage's parameters and return, the build functions
+    its `**build` keywords reach, and `Progress` (a stage's `progress` argument on the wire)."""
+    from prx_core.stages import duplicates, mds_shards, samples
+
+    found: dict[str, type] = {}
+    functions = [*entry.STAGES.values(), samples.build_samples, mds_shards.build_mds, duplicates.build_duplicates]
+    for fn in functions:
+        for hint in typing.get_type_hints(inspect.unwrap(fn)).values():
+            dataclasses_in(hint, found)
+    dataclasses_in(entry.Progress, found)
+    return found
+
+
+def test_every_dataclass_a_stage_carries_is_registered_and_nothing_else() -> None:
+    from prx_core.compute.units import ModelSpec
+
+    reachable = carried()
+    never = {wire.wire_name(ModelSpec)}  # holds a factory function: in-process only
+    assert never <= set(reachable)
+    assert sorted(set(reachable) - never - set(wire.registered())) == []
+    assert sorted(set(wire.registered()) - set(reachable)) == []  # no class registered "just in case"
+
+
+def example(hint: Any) -> Any:
+    """A value of `hint` with every field filled (nested dataclasses, containers, optionals)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return {"any": [1, "x", None]}
+    if origin in (typing.Union, types.UnionType):
+        return example(next(a for a in args if a is not type(None)))
+    if origin is list:
+        return [example(args[0])]
+    if origin in (dict, Mapping) or hint is dict:
+        return {"k": example(args[1]) if args else 1}
+    if origin is tuple:
+        return (example(args[0]),)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        hints = typing.get_type_hints(hint)
+        return hint(**{f.name: example(hints[f.name]) for f in dataclasses.fields(hint) if f.init})
+    return {bool: True, int: 3, float: 0.5, str: "s"}[hint]
+
+
+@pytest.mark.parametrize("stage", sorted(entry.STAGES))
+def test_every_stage_report_roundtrips_and_opens_signed(stage: str) -> None:
+    report_type = wire_types.report_type(stage)
+    report = example(report_type)
+    assert roundtrip(report) == report
+    message = json.loads(json.dumps(wire.sign_report("run-key", stage, report)))  # as the log line carries it
+    assert wire.open_report([message], "run-key", stage, report_type) == report
+
+
+# -- one report, signed with the run's key, of the stage's type -----------------------------------------
+
+REPORT = PublishReport(MdsReport("web", 1, [], {}, 1.0, {}), VerifyReport(0, 0, 0, {}), [], None)
+
+
+def signed(report: Any = REPORT, key: str = "run-key", stage: str = "mds_shards") -> dict[str, Any]:
+    return json.loads(json.dumps(wire.sign_report(key, stage, report)))
+
+
+def forged(payload: Any) -> dict[str, Any]:
+    """What anything printing a Pipes-shaped line into the job's log can send: no key."""
+    return {wire.REPORT: payload, wire.MAC: "0" * 64}
+
+
+def test_a_forged_report_line_is_refused() -> None:
+    fake = forged(wire.encode(PublishReport(MdsReport("web", 10**9, [], {}, 1.0, {}), VerifyReport(0, 0, 0, {}), [],
+                                            None)))
+    for messages in ([fake], [{wire.REPORT: fake[wire.REPORT]}], [signed(key="another-run")],
+                     [signed(stage="skip_lists")]):
+        with pytest.raises(wire.WireError, match="0 report"):
+            wire.open_report(messages, "run-key", "mds_shards", PublishReport)
+    # the genuine report wins whatever is printed after it, and the forgeries are counted
+    messages = [signed(), fake, {"other": "message"}]
+    assert wire.open_report(messages, "run-key", "mds_shards", PublishReport) == REPORT
+    assert wire.unsigned_reports(messages, "run-key", "mds_shards") == 1
+
+
+def test_exactly_one_report_of_the_stage_type() -> None:
+    with pytest.raises(wire.WireError, match="2 report"):
+        wire.open_report([signed(), signed()], "run-key", "mds_shards", PublishReport)
+    with pytest.raises(wire.WireError, match="0 report"):
+        wire.open_report([], "run-key", "mds_shards", PublishReport)
+    with pytest.raises(wire.WireError, match="not a PublishReport"):
+        wire.open_report([signed(entry.StreamCount("x", 1, None))], "run-key", "mds_shards", PublishReport)
+
+
+def test_a_forged_line_nested_deep_is_refused_without_recursion_error() -> None:
+    deep: Any = 0
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(wire.WireError, match="0 report"):
+        wire.open_report([forged(deep)], "run-key", "mds_shards", PublishReport)
 
 
 @pytest.mark.parametrize("value", [{1: "a"}, object(), b"bytes"])
@@ -85,3 +251,90 @@ def test_run_stage_binds_progress_to_the_log(monkeypatch: pytest.MonkeyPatch) ->
 def test_unknown_stage_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="unknown stage 'sample'.*samples"):
         entry.run_stage("sample", {}, print)
+
+
+# -- the Ray-job path end to end, with the job run in this process and a forger in its log -------------
+
+class FakeJobClient:
+    """dagster-ray's PipesRayJobClient as `RayCluster.submit_stage` uses it: `run` hands the extras
+    to the real job entrypoint (`prx_core.stages.job.main`) and returns what its log carried, a
+    forged report line printed by something else included."""
+
+    forgeries: list[dict[str, Any]] = []
+    seen_extras: dict[str, Any] = {}
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def run(self, *, context: Any, submit_job_params: dict[str, Any], extras: dict[str, Any]) -> Any:
+        import contextlib
+        from types import SimpleNamespace
+
+        import dagster_pipes
+
+        from prx_core.stages import job
+
+        messages: list[Any] = []
+        pipes = SimpleNamespace(get_extra=extras.__getitem__, log=SimpleNamespace(info=lambda line: None),
+                                report_custom_message=messages.append)
+        patch = pytest.MonkeyPatch()
+        patch.setattr(dagster_pipes, "open_dagster_pipes", lambda: contextlib.nullcontext(pipes))
+        try:
+            job.main()
+        finally:
+            patch.undo()
+        FakeJobClient.seen_extras = extras
+        messages += FakeJobClient.forgeries
+        return SimpleNamespace(get_custom_messages=lambda: messages,
+                               metadata={"Ray Job ID": SimpleNamespace(value="raysubmit_1")})
+
+
+@pytest.fixture
+def ray_job(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from types import SimpleNamespace
+
+    import dagster_ray.core.pipes
+    import ray
+
+    from prx_core.stages import job
+    from prx_resources.ray import RayCluster
+
+    report = example(wire_types.report_type("buckets"))
+    monkeypatch.setattr(dagster_ray.core.pipes, "PipesRayJobClient", FakeJobClient)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True}])
+    monkeypatch.setattr(job, "run_stage", lambda stage, kwargs, log: report)
+    warnings: list[str] = []
+    context = SimpleNamespace(run=SimpleNamespace(run_id="r1"), log=SimpleNamespace(warning=warnings.append),
+                              add_asset_metadata=lambda metadata: None)
+    cluster = RayCluster(address="ray://127.0.0.1:10001", jobs_address="http://127.0.0.1:8265")
+    FakeJobClient.forgeries = []
+    return SimpleNamespace(cluster=cluster, context=context, report=report, warnings=warnings)
+
+
+def test_a_ray_job_report_is_the_signed_one_and_a_forged_line_is_refused(ray_job: Any) -> None:
+    kwargs = {"source": "web", "storage": Storage("/tmp/corpus"), "progress": Progress("buckets[web]")}
+    forged_report = {**wire.encode(ray_job.report), "rows": 10**9}
+    FakeJobClient.forgeries = [forged(forged_report)]
+    assert ray_job.cluster.submit_stage(ray_job.context, "buckets", kwargs) == ray_job.report
+    key = FakeJobClient.seen_extras["report_key"]
+    assert len(key) == 64 and key not in json.dumps(FakeJobClient.seen_extras["kwargs"])
+    assert any("refused 1 report line(s) not signed" in w for w in ray_job.warnings)
+    ray_job.cluster.submit_stage(ray_job.context, "buckets", kwargs)
+    assert FakeJobClient.seen_extras["report_key"] != key  # a key per job
+
+    replay = {**signed(ray_job.report, key=key, stage="buckets"), wire.REPORT: forged_report}
+    FakeJobClient.forgeries = [signed(ray_job.report, key=key, stage="buckets"), replay]  # an earlier job's key
+    assert ray_job.cluster.submit_stage(ray_job.context, "buckets", kwargs) == ray_job.report
+    assert "refused 2 report line(s)" in ray_job.warnings[-1]
+
+
+def test_a_ray_job_report_of_another_type_fails_the_run(ray_job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dagster as dg
+
+    from prx_core.stages import job
+
+    monkeypatch.setattr(job, "run_stage", lambda stage, kwargs, log: entry.StreamCount("x", 1, None))
+    expected = "Ray job raysubmit_1: stage buckets: the report is a StreamCount, not a BucketsReport"
+    with pytest.raises(dg.Failure, match=expected):
+        ray_job.cluster.submit_stage(ray_job.context, "buckets", {"source": "web"})
