@@ -21,7 +21,7 @@ def labels_by_sample(corpus: Corpus, source: str | None = None) -> dict[str, str
 
 def test_planted_text_heavy_samples_are_labelled_text(corpus: Corpus, manifest: Manifest) -> None:
     planted = manifest.with_kind("text_heavy")
-    assert len(planted) == 12
+    assert len(planted) == 4 * len(SOURCES)  # four planted text-heavy samples per source
     labels = labels_by_sample(corpus)
     assert {p.sample_id: labels[p.sample_id] for p in planted} == {p.sample_id: "text" for p in planted}
     text = {sid for sid, label in labels.items() if label == "text"}

@@ -56,7 +56,7 @@ def test_duplicates_and_text_are_skip_listed_at_their_stream_index(corpus: Corpu
     policy = SkipPolicy()
     expected = expected_skips(corpus.root, source, policy)
     assert {reason for _, _, reason in expected} >= {"text"}
-    if source != "stock_photos":  # stock_photos holds the originals: its copies are the keepers
+    if source in ("web_images", "crawl_wds"):  # they hold copies of stock_photos' originals (the keepers)
         assert any(reason == "duplicate" for _, _, reason in expected)
     assert actual_skips(corpus.root, source) == expected
     sizes = {(r["tier"], r["bucket"]): 0 for r in corpus.rows("mds_index", filter=f"source = '{source}'")}
