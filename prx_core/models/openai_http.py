@@ -23,17 +23,17 @@ A 200 whose body is not a chat completion is `parse_chat`'s `BadResponse`, whate
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import ipaddress
 import json
 import os
 import random
 import threading
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+
+from prx_core.compute.retries import retry_after_seconds
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 MAX_BACKOFF_S = 30.0
@@ -126,21 +126,6 @@ def check_endpoint(endpoint: str, api_key_env: str | None, allow_insecure_http: 
 def chat_url(endpoint: str) -> str:
     base = endpoint.rstrip("/")
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """`Retry-After` as delta-seconds or an HTTP date; None when absent or unreadable."""
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def parse_chat(text: str) -> tuple[Any, Any]:

@@ -14,11 +14,10 @@ for `read_timeout_s` would hold the worker as long again. Proxy variables and .n
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
 
+from prx_core.compute.retries import retry_after_seconds
 from prx_core.sources.records import DOWNLOAD_ERROR, DOWNLOAD_TIMEOUT, IMAGE_TOO_LARGE, OPTED_OUT
 from prx_core.sources.robots import agent_token, opt_out
 
@@ -133,7 +132,7 @@ async def _attempt(session: Any, hosts: dict[str, asyncio.Semaphore], url: str, 
                 current = target
                 continue
             if status == 429 or status >= 500:
-                return _Again(f"HTTP {status} {response.reason or ''}".strip(), _retry_after(response.headers))
+                return _Again(f"HTTP {status} {response.reason or ''}".strip(), retry_after_seconds(response.headers.get("Retry-After")))
             if status != 200:
                 return Fetched(reason=DOWNLOAD_ERROR, cause=f"HTTP {status} {response.reason or ''}".strip())
             if settings.honor_opt_out:
@@ -159,21 +158,6 @@ async def _body(response: Any, max_bytes: int) -> Fetched:
             said = " (no Content-Length said so)" if length is None else f" (Content-Length said {length})"
             return Fetched(reason=IMAGE_TOO_LARGE, cause=f"body over the limit {max_bytes} bytes{said}")
     return Fetched(data=bytes(body))
-
-
-def _retry_after(headers: Any) -> float | None:
-    """A `Retry-After` header in seconds (a number of seconds or an HTTP date), or None."""
-    value = (headers.get("Retry-After") or "").strip()
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
 
 
 def _timeout_cause(exc: BaseException, settings: Any) -> str:

@@ -19,7 +19,7 @@ from prx_core.models.caption_base import CaptionerConfig, CaptionResult
 from prx_core.models.captioning import CaptionBatch, build_captioner
 from prx_core.models.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
 from prx_core.models.captioning_transformers import TransformersCaptioner
-from prx_core.models.openai_http import retry_after_seconds
+from prx_core.compute.retries import retry_after_seconds
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.models.serving import CaptionServer, Faults
 from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
