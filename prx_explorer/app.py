@@ -5,11 +5,14 @@ forbids scripts backs that up, so an untrusted caption can neither run nor load 
 route is GET; request values are only lookup keys and quoted SQL literals, checked first
 (`params`: a malformed one is a 400). Requests must name an allowed Host (loopback names by
 default): a page elsewhere cannot read a loopback explorer by rebinding its own DNS name to it.
+Pages and JSON are never cached (`Cache-Control: no-store`), and no page or answer carries an
+exception's text: a failure is logged, the client gets a fixed message.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import threading
 from collections.abc import Iterable
@@ -31,9 +34,10 @@ from prx_core.store.storage import Storage
 from prx_explorer import plots
 from prx_explorer.metadata import sample_details
 from prx_explorer.params import BadRequest, int_param, text_param
-from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, make_thumbnail, query_terms, snippet
+from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, query_terms, snippet
 from prx_explorer.search import MAX_PAGE, MENUS, NeighbourCache, Query, QueryCache, run_query, with_captions
-from prx_explorer.snapshot import Snapshot, SnapshotCache
+from prx_explorer.snapshot import SnapshotCache
+from prx_explorer.thumbnails import REFUSED, RETRY_AFTER, Busy, ThumbnailRenders, placeholder, render_thumbnail
 
 HERE = Path(__file__).parent
 STYLESHEET = (HERE / "templates" / "style.css").read_text()  # served from memory: no request maps to a file
@@ -44,14 +48,29 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
 }
+NO_STORE = ("text/html", "application/json")  # always `no-store`; other responses without a policy get it too
+SERVER_ERROR = "Internal error; the details are in the explorer log."
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 GROUP_PAGE = 100  # duplicate-group members per detail page: a group can hold thousands
 
 
+log = logging.getLogger(__name__)
+
+
 class SecurityHeaders(BaseHTTPMiddleware):
+    """The security headers and the cache policy on every response; an unhandled failure is
+    logged and answered with a fixed 500 (never a traceback or an exception's text)."""
+
     async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        response = await call_next(request)
+        try:
+            response = await call_next(request)
+        except Exception:
+            log.exception("GET %s failed", request.url.path)
+            response = PlainTextResponse(SERVER_ERROR, 500)
         response.headers.update(SECURITY_HEADERS)
+        kind = response.headers.get("content-type", "").split(";")[0].strip()
+        if kind in NO_STORE or "cache-control" not in response.headers:
+            response.headers["Cache-Control"] = "no-store"
         return response
 
 
@@ -79,6 +98,7 @@ class Explorer:
         self.storage = storage
         self.snapshots = SnapshotCache(storage, ttl)
         self.thumbs = ThumbnailCache()
+        self.renders = ThumbnailRenders(self.thumbs)
         self.nearest = NeighbourCache()
         self.queries = QueryCache(nearest=self.nearest)
         self.templates = _templates()
@@ -140,12 +160,15 @@ class Explorer:
         if sample_id not in snapshot.frame.index:
             return Response("not found", 404, media_type="text/plain")
         row = snapshot.frame.loc[sample_id]
-        key = (f"{row['content_id']}", size)
-        if (data := self.thumbs.get(key)) is None:
-            data = _thumbnail_bytes(snapshot, row, size)
-            if data is None:
-                return Response("no image", 404, media_type="text/plain")
-            self.thumbs.put(key, data)
+        if snapshot.table("samples") is None or not _present(row.get("rowaddr")):
+            return Response("no image", 404, media_type="text/plain")  # an ingest reject: its bytes were never stored
+        address = int(row["rowaddr"])
+        try:
+            data = self.renders.get((f"{row['content_id']}", size), lambda: render_thumbnail(snapshot, address, size))
+        except Busy:
+            return PlainTextResponse("Thumbnails are busy; retry shortly.", 503, headers={"Retry-After": RETRY_AFTER})
+        if data == REFUSED:  # did not decode (within the thumbnail budget): a placeholder, not an error
+            return Response(placeholder(size), media_type="image/jpeg", headers={"X-Thumbnail": "placeholder"})
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
 
     def overview(self, request: Request) -> HTMLResponse:
@@ -180,7 +203,7 @@ class Explorer:
         snapshot = self.snapshots.get()
         return JSONResponse({"root": self.storage.root, "rows": len(snapshot.frame), "versions": snapshot.versions,
                              "captioner_version": snapshot.captioner_version, **self.snapshots.status(),
-                             "thumbnails": {"hits": self.thumbs.hits, "misses": self.thumbs.misses}})
+                             "thumbnails": self.renders.stats()})
 
     def more_like(self, request: Request) -> JSONResponse:
         """Nearest neighbours of one sample as JSON (ids and cosine distances)."""
@@ -201,14 +224,6 @@ class Explorer:
 
 def _tier(value: Any) -> int | None:
     return int(value) if _present(value) else None
-
-
-def _thumbnail_bytes(snapshot: Snapshot, row: pd.Series, size: int) -> bytes | None:
-    samples = snapshot.table("samples")
-    if samples is None or not _present(row.get("rowaddr")):
-        return None  # an ingest reject: its bytes were never stored
-    image = samples._take_rows([int(row["rowaddr"])], columns=["image"])["image"][0].as_py()
-    return make_thumbnail(image, size)
 
 
 def host_patterns(hosts: Iterable[str]) -> list[str]:

@@ -16,6 +16,7 @@ from prx_core.image.buckets import Bucket, crop_box
 from prx_core.image.decode import Rejection, decode_image
 
 THUMB_SIZES = (256, 768)
+THUMB_DECODE_SECONDS = 5.0  # per thumbnail; the pipeline's budget is 30 s (prx_core.image.budget)
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SUFFIXES = ("ing", "ed", "es", "s")
 
@@ -31,8 +32,13 @@ def _stem(word: str) -> str:
     return word
 
 
+def stems(text: str) -> list[str]:
+    """The words of `text`, in order, as `highlight` compares them (lower case, stemmed)."""
+    return [_stem(w) for w in _WORD.findall(text)]
+
+
 def query_terms(text: str) -> set[str]:
-    return {_stem(w) for w in _WORD.findall(text)}
+    return set(stems(text))
 
 
 def highlight(text: str | None, terms: set[str]) -> Markup:
@@ -61,9 +67,11 @@ def snippet(text: str | None, terms: set[str], words: int = 40) -> Markup:
     return Markup("{}{}{}").format("… " if start else "", highlight(cut, terms), " …" if start + words < len(tokens) else "")
 
 
-def make_thumbnail(data: bytes, size: int) -> bytes | None:
-    """A JPEG at most `size` on its long side, or None when the bytes do not decode."""
-    decoded = decode_image(data, min_size=(size, size))
+def make_thumbnail(data: bytes, size: int, budget_s: float | None = None) -> bytes | None:
+    """A JPEG at most `size` on its long side, or None when the bytes do not decode within
+    `budget_s` (default `THUMB_DECODE_SECONDS`: a page waits on it, a pipeline stage does not)."""
+    budget = THUMB_DECODE_SECONDS if budget_s is None else budget_s
+    decoded = decode_image(data, min_size=(size, size), budget_s=budget)
     if isinstance(decoded, Rejection):
         return None
     image = decoded.image
@@ -91,6 +99,11 @@ class ThumbnailCache:
             else:
                 self.misses += 1
             return value
+
+    def peek(self, key: tuple[str, int]) -> bytes | None:
+        """The value, not counted as a hit or a miss and not refreshed."""
+        with self._lock:
+            return self._items.get(key)
 
     def put(self, key: tuple[str, int], value: bytes) -> None:
         with self._lock:

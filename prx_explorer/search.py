@@ -1,4 +1,4 @@
-"""Explorer queries: full-text and nearest-neighbour candidates from Lance, filters and facets
+"""Explorer queries: full-text (`fulltext`) and nearest-neighbour candidates from Lance, filters and facets
 over the snapshot frame, one page of captions read back.
 
 Request parameters only ever become Lance SQL literals (quoted by `sql_literal`), pandas masks
@@ -7,6 +7,7 @@ or dictionary keys: never paths, never markup.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections import Counter, OrderedDict
@@ -18,13 +19,12 @@ import numpy as np
 import pandas as pd
 from lance import LanceDataset
 
-from prx_core.store import lance_io
 from prx_explorer import metadata
+from prx_explorer.fulltext import text_hits
 from prx_explorer.params import choice_param, int_param, meta_param, text_param
-from prx_explorer.snapshot import Snapshot, rows_by_key
+from prx_explorer.snapshot import Snapshot, by_content, rows_by_key, versions_filter
 
 PAGE_SIZE = 48
-TEXT_HITS = 2000  # per caption column: BM25's best are what anyone pages through
 NEIGHBOURS = 200
 MAX_PAGE = 1_000_000
 MAX_TIER = 1 << 16
@@ -34,6 +34,9 @@ FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected")
 FRAME_COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
                 "skipped": "skip_reason", "rejected": "reject_reason"}
 MENUS = (*FILTERS, "meta")  # the index page's filter menus; `meta` (key:value) offers the common metadata labels
+# What a page says when a search fails: never the exception, which names paths inside the corpus.
+SEARCH_FAILED = "The text search could not be run; the details are in the explorer log."
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,47 +87,6 @@ class Results:
         return max(1, math.ceil(self.total / PAGE_SIZE))
 
 
-def _versions_filter(snapshot: Snapshot, embeddings: bool = False) -> str:
-    where = f"captioner_version = {lance_io.sql_literal(snapshot.captioner_version or '')}"
-    if embeddings and snapshot.embedder_version:
-        where += f" AND embedder_version = {lance_io.sql_literal(snapshot.embedder_version)}"
-    return where
-
-
-def by_content(frame: pd.DataFrame, hits: pd.DataFrame, value: str) -> pd.Series:
-    """sample_id -> `value` of `hits` keyed by content_id (every sample sharing a content gets it).
-
-    Works on the categorical's integer codes: hashing a million content ids per query was the
-    cost of a text search."""
-    per_content = hits.drop_duplicates("content_id")
-    column = frame["content_id"]
-    positions = column.cat.categories.get_indexer(per_content["content_id"])
-    found = positions >= 0
-    by_code = np.full(len(column.cat.categories), np.nan)
-    by_code[positions[found]] = per_content[value].to_numpy()[found]
-    codes = column.cat.codes.to_numpy()
-    rows = np.flatnonzero(np.isin(codes, positions[found]))
-    return pd.Series(by_code[codes[rows]], index=frame["sample_id"].to_numpy()[rows], name=value)
-
-
-def text_hits(snapshot: Snapshot, text: str) -> pd.Series:
-    """sample_id -> best BM25 score over the VLM caption and the original caption."""
-    scores: list[pd.Series] = []
-    captions = snapshot.table("captions")
-    if captions is not None and snapshot.captioner_version:
-        hits = captions.to_table(full_text_query=text, columns=["content_id", "_score"], limit=TEXT_HITS,
-                                 filter=_versions_filter(snapshot)).to_pandas()
-        scores.append(by_content(snapshot.frame, hits, "_score"))
-    samples = snapshot.table("samples")
-    if samples is not None:
-        hits = samples.to_table(full_text_query=text, columns=["sample_id", "_score"], limit=TEXT_HITS).to_pandas()
-        scores.append(hits.set_index("sample_id")["_score"])
-    if not scores:
-        return pd.Series(dtype="float64")
-    combined = pd.concat(scores)
-    return combined.groupby(level=0).max().sort_values(ascending=False, kind="stable")
-
-
 def neighbours(snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, str | None]:
     """sample_id -> cosine distance of the nearest samples to `sample_id`, or a note why none."""
     frame = snapshot.frame
@@ -141,7 +103,7 @@ def neighbours(snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, 
         table = snapshot.table("caption_embeddings")
         if table is None or not snapshot.captioner_version:
             return pd.Series(dtype="float64"), "no caption embeddings in this corpus (materialize caption_embeddings)"
-        key, where = "content_id", _versions_filter(snapshot, embeddings=True)
+        key, where = "content_id", versions_filter(snapshot, embeddings=True)
         own = rows_by_key(table, "content_id", [str(frame.at[sample_id, "content_id"])], ["embedding"], where)
     if own.num_rows == 0:
         return pd.Series(dtype="float64"), f"{sample_id} has no {by} embedding"
@@ -242,8 +204,9 @@ def match(snapshot: Snapshot, query: Query, nearest: NeighbourCache | None = Non
     elif query.q:
         try:
             scores = text_hits(snapshot, query.q)
-        except (ValueError, OSError) as exc:  # Lance rejects some query syntax
-            scores, notes = pd.Series(dtype="float64"), [f"search failed: {str(exc).splitlines()[0][:200]}"]
+        except Exception:  # a Lance failure: logged in full, a fixed note on the page
+            log.exception("text search for %r failed", query.q)
+            scores, notes = pd.Series(dtype="float64"), [SEARCH_FAILED]
         mode = "text"
     if scores is not None:
         scores = scores[frame.index.get_indexer(scores.index) >= 0]

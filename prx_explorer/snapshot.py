@@ -10,11 +10,13 @@ time; of the metadata the frame keeps only the bounded `label` value (`meta_labe
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 from lance import LanceDataset
@@ -32,6 +34,7 @@ SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "h
 CATEGORICAL = ["source", "format", "label", "bucket", "reject_reason", "reject_stage", "skip_reason", "caption_error",
                "content_id", "meta_label"]
 _SERIALS = itertools.count(1)
+log = logging.getLogger(__name__)
 REJECT_COLUMNS = ["sample_id", "source", "source_key", "content_id", "stage", "reason", "message", "width", "height"]
 
 
@@ -172,7 +175,8 @@ class SnapshotCache:
     rebuilt only when one moved. Only the first build blocks a request: later checks and rebuilds
     run on one background thread while pages keep the previous snapshot (a rebuild takes ~10 s
     at a million rows, and a backfill moves tables every few seconds). A failed rebuild keeps the
-    old snapshot and is reported in `status()`; the next check retries it."""
+    old snapshot and is reported in `status()` (its type only: the details, which name paths, go to
+    the log); the next check retries it."""
 
     def __init__(self, storage: Storage, ttl: float = 5.0) -> None:
         self.storage, self.ttl = storage, ttl
@@ -209,7 +213,8 @@ class SnapshotCache:
                     self._key, self._snapshot = key, snapshot
             self._error = None
         except Exception as exc:  # keep serving the old snapshot; the next check tries again
-            self._error = f"{type(exc).__name__}: {exc}"[:300]
+            log.exception("rebuilding the explorer's snapshot failed")  # the details: paths, store errors
+            self._error = f"the last rebuild failed ({type(exc).__name__}); the details are in the explorer log"
         finally:
             with self._lock:
                 self._refreshing = False
@@ -222,3 +227,27 @@ def rows_by_key(ds: LanceDataset | None, column: str, keys: list[str], columns: 
         return pa.table({c: pa.array([], pa.string()) for c in columns})
     predicate = f"{column} IN ({', '.join(lance_io.sql_literal(k) for k in keys)})"
     return ds.to_table(columns=columns, filter=f"({predicate}) AND ({where})" if where else predicate)
+
+
+def versions_filter(snapshot: Snapshot, embeddings: bool = False) -> str:
+    """The Lance filter for rows of the captioner (and, with `embeddings`, embedder) version the snapshot chose."""
+    where = f"captioner_version = {lance_io.sql_literal(snapshot.captioner_version or '')}"
+    if embeddings and snapshot.embedder_version:
+        where += f" AND embedder_version = {lance_io.sql_literal(snapshot.embedder_version)}"
+    return where
+
+
+def by_content(frame: pd.DataFrame, hits: pd.DataFrame, value: str) -> pd.Series:
+    """sample_id -> `value` of `hits` keyed by content_id (every sample sharing a content gets it).
+
+    Works on the categorical's integer codes: hashing a million content ids per query was the
+    cost of a text search."""
+    per_content = hits.drop_duplicates("content_id")
+    column = frame["content_id"]
+    positions = column.cat.categories.get_indexer(per_content["content_id"])
+    found = positions >= 0
+    by_code = np.full(len(column.cat.categories), np.nan)
+    by_code[positions[found]] = per_content[value].to_numpy()[found]
+    codes = column.cat.codes.to_numpy()
+    rows = np.flatnonzero(np.isin(codes, positions[found]))
+    return pd.Series(by_code[codes[rows]], index=frame["sample_id"].to_numpy()[rows], name=value)

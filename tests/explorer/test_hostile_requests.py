@@ -178,3 +178,19 @@ def test_the_cli_serves_loopback_and_configured_hosts_only(served: int) -> None:
     assert get(served, f"localhost:{served}") == 200
     assert get(served, "explorer.test") == 200
     assert get(served, f"rebound.attacker.example:{served}") == 400
+
+
+def test_the_cli_server_sends_no_store_and_answers_phrases(served: int) -> None:
+    import json
+
+    for path in ("/", "/api/search?q=%22cat%20photo%22", "/healthz", "/api/search?page=0"):
+        connection = http.client.HTTPConnection("127.0.0.1", served, timeout=30)
+        connection.request("GET", path)
+        response = connection.getresponse()
+        body = response.read()
+        connection.close()
+        assert response.getheader("Cache-Control") == "no-store", path
+        assert response.status == (400 if "page=0" in path else 200), path
+        if "cat" in path:
+            answer = json.loads(body)
+            assert answer["notes"] == [] and answer["total"] == 8  # "a cat photo": every fifth of 40 samples

@@ -59,3 +59,22 @@ def test_thumbnail_cache_is_bounded_in_bytes() -> None:
     for i in range(5):
         cache.put((str(i), 256), b"x" * 10)
     assert cache.bytes <= 25 and cache.get(("0", 256)) is None and cache.get(("4", 256)) == b"x" * 10
+
+
+def test_a_thumbnail_decode_has_its_own_short_budget(monkeypatch) -> None:
+    """A decode past the thumbnail budget is refused (None: the page's placeholder) by the
+    pipeline's own deadline, which a real decode here spends at once with a zero budget."""
+    from prx_core.image.budget import DEFAULT_DECODE_SECONDS
+    from prx_core.image.decode import decode_image
+    from prx_explorer import render
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (1200, 600), "red").save(buffer, "JPEG")
+    data = buffer.getvalue()
+    assert render.THUMB_DECODE_SECONDS <= 5.0 < DEFAULT_DECODE_SECONDS
+    assert decode_image(data, budget_s=0.0).reason == "decode_timeout"
+    assert make_thumbnail(data, 256, budget_s=0.0) is None
+    monkeypatch.setattr(render, "THUMB_DECODE_SECONDS", 0.0)  # the default comes from the constant
+    assert make_thumbnail(data, 256) is None
+    monkeypatch.undo()
+    assert make_thumbnail(data, 256) is not None
