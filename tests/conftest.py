@@ -21,6 +21,9 @@ os.environ["TMPDIR"] = str(_SANDBOX / "tmp")
 os.environ["XDG_CACHE_HOME"] = str(_SANDBOX / "home" / ".cache")
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
+# albumentations (imported by img2dataset) asks PyPI for a newer version at import unless told not to: the
+# tests reach nothing but 127.0.0.1. Set before img2dataset's spawned processes inherit the environment.
+os.environ["NO_ALBUMENTATIONS_UPDATE"] = "1"
 os.environ.pop("DAGSTER_HOME", None)
 os.environ.pop("PRX_ROOT", None)
 # S3 credentials of the loopback endpoint come from the environment, as in production (storage

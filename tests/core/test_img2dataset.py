@@ -22,9 +22,7 @@ from prx_core.stages.samples import build_samples
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
-# albumentations (imported by img2dataset) asks PyPI for a newer version at import unless told not to:
-# the tests reach nothing but 127.0.0.1. Set before img2dataset's spawned processes inherit the environment.
-os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+assert os.environ["NO_ALBUMENTATIONS_UPDATE"] == "1"  # tests/conftest.py: albumentations must not ask PyPI
 
 PATHS = ["/photo/astronaut/a", "/missing/b", "/photo/coffee/c", "/fail/d", "/photo/motorcycle_left/e"]
 FAILED = {"/missing/b": "HTTP Error 404: Not Found", "/fail/d": "HTTP Error 503: Service Unavailable"}
