@@ -406,10 +406,11 @@ def labels_of(root: Path) -> dict[str, str]:
 def test_build_succeeds_with_progress_and_a_true_summary(ok_build: Built, streamed) -> None:
     stdout = ok_build.run.stdout
     runs = run_lines(stdout)
-    sources = ["stock_photos", "web_images", "crawl_wds"]
+    sources = ["stock_photos", "web_images", "crawl_wds", "hf_photos"]
+    chains = len(sources)
     assert [(p, s) for _, p, s in runs] == [*((n, "ok") for n in sources), (None, "ok"), *((n, "ok") for n in sources)]
-    assert all(a.split(", ")[-1] == "mds_shards" for a, p, _ in runs[:3]), runs
-    assert runs[3][0] == "duplicates" and all(a == "skip_lists" for a, _, _ in runs[4:])
+    assert all(a.split(", ")[-1] == "mds_shards" for a, p, _ in runs[:chains]), runs
+    assert runs[chains][0] == "duplicates" and all(a == "skip_lists" for a, _, _ in runs[chains + 1:])
     assert re.search(rf"^{len(runs)} runs in \d+ s: ok$", stdout, re.M), stdout
 
     summary = parse_summary(stdout)
@@ -553,7 +554,7 @@ def test_planted_text_heavy_images_are_labelled_and_skipped(ok_build: Built, str
     contents, labels = content_of(root), labels_of(root)
     skipped = skip_entries(root, "text")
     text_heavy = [e for e in ok_build.manifest if "text_heavy" in e["kinds"]]
-    assert len(text_heavy) == 12
+    assert len(text_heavy) == 16  # four per source
     for e in text_heavy:
         sid = e["sample_id"]
         assert labels.get(contents[sid]) == "text", (sid, e["kinds"], labels.get(contents[sid]))

@@ -69,7 +69,7 @@ def test_demo_sources_command(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "samples in" in result.stdout and "planted:" in result.stdout
     catalog = yaml.safe_load((out / "sources.yaml").read_text())
-    assert [s["format"] for s in catalog["sources"]] == ["parquet", "imagefolder", "webdataset"]
+    assert [s["format"] for s in catalog["sources"]] == ["parquet", "imagefolder", "webdataset", "huggingface"]
     assert (out / "manifest.json").exists()
 
 
