@@ -11,6 +11,10 @@ by 2.5 MB when this was written. Half the added bytes is the bound, as in test_s
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -65,22 +69,34 @@ def folder_mb(root: Path) -> float:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) / 2**20
 
 
-def test_the_driver_of_a_joined_source_stays_bounded(tmp_path: Path) -> None:
+def measure(base: Path) -> dict[int, dict]:
+    """Both sizes' driver results, each driver in a process of its own on one Ray started here."""
     cluster = Cluster(cpus=2, fresh=False)
-    results, sizes = {}, {}
+    results = {}
     try:
         for rows in (SMALL, LARGE):
-            catalog = write_source(tmp_path / f"data-{rows}", rows)
-            sizes[rows] = folder_mb(tmp_path / f"data-{rows}")
+            catalog = write_source(base / f"data-{rows}", rows)
             spec = load_catalog(catalog).get("joined")
-            files = sorted((tmp_path / f"data-{rows}" / "images").glob("*.parquet"))
+            files = sorted((base / f"data-{rows}" / "images").glob("*.parquet"))
             unit_bytes = int(2.5 * sum(f.stat().st_size for f in files) / len(files))  # two files a unit
             with cluster.session() as address:
-                results[rows] = run_driver({"stage": "samples", "root": str(tmp_path / f"corpus-{rows}"),
+                results[rows] = run_driver({"stage": "samples", "root": str(base / f"corpus-{rows}"),
                                             "address": address, "source": spec.to_dict(),
                                             "units": {"samples_unit_bytes": unit_bytes}})
     finally:
         cluster.close()
+    return results
+
+
+def test_the_driver_of_a_joined_source_stays_bounded(tmp_path: Path) -> None:
+    # in a process of its own: the benchmark starts its own Ray, and this test session may hold one already
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import test_joins_driver_memory as t; "
+            "from pathlib import Path; print(json.dumps(t.measure(Path(sys.argv[2]))))")
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(tmp_path)], capture_output=True,
+                          text=True, timeout=1200, env=os.environ.copy(), cwd=Path(__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
+    sizes = {rows: folder_mb(tmp_path / f"data-{rows}") for rows in (SMALL, LARGE)}
     small, large = results[SMALL], results[LARGE]
     assert (small["rows"], large["rows"]) == (SMALL, LARGE)
     assert large["extra"]["rejected"] == len(range(0, LARGE, REPEATED))  # each repeated CLIP row, refused

@@ -54,7 +54,7 @@ def write_source(storage: Storage, source: str, captions: list[str | None], embe
         "sample_id": ids, "content_id": contents, "source": [source] * n, "source_key": [f"k{i}" for i in range(n)],
         "image": [b"x"] * n, "width": [800] * n, "height": [600] * n, "format": ["JPEG"] * n, "mode": ["RGB"] * n,
         "orientation": [1] * n, "jpeg_quality": [90] * n, "num_bytes": [1] * n, "original_caption": captions,
-        "embedding": embeddings, "phash": [None] * n,
+        "embedding": embeddings, "phash": [None] * n, "metadata": [None] * n, "source_url": [None] * n,
     }, schema=schemas.SAMPLES)
     where = f"source = '{source}'"
     lance_io.replace_partition(storage.lance_uri("samples"), where, samples, schemas.SAMPLES)

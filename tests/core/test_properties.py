@@ -218,7 +218,8 @@ names = st.from_regex(r"[a-z0-9_]{1,12}", fullmatch=True)
 columns = st.none() | st.text(min_size=1, max_size=10)
 specs = st.builds(
     lambda name, fmt, uri, image, caption, key, embedding, weight: SourceSpec(
-        name, fmt, uri, image if fmt in ("parquet", "lance") else None, caption, key,
+        name, fmt, uri, image if fmt in ("parquet", "lance") else None,
+        caption if fmt != "webdataset" else "json.caption", key,  # webdataset: an extension or ext.field
         embedding if fmt in ("parquet", "lance") else None, weight),
     names, st.sampled_from(FORMATS),
     st.sampled_from(["/data/", "s3://bucket/"]).flatmap(lambda p: st.text(min_size=1, max_size=12).map(lambda t: p + t)),
