@@ -37,8 +37,9 @@ CAPTION_NAMES = ("text", "caption")
 
 
 def is_data_file(path: str) -> bool:
-    """A dataset's data file: `.arrow` or `.parquet`, not a `datasets` cache file (`cache-*.arrow`,
-    written beside a loaded dataset by `map`/`filter`) nor under a hidden folder (`.cache/`)."""
+    """A dataset's data file (`path` under the dataset's folder): `.arrow` or `.parquet`, not a
+    `datasets` cache file (`cache-*.arrow`, written beside a loaded dataset by `map`/`filter`) nor
+    under a hidden folder of the dataset (`.cache/`)."""
     parts = path.split("://", 1)[-1].split("/")
     return (path.lower().endswith(DATA_SUFFIXES) and not parts[-1].startswith("cache-")
             and not any(p.startswith(".") for p in parts[:-1] if p not in (".", "..")))

@@ -80,8 +80,8 @@ def read_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None)
 
 
 def _data_sizes(spec: SourceSpec, fs: Any, wanted: Any, what: str) -> list[tuple[str, int]]:
-    """(file, bytes) under the source's `uri` (or `uri` itself) whose name `wanted` accepts, sorted,
-    as full URIs. A folder holding files but none of these is an error naming what it holds (an
+    """(file, bytes) under the source's `uri` (or `uri` itself) whose path under `uri` `wanted`
+    accepts (a hidden folder above the root is the operator's choice, not a cache), sorted, as full URIs. A folder holding files but none of these is an error naming what it holds (an
     empty folder lists nothing: the `samples` stage's empty-source guard speaks for it)."""
     uri = spec.uri
     prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
@@ -89,7 +89,8 @@ def _data_sizes(spec: SourceSpec, fs: Any, wanted: Any, what: str) -> list[tuple
         return [(uri, int(fs.info(uri).get("size") or 0))]
     found = {prefix + p if prefix and not p.startswith(prefix) else p: int(info.get("size") or 0)
              for p, info in fs.find(uri, detail=True).items()}
-    sizes = sorted((p, size) for p, size in found.items() if wanted(p))
+    root = uri.split("://", 1)[-1].rstrip("/") + "/"
+    sizes = sorted((p, size) for p, size in found.items() if wanted(p.split("://", 1)[-1].removeprefix(root)))
     if found and not sizes:
         raise CatalogError(f"source {spec.name!r}: no {what} under {uri} ({describe_files(spec.format, list(found))})")
     return sizes

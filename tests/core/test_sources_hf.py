@@ -75,8 +75,9 @@ def test_to_parquet_image_column_is_read_as_its_bytes(photos, tmp_path: Path) ->
 
 
 def test_hub_layout_defaults_its_columns_from_the_features(photos, tmp_path: Path) -> None:
+    tmp_path = tmp_path / ".prx" / "hub"  # a hidden folder above the dataset (make demo's .prx/) is no cache
     ds = hf_dataset(photos, extra={"license": ["cc-by-4.0"] * len(photos)})
-    (tmp_path / "data").mkdir()
+    (tmp_path / "data").mkdir(parents=True)
     for shard in range(2):
         ds.shard(num_shards=2, index=shard, contiguous=True).to_parquet(
             str(tmp_path / "data" / f"train-{shard:05d}-of-00002.parquet"))
