@@ -18,7 +18,7 @@ import os
 import posixpath
 import stat
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -146,19 +146,25 @@ def read_file(fs: Any, remote: bool, entry: dict[str, Any], limit: int, too_larg
         return NOT_REGULAR_FILE, f"{base} is not a regular file ({entry['type']})"
     if int(entry.get("size") or 0) > limit:
         return too_large, f"{base} has {entry['size']} bytes, over the source's limit of {limit}"
+    if remote:  # a ranged read: an object replaced by a bigger one after the listing stays bounded
+        return read_bounded(lambda: fs.cat_file(path, start=0, end=limit + 1) if int(entry.get("size") or 0) else b"",
+                            limit, base, too_large)
+    return read_bounded(lambda: read_local(path, limit + 1), limit, base, too_large)
+
+
+def read_bounded(read: Callable[[], bytes | Refusal], limit: int, name: str, too_large: str) -> bytes | Refusal:
+    """What `read` gives (at most `limit` + 1 bytes), or (reason, message) naming `name`: a link met
+    on the way, an unreadable file, or more than `limit` bytes."""
     try:
-        if remote:  # a ranged read: an object replaced by a bigger one after the listing stays bounded
-            data = fs.cat_file(path, start=0, end=limit + 1) if int(entry.get("size") or 0) else b""
-        else:
-            data = read_local(path, limit + 1)
+        data = read()
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            return SYMLINK, f"{base} is a symbolic link: folder sources never follow links"
-        return UNREADABLE_FILE, f"{base}: {type(exc).__name__}: {exc.strerror or exc}"
+            return SYMLINK, f"{name} is a symbolic link: sources never follow links"
+        return UNREADABLE_FILE, f"{name}: {type(exc).__name__}: {exc.strerror or exc}"
     if isinstance(data, tuple):
         return data
     if len(data) > limit:
-        return too_large, f"{base} has more than {limit} bytes, the source's limit"
+        return too_large, f"{name} has more than {limit} bytes, the source's limit"
     return data
 
 

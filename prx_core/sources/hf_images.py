@@ -10,7 +10,6 @@ root (`spec.uri`), never through a FIFO, and never past `spec.max_image_bytes`.
 
 from __future__ import annotations
 
-import errno
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.image.decode import EMPTY
-from prx_core.sources.folders import read_local
-from prx_core.sources.records import IMAGE_TOO_LARGE, PATH_OUTSIDE_SOURCE, SYMLINK, UNREADABLE_FILE
+from prx_core.sources.folders import read_bounded, read_local
+from prx_core.sources.records import IMAGE_TOO_LARGE, PATH_OUTSIDE_SOURCE, UNREADABLE_FILE
 from prx_core.store.storage import filesystem_for, is_remote
 
 FETCHED_SCHEMES = ("http://", "https://", "s3://")  # handed to the downloader (`prx_core.sources.download`)
@@ -126,16 +125,7 @@ def outside(path: str, root: str) -> str:
 
 def read_file(path: str, limit: int) -> bytes | tuple[str, str]:
     """A local image file (resolved, under the root): bounded, never a FIFO or a device."""
-    try:
-        data = read_local(path, limit + 1)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return SYMLINK, f"image file {path!r} is a symbolic link"
-        return UNREADABLE_FILE, f"image file {path!r}: {type(exc).__name__}: {exc.strerror or exc}"
-    if isinstance(data, tuple):
-        return data
-    return (IMAGE_TOO_LARGE, f"image file {path!r} has more than {limit} bytes, the source's limit") \
-        if len(data) > limit else data
+    return read_bounded(lambda: read_local(path, limit + 1), limit, f"image file {path!r}", IMAGE_TOO_LARGE)
 
 
 def read_remote(fs: Any, uri: str, limit: int) -> bytes | tuple[str, str]:
