@@ -161,7 +161,7 @@ def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict
 
 def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
     """What the compact_corpus job does: per table compaction and index catch-up, then pruning."""
-    from prx_core.shards.publish import prune_streams
+    from prx_core.shards.retention import prune_streams
     from prx_core.store import lance_io, maintenance
     from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
 

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE, Settings, SettingsError, load_settings
-from prx_core.shards.publish import RETENTION_SECONDS, prune_streams
+from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
 from prx_core.store.retention import pinned_versions
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES

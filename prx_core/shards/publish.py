@@ -27,13 +27,7 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
-from prx_core.shards.retention import (  # noqa: F401  (prune_streams and its report are used from here)
-    RETENTION_SECONDS,
-    PruneReport,
-    note_superseded,
-    prune_streams,
-    referenced_chunks,
-)
+from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.sources.catalog import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 

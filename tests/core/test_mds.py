@@ -26,7 +26,8 @@ from prx_core.image.imaging import encode_jpeg
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.shards.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, list_streams, stream_name, stream_uri, write_chunk
 from prx_core.shards.mds_read import read_stream_rows, verify_stream
-from prx_core.shards.publish import prune_streams, publish_stream, write_source_streams
+from prx_core.shards.publish import publish_stream, write_source_streams
+from prx_core.shards.retention import prune_streams
 
 B512, B576, B448, B1024 = (512, 512, 512), (512, 576, 448), (512, 448, 576), (1024, 1024, 1024)
 

@@ -20,7 +20,8 @@ from prx_core.compute.units import RUNS
 from prx_core.image.imaging import process_image
 from prx_core.shards.mds import list_streams
 from prx_core.shards.mds_read import read_stream_rows
-from prx_core.shards.publish import prune_streams, write_source_streams
+from prx_core.shards.publish import write_source_streams
+from prx_core.shards.retention import prune_streams
 from prx_core.shards.verify import verify_streams
 from prx_core.stages.mds_shards import NO_CAPTION, build_mds
 from prx_core.store import lance_io, schemas

@@ -27,7 +27,8 @@ from test_mds import B512, B1024, make_rows
 from prx_core.compute.units import Manifest, UnitRun
 from prx_core.shards import retention as mds_retention
 from prx_core.shards.mds_read import read_stream_rows, verify_stream
-from prx_core.shards.publish import RETENTION_SECONDS, prune_streams, write_source_streams
+from prx_core.shards.publish import write_source_streams
+from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
 from prx_core.store import retention as lance_retention
