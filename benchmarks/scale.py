@@ -157,21 +157,27 @@ MODEL_STAGES = ("captions_model", "caption_labels", "caption_embeddings")  # sta
 ASSETS = {"captions_model": "captions"}  # the asset (and folder under _runs) of a benchmark stage
 
 
-def _settled_counts(attempt: Path, prefix: str) -> tuple[int, int]:
-    """(units started, units recorded) of an attempt, once the killed driver's workers are gone
-    (Ray kills them when their driver dies): two equal readings a second apart."""
-    def units(folder: Path) -> set[str]:
-        return {p.name.removesuffix(".json") for p in folder.glob(f"{prefix}*")} if folder.is_dir() else set()
+def _settled_counts(attempt: Path, prefix: str, limit: float = 300.0) -> tuple[int, int]:
+    """(units started, units recorded) of an attempt once the killed driver's in-flight units are over.
 
-    last = None
-    for _ in range(30):
-        done = units(attempt / "done")
-        counts = (len(units(attempt / "started") | done), len(done))
-        if counts == last:
-            break
-        last = counts
-        time.sleep(1.0)
-    return counts
+    On a standing cluster, tasks already dispatched may run on after their driver died and record
+    their units late, more so on a loaded machine; so the counts are read once they have not moved
+    for twice the longest unit seen (its started -> done interval), at least 3 s.
+    """
+    def marks(folder: str, suffix: str = "") -> dict[str, float]:
+        path = attempt / folder
+        return {p.name.removesuffix(suffix): p.stat().st_mtime for p in path.glob(f"{prefix}*")} if path.is_dir() else {}
+
+    deadline, last, quiet_since = time.monotonic() + limit, None, time.monotonic()
+    while True:
+        started, done = marks("started"), marks("done", ".json")
+        counts = (len(started.keys() | done.keys()), len(done))
+        longest = max((t - started[u] for u, t in done.items() if u in started), default=0.0)
+        if counts != last:
+            last, quiet_since = counts, time.monotonic()
+        elif time.monotonic() - quiet_since >= max(3.0, 2 * longest) or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.5)
 
 
 def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, timeout: float = 3600) -> dict[str, Any]:

@@ -133,3 +133,30 @@ def test_targets_compare_the_largest_size_with_the_smallest() -> None:
            for t in targets({"sizes": [small, large], "resume": {}})}
     assert got[("model", "captions_model")] == (0.93, True)
     assert got[("captions", "captions_model")] == (40, False)  # more than a few dozen versions
+
+
+def test_resume_counts_wait_for_units_still_running_after_the_kill(tmp_path: Path) -> None:
+    """A unit dispatched before the SIGKILL may record itself seconds later on a standing cluster:
+    the counts are read only once nothing moved for twice the longest unit seen."""
+    import threading
+    import time
+
+    from benchmarks.scale import _settled_counts
+
+    (tmp_path / "started").mkdir()
+    (tmp_path / "done").mkdir()
+    now = time.time()
+    for unit in ("row-0", "row-1"):
+        (tmp_path / "started" / unit).touch()
+        os.utime(tmp_path / "started" / unit, (now - 4, now - 4))
+    (tmp_path / "done" / "row-0.json").write_text("{}")  # a unit that took 4 s
+
+    def record_late() -> None:
+        time.sleep(3.5)  # longer than a fixed 1-3 s quiet window, shorter than 2 x 4 s
+        (tmp_path / "done" / "row-1.json").write_text("{}")
+
+    late = threading.Thread(target=record_late)
+    late.start()
+    counts = _settled_counts(tmp_path, "row-")
+    late.join()
+    assert counts == (2, 2)
