@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.settle import settled_counts
 from benchmarks.scale_driver import (
     GRAPH,
     REPO,
@@ -157,29 +158,6 @@ MODEL_STAGES = ("captions_model", "caption_labels", "caption_embeddings")  # sta
 ASSETS = {"captions_model": "captions"}  # the asset (and folder under _runs) of a benchmark stage
 
 
-def _settled_counts(attempt: Path, prefix: str, limit: float = 300.0) -> tuple[int, int]:
-    """(units started, units recorded) of an attempt once the killed driver's in-flight units are over.
-
-    On a standing cluster, tasks already dispatched may run on after their driver died and record
-    their units late, more so on a loaded machine; so the counts are read once they have not moved
-    for twice the longest unit seen (its started -> done interval), at least 3 s.
-    """
-    def marks(folder: str, suffix: str = "") -> dict[str, float]:
-        path = attempt / folder
-        return {p.name.removesuffix(suffix): p.stat().st_mtime for p in path.glob(f"{prefix}*")} if path.is_dir() else {}
-
-    deadline, last, quiet_since = time.monotonic() + limit, None, time.monotonic()
-    while True:
-        started, done = marks("started"), marks("done", ".json")
-        counts = (len(started.keys() | done.keys()), len(done))
-        longest = max((t - started[u] for u, t in done.items() if u in started), default=0.0)
-        if counts != last:
-            last, quiet_since = counts, time.monotonic()
-        elif time.monotonic() - quiet_since >= max(3.0, 2 * longest) or time.monotonic() > deadline:
-            return counts
-        time.sleep(0.5)
-
-
 def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, timeout: float = 3600) -> dict[str, Any]:
     """SIGKILL the stage's driver after half its units of the phase completed, count what was
     started but not recorded (the work a rerun redoes), then rerun and check it skips the rest."""
@@ -205,7 +183,7 @@ def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, 
         proc.wait()
         attempts = list(Path(job["root"], "_runs", asset, job["source"]["name"]).glob("*/run.json"))
         attempt = attempts[0].parent if len(attempts) == 1 else Path("/nonexistent")
-        counts = _settled_counts(attempt, UNIT_PREFIX[phase])
+        counts = settled_counts(attempt, UNIT_PREFIX[phase])
         rerun = run_driver(job)
         workers = int(cluster.cpus)
     again = rerun["units"].get(phase, {})

@@ -141,7 +141,7 @@ def test_resume_counts_wait_for_units_still_running_after_the_kill(tmp_path: Pat
     import threading
     import time
 
-    from benchmarks.scale import _settled_counts
+    from benchmarks.settle import settled_counts
 
     (tmp_path / "started").mkdir()
     (tmp_path / "done").mkdir()
@@ -157,6 +157,6 @@ def test_resume_counts_wait_for_units_still_running_after_the_kill(tmp_path: Pat
 
     late = threading.Thread(target=record_late)
     late.start()
-    counts = _settled_counts(tmp_path, "row-")
+    counts = settled_counts(tmp_path, "row-")
     late.join()
     assert counts == (2, 2)

@@ -28,11 +28,14 @@ def kill_at(point: str, script: str, *args: str, timeout: float = 300) -> None:
 
 
 def recorded_units(storage_root: str, asset: str, partition: str, prefix: str = "") -> list[str]:
-    """The unit ids the killed attempt recorded. A record being written when the kill came is a
-    hidden temp file (put_atomic), not a record: only `<unit>.json` files count."""
+    """The unit ids the killed attempt recorded, once the units its cluster still ran are over (see
+    `settled_counts`). A record being written when the kill came is a hidden temp file
+    (put_atomic), not a record: only `<unit>.json` files count."""
     from pathlib import Path
 
+    from benchmarks.settle import settled_counts
     from prx_core.compute.units import RUNS
 
     (attempt,) = Path(storage_root, RUNS, asset, partition).iterdir()
+    settled_counts(attempt, prefix)
     return sorted(p.stem for p in (attempt / "done").glob(f"{prefix}*.json"))

@@ -6,6 +6,7 @@ joined by their own keys, staging reuse and re-staging, and the staging failures
 from __future__ import annotations
 
 import io
+import re
 import shutil
 from pathlib import Path
 
@@ -212,7 +213,7 @@ def test_a_table_that_cannot_be_staged_fails_the_run_before_ingest(tmp_path: Pat
     assert isinstance(failed.value.__cause__, JoinStagingError)
     assert "\n" not in line and line.startswith("source 'joined': joined table ")
     assert str(tmp_path / "data" / "captions") in line and "joins[0]" in line and "['text']" in line
-    assert "c-0.parquet" in line and "fix joins[0]'s column names" in line
+    assert re.search(r"c-[01]\.parquet has no column", line) and "fix joins[0]'s column names" in line  # either file
     assert not lance_io.table_exists(storage.lance_uri("samples"))  # nothing was ingested
 
     (tmp_path / "data" / "captions" / "c-1.parquet").write_bytes(b"PAR1 this is not parquet")
