@@ -4,7 +4,19 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    counts_table,
+    dataset_metadata,
+    lance_versions,
+    ops_metadata,
+    rate,
+    source_check,
+)
+from prx_assets.versions import content_version
 from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import BucketsReport
 from prx_core.stages.entry import Progress
@@ -12,19 +24,21 @@ from prx_resources import CatalogResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
 CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
-CHECKS = [dg.AssetCheckSpec("buckets_in_trainer_set", asset="buckets", blocking=True,
-                            description="Every bucket is one of the PRX trainer's 13 sizes of its tier. Exact, no "
-                                        "threshold: buckets come from a pure function of the size, so one outside "
-                                        "the set is a code bug (and mds_shards would write a stream the trainer "
-                                        "cannot batch), never bad input.")]
+CHECKS = [source_check("buckets_in_trainer_set", "buckets", blocking=True,
+                       description="Every bucket is one of the PRX trainer's 13 sizes of its tier. Exact, no "
+                                   "threshold: buckets come from a pure function of the size, so one outside "
+                                   "the set is a code bug (and mds_shards would write a stream the trainer "
+                                   "cannot batch), never bad input.")]
+DESCRIPTION = ("Tier and bucket (one of the trainer's 13 sizes of the tier) of every sample, a pure function of its "
+               "size; samples below the 384² floor or with an aspect ratio outside [0.5, 2] are dropped to `rejects`.")
 
 
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP)
+              code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP, description=DESCRIPTION,
+              owners=OWNERS)
     def buckets(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
                 units: UnitsResource) -> dg.MaterializeResult:
-        """Dropped samples (below the 384² floor, aspect ratio outside [0.5, 2]) go to `rejects`."""
         source = catalog_source(context, catalog).name
         report: BucketsReport = run_stage(context, ray, "buckets", source=source, storage=storage.storage(),
                                           max_tier=storage.max_tier, progress=Progress(f"buckets[{source}]"),
@@ -35,14 +49,18 @@ def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
         check = dg.AssetCheckResult(check_name="buckets_in_trainer_set", passed=not outside,
                                     metadata={"rows_checked": report.bucketed, "buckets_checked": len(placed),
                                               "outside": str(outside[:20])})
+        dropped = sum(report.dropped.values())
         return dg.MaterializeResult(
-            metadata={"rows": report.rows, "bucketed": report.bucketed, "dropped": sum(report.dropped.values()),
+            metadata={"rows": report.rows, "bucketed": report.bucketed, "dropped": dropped,
+                      "drop_rate": rate(dropped, report.rows),
                       "drop_reasons": counts_table(report.dropped, "reason", report.rows),
                       "bucket_histogram": counts_table(report.histogram, "tier/bucket", report.bucketed),
-                      **units_metadata(report.units),
+                      **dataset_metadata(storage.storage(), report.rows, table="buckets"),
+                      **ops_metadata(report.units),
                       **lance_versions(samples=report.samples_version, buckets=report.buckets_version)},
             check_results=[check],
-            data_version=dg.DataVersion(f"buckets@{report.buckets_version}"),
+            # a pure function of the samples' sizes: their version, the code, and what it placed
+            data_version=content_version(context, histogram=report.histogram, dropped=report.dropped),
         )
 
     return buckets

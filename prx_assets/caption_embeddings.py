@@ -5,8 +5,20 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    dataset_metadata,
+    lance_versions,
+    ops_metadata,
+    per_second,
+    rate,
+    source_check,
+)
 from prx_assets.rate_checks import rate_check, rate_description
+from prx_assets.versions import content_version
 from prx_core.stages.caption_embeddings import TABLES, CaptionEmbeddingsReport
 from prx_core.stages.entry import Progress
 from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource
@@ -14,29 +26,30 @@ from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
 CHECKS = [
-    dg.AssetCheckSpec("caption_embeddings_coverage", asset="caption_embeddings", blocking=True,
-                      description=rate_description("caption_embeddings_coverage",
-                                                   "Captioned eligible contents with a caption embedding (an embedder "
-                                                   "error fails its unit, so this counts what a run left out).")),
-    dg.AssetCheckSpec("caption_embeddings_indexed", asset="caption_embeddings",
-                      description="The vector indexes of caption_embeddings and source_embeddings cover every "
-                                  "fragment (tables below the index threshold pass with a note)."),
-    dg.AssetCheckSpec("caption_embeddings_source_dims", asset="caption_embeddings",
-                      description="The source's embedding column has the width of source_embeddings "
-                                  "(another width is not written)."),
+    source_check("caption_embeddings_coverage", "caption_embeddings", blocking=True,
+                 description=rate_description("caption_embeddings_coverage",
+                                              "Captioned eligible contents with a caption embedding (an embedder "
+                                              "error fails its unit, so this counts what a run left out).")),
+    source_check("caption_embeddings_indexed", "caption_embeddings",
+                 description="The vector indexes of caption_embeddings and source_embeddings cover every "
+                             "fragment (tables below the index threshold pass with a note)."),
+    source_check("caption_embeddings_source_dims", "caption_embeddings",
+                 description="The source's embedding column has the width of source_embeddings "
+                             "(another width is not written)."),
 ]
+DESCRIPTION = ("Vectors for the explorer's similarity search: MiniLM vectors of the source's captions (the shared "
+               "`caption_embeddings`, upserted by content) and the source's own CLIP vectors (`source_embeddings`, "
+               "replaced per source), with cosine vector indexes `embedding_vector`. Nothing downstream reads them.")
 
 
 def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions", "samples"], check_specs=CHECKS,
               kinds={"ray", "lance"}, code_version=f"{embedder.config().version()}-{captioner.config().version()}",
-              automation_condition=CHEAP)
+              automation_condition=CHEAP, description=DESCRIPTION, owners=OWNERS)
     def caption_embeddings(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, embedder: EmbedderResource, ray: RayResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
-        """MiniLM vectors of the source's captions (shared, upserted) and its own CLIP vectors
-        (`source_embeddings`, replaced per source); cosine vector indexes `embedding_vector`."""
         catalog_source(context, catalog)
         config = embedder.config()
         report: CaptionEmbeddingsReport = run_stage(
@@ -57,17 +70,21 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
         return dg.MaterializeResult(
             metadata={
                 "embedder": config.embedder_id(), "captioned": report.captioned, "reused": report.reused,
-                "embedded": report.embedded, "embeddings_per_second": round(report.embeddings_per_second, 1),
+                "embedded": report.embedded, "embedded_share": rate(report.covered, report.captioned),
+                "embeddings_per_second": per_second(report.embeddings_per_second),
                 "source_rows": report.source_rows, "skipped": report.skipped, "source_dim": report.source_dim or 0,
-                "seconds": round(report.seconds, 2), **units_metadata(report.units), "lance_commits": report.commits,
-                "indexes": dg.MetadataValue.json({t: r.indexes for t, r in report.indexes.items()}),
                 "index_notes": dg.MetadataValue.json({t: c.note for t, c in coverage.items()}),
+                **dataset_metadata(storage.storage(), report.covered, table="caption_embeddings"),
+                **ops_metadata(report.units, report.seconds, lance_commits=report.commits,
+                               indexes={t: r.indexes for t, r in report.indexes.items()}),
                 **lance_versions(**report.read_versions, caption_embeddings=report.caption_embeddings_version,
                                  source_embeddings=report.source_embeddings_version),
             },
             check_results=checks,
-            data_version=dg.DataVersion(
-                f"caption_embeddings@{report.caption_embeddings_version}+{report.source_embeddings_version}"),
+            # vectors are stored once per content and model versions (the source's are copied from `samples`):
+            # the captions' and samples' versions, the embedder, and what the partition holds after the run
+            data_version=content_version(context, covered=report.covered, source_rows=report.source_rows,
+                                         source_dim=report.source_dim, dim_mismatch=report.dim_mismatch),
         )
 
     return caption_embeddings

@@ -5,24 +5,39 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    counts_table,
+    dataset_metadata,
+    lance_versions,
+    ops_metadata,
+    rate,
+    source_check,
+)
 from prx_assets.rate_checks import rate_check, rate_description
+from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
 from prx_core.stages.labels import LabelsReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
-CHECKS = [dg.AssetCheckSpec("caption_labels_coverage", asset="caption_labels", blocking=True,
-                            description=rate_description("caption_labels_coverage",
-                                                         "Captioned eligible contents with a label; skip_lists skips "
-                                                         "the others (`unlabelled`) while its policy skips labels."))]
+CHECKS = [source_check("caption_labels_coverage", "caption_labels", blocking=True,
+                       description=rate_description("caption_labels_coverage",
+                                                    "Captioned eligible contents with a label; skip_lists skips "
+                                                    "the others (`unlabelled`) while its policy skips labels."))]
+DESCRIPTION = ("A label of every captioned content of the source (visual, text or nsfw, judged from the caption text "
+               "by the configured labeller), in the shared `caption_labels` table keyed by content, captioner and "
+               "labeller version; skip_lists skips what the policy names (text and nsfw by default).")
 
 
 def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP,
-              pool="gpu" if labeler.uses_gpus() else None)
+              pool="gpu" if labeler.uses_gpus() else None, description=DESCRIPTION, owners=OWNERS)
     def caption_labels(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource, checks: ChecksResource,
@@ -36,16 +51,21 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,
-                      "labelled": report.labelled, "failed": report.failed, **units_metadata(report.units),
-                      "lance_commits": report.commits,
-                      **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
+                      "labelled": report.labelled, "failed": report.failed,
+                      "labelled_share": rate(labelled, report.captioned),
+                      **({"gpu_hours": dg.MetadataValue.float(round(report.gpu_hours, 4))}
+                         if report.gpu_hours is not None else {}),
                       "failures": counts_table(report.failures, "reason"),
                       "label_distribution": counts_table(report.distribution, "label"),
+                      **dataset_metadata(storage.storage(), labelled, table="caption_labels"),
+                      **ops_metadata(report.units, report.seconds, lance_commits=report.commits),
                       **lance_versions(**report.read_versions, caption_labels=report.labels_version)},
             check_results=[rate_check("caption_labels_coverage", checks, checked=report.captioned,
                                       failed=max(report.captioned - labelled, 0), offenders=report.offenders,
                                       captioned=report.captioned, labelled=labelled)],
-            data_version=dg.DataVersion(f"caption_labels@{report.labels_version}"),
+            # labels are stored once per content and model versions and reused: the captions' version, the
+            # labeller, and the label counts of the partition after the run
+            data_version=content_version(context, captioned=report.captioned, distribution=report.distribution),
         )
 
     return caption_labels

@@ -4,8 +4,21 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    counts_table,
+    dataset_metadata,
+    lance_versions,
+    ops_metadata,
+    per_second,
+    rate,
+    source_check,
+)
 from prx_assets.rate_checks import rate_check, rate_description
+from prx_assets.versions import content_version
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import Progress
@@ -17,15 +30,17 @@ COVERAGE = ("Eligible (bucketed) contents of the source the captioner failed on 
             "retried on the next run); mds_shards refuses them (reject `no_caption`). Under the `source` captioner a "
             "content the source has no caption for is not a failure: it is counted apart (`without_source_caption`) "
             "and refused by mds_shards the same way, and a source with no caption at all fails the captions run.")
-CHECKS = [dg.AssetCheckSpec("captions_coverage", asset="captions", blocking=True,
-                            description=rate_description("captions_coverage", COVERAGE))]
+CHECKS = [source_check("captions_coverage", "captions", blocking=True,
+                       description=rate_description("captions_coverage", COVERAGE))]
+DESCRIPTION = ("A caption of every eligible (bucketed) content of the source by the configured captioner, in the "
+               "shared `captions` table keyed by content_id and captioner version: the same bytes in two sources, a "
+               "rerun or a resumed run reuse the stored caption. Never automatic (it is the dominant cost): "
+               "materialize by hand or by backfill; one at a time in the `gpu` pool.")
 
 
 def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
-    """Never automatic (it is the dominant cost): materialize by hand or by backfill."""
-
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=captioner.config().version(), pool="gpu")
+              code_version=captioner.config().version(), pool="gpu", description=DESCRIPTION, owners=OWNERS)
     def captions(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, explorer: ExplorerResource, checks: ChecksResource,
@@ -40,22 +55,23 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                                 f"{report.eligible} eligible contents have no source caption; mds_shards refuses "
                                 f"them (no_caption): {SOURCE_HAS_NONE}")
         made = max(report.captioned, 1)
+        held = max(report.eligible - report.missing, 0)  # eligible contents with a caption after the run
         return dg.MaterializeResult(
             metadata={
                 "captioner": config.captioner_id(), "eligible": report.eligible, "reused": report.reused,
-                "captioned": report.captioned, "failed": report.failed,
+                "captioned": report.captioned, "failed": report.failed, "captioned_share": rate(held, report.eligible),
                 "without_source_caption": report.without_source_caption,
                 **({"without_source_caption_examples": dg.MetadataValue.json(report.without_source_caption_examples)}
                    if report.without_source_caption_examples else {}),
-                "images_per_second": round(report.images_per_second, 2),
-                "mean_words": round(report.words / made, 1) if report.captioned else 0.0,
-                "in_100_200_words": round(report.in_100_200_words / made, 3) if report.captioned else 0.0,
+                "images_per_second": per_second(report.images_per_second),
+                "mean_words": dg.MetadataValue.float(round(report.words / made, 1) if report.captioned else 0.0),
+                "in_100_200_words": rate(report.in_100_200_words, made if report.captioned else 0),
                 "failures": counts_table(report.failures, "reason"),
-                "output_tokens": report.output_tokens,
-                "output_tokens_per_second": round(report.output_tokens_per_second, 1),
-                "model_busy_fraction": round(report.model_busy_fraction, 3),
-                **units_metadata(report.units), "lance_commits": report.commits,
-                **({"gpu_hours": round(report.gpu_hours, 4)} if report.gpu_hours is not None else {}),
+                "output_tokens_per_second": per_second(report.output_tokens_per_second),
+                **({"gpu_hours": dg.MetadataValue.float(round(report.gpu_hours, 4))} if report.gpu_hours is not None else {}),
+                **dataset_metadata(store, held, table="captions"),
+                **ops_metadata(report.units, report.seconds, lance_commits=report.commits,
+                               output_tokens=report.output_tokens, model_busy_fraction=round(report.model_busy_fraction, 3)),
                 **lance_versions(**report.read_versions, captions=report.captions_version),
                 **explorer.metadata(context.partition_key),
             },
@@ -63,7 +79,10 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                                       failed=report.captioner_missing, offenders=report.offenders,
                                       eligible=report.eligible, missing=report.missing,
                                       without_source_caption=report.without_source_caption)],
-            data_version=dg.DataVersion(f"captions@{report.captions_version}"),
+            # model outputs are stored once per content and captioner and reused: the buckets' version, the
+            # captioner, and what the partition holds after the run (a retried failure now captioned changes it)
+            data_version=content_version(context, eligible=report.eligible, missing=report.missing,
+                                         without_source_caption=report.without_source_caption),
         )
 
     return captions

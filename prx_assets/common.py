@@ -1,18 +1,35 @@
-"""What every stage module shares: the source partitions and metadata helpers."""
+"""What every stage module shares: the source partitions, the Dagster conventions every asset
+follows (owners, true kinds, partitioned checks) and the metadata helpers.
+
+Metadata layout of every materialization: the headline numbers at the top level (counts, and the
+rates worth a plot as plain floats with stable keys, so the Plots tab charts them per source),
+Dagster's own entries (`dagster/row_count`, `dagster/column_schema`, `dagster/uri`), the corpus
+root (`prx/root`), and two JSON entries kept out of the plots: `ops` (how the run ran: units,
+resumes, peak RSS, Ray nodes, commits, seconds) and `lance_versions` (its lineage).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import dagster as dg
+import pyarrow as pa
 
 from prx_core.compute.units import UnitResults
-from prx_core.sources.catalog import NAME_PATTERN, Catalog, SourceSpec
+from prx_core.shards.mds import MDS_COLUMNS
+from prx_core.sources.catalog import NAME_PATTERN, Catalog, CatalogError, SourceSpec
 from prx_core.store.locks import RUN_LABEL
+from prx_core.store.schemas import TABLES
+from prx_core.store.storage import is_remote
+from prx_resources.storage import DEFAULT_OWNERS
 
+OWNERS = list(DEFAULT_OWNERS)  # until with_conventions applies `storage.owners`
 SOURCES = dg.DynamicPartitionsDefinition(name="sources")
 GROUP = "corpus"
+FORMAT_KINDS = {"parquet": "parquet", "imagefolder": "images", "webdataset": "webdataset", "lance": "lance",
+                "huggingface": "huggingface"}
 
 
 def sync_partitions(instance: dg.DagsterInstance, catalog: Catalog) -> tuple[list[str], list[str]]:
@@ -51,10 +68,54 @@ def catalog_source(context: dg.AssetExecutionContext, catalog: Any) -> SourceSpe
     return catalog.source(key)
 
 
+# -- definitions: checks, owners, kinds ---------------------------------------------------------------
+
+def source_check(name: str, asset: str, description: str, blocking: bool = False) -> dg.AssetCheckSpec:
+    """A check whose results land on the run's source partition (Dagster 1.13 partitioned checks),
+    so one source's failure never hides behind another's pass."""
+    with warnings.catch_warnings():  # "partitions_def on an AssetCheckSpec" is a preview: said once here
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+        return dg.AssetCheckSpec(name, asset=asset, description=description, blocking=blocking,
+                                 partitions_def=SOURCES)
+
+
+def storage_kind(root: str) -> str:
+    return "s3" if is_remote(root) else "filesystem"
+
+
+def source_kinds(catalog: Any) -> set[str]:
+    """raw_source's kinds: where the catalog's sources are and their formats (kinds are per asset,
+    so a catalog of several formats shows each). A catalog that cannot be read gives none here:
+    the sources sensor and `doctor` name its error; the code location still loads."""
+    try:
+        specs = catalog.load().sources
+    except (CatalogError, OSError):
+        return set()
+    return {storage_kind(s.uri) for s in specs} | {FORMAT_KINDS.get(s.format, s.format) for s in specs}
+
+
+def with_conventions(assets: Sequence[dg.AssetsDefinition], resources: Mapping[str, Any]) -> list[dg.AssetsDefinition]:
+    """Owners from `storage.owners`; every asset stored under the root gets the root's kind (`s3` only
+    on S3); raw_source gets its sources' locations and formats. Called by `build_assets`."""
+    storage, catalog = resources["storage"], resources["catalog"]
+    stored_kind = storage_kind(storage.root)
+    raw_kinds = source_kinds(catalog)
+
+    def apply(spec: dg.AssetSpec) -> dg.AssetSpec:
+        kinds = (set(spec.kinds) | raw_kinds) if spec.key.path == ["raw_source"] else set(spec.kinds) | {stored_kind}
+        return spec.replace_attributes(owners=list(storage.owners), kinds=kinds)
+
+    return [asset.map_asset_specs(apply) for asset in assets]
+
+
+# -- metadata -----------------------------------------------------------------------------------------
+
 def md_table(rows: Iterable[Mapping[str, Any]], columns: list[str] | None = None) -> dg.MetadataValue:
-    """A small Markdown table for the UI (the asset's metadata panel renders it)."""
+    """A small Markdown table for the UI; "(none)" rather than an empty table."""
     rows = list(rows)
-    columns = columns or (list(rows[0]) if rows else ["(none)"])
+    if not rows:
+        return dg.MetadataValue.text("(none)")
+    columns = columns or list(rows[0])
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in rows]
     return dg.MetadataValue.md("\n".join(lines))
@@ -66,7 +127,41 @@ def counts_table(counts: Mapping[str, int], key: str, total: int | None = None) 
     return md_table(rows, [key, "count", "share"])
 
 
-def units_metadata(results: UnitResults | None) -> dict[str, Any]:
+def rate(part: float, whole: float) -> dg.MetadataValue:
+    """A plottable share (a plain float, 0 when nothing was counted)."""
+    return dg.MetadataValue.float(round(float(part) / whole, 6) if whole else 0.0)
+
+
+def per_second(value: float) -> dg.MetadataValue:
+    return dg.MetadataValue.float(round(float(value), 2))
+
+
+def human_bytes(count: int) -> str:
+    """1288490188 -> '1.2 GiB'."""
+    size, unit = float(count), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(size) < 1024 or unit == "PiB":
+            break
+        size /= 1024
+    return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+
+
+def human_seconds(seconds: float) -> str:
+    """3725.2 -> '1h 02m 05s'; under a minute, '4.2 s'."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def size_metadata(count: int, key: str = "bytes") -> dict[str, Any]:
+    """`bytes` (the raw number) next to `size` ("1.2 GiB")."""
+    return {key: dg.MetadataValue.int(int(count)), "size": human_bytes(int(count))}
+
+
+def units_ops(results: UnitResults | None) -> dict[str, Any]:
     """How a unit-based stage ran: units planned, run now, resumed from an earlier attempt."""
     if results is None:
         return {}
@@ -74,9 +169,47 @@ def units_metadata(results: UnitResults | None) -> dict[str, Any]:
             "worker_peak_rss_mb": results.worker_peak_rss_mb(), "ray_nodes": len(results.nodes())}
 
 
+def ops_metadata(units: UnitResults | Mapping[str, UnitResults] | None = None, seconds: float | None = None,
+                 **counters: Any) -> dict[str, Any]:
+    """The operational counters as one JSON entry `ops` (kept out of the Plots tab) and, given the
+    run's seconds, a readable `duration`. A mapping of units is per phase (`route`, `chunk`, ...)."""
+    if isinstance(units, Mapping):
+        ops = {f"{phase}_{k}": v for phase, r in units.items() for k, v in units_ops(r).items()}
+    else:
+        ops = units_ops(units)
+    ops.update({k: v for k, v in counters.items() if v is not None})
+    if seconds is None:
+        return {"ops": dg.MetadataValue.json(ops)}
+    return {"duration": human_seconds(seconds), "ops": dg.MetadataValue.json({**ops, "seconds": round(seconds, 2)})}
+
+
 def lance_versions(**versions: int | None) -> dict[str, Any]:
-    """Metadata entries `lance_version/<table>` for the versions read or written."""
-    return {f"lance_version/{table}": dg.MetadataValue.int(v) for table, v in versions.items() if v is not None}
+    """`lance_versions`: {table: version} of the versions read and written (the run's lineage)."""
+    return {"lance_versions": dg.MetadataValue.json({t: int(v) for t, v in versions.items() if v is not None})}
+
+
+def arrow_schema(schema: pa.Schema) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(f.name, str(f.type)) for f in schema])
+
+
+def mds_schema() -> dg.TableSchema:
+    """The columns of every MDS stream, with their streaming encodings."""
+    return dg.TableSchema(columns=[dg.TableColumn(name, encoding) for name, encoding in MDS_COLUMNS.items()])
+
+
+def dataset_metadata(store: Any, rows: int, *, table: str | None = None, uri: str | None = None,
+                     schema: dg.TableSchema | None = None) -> dict[str, Any]:
+    """Dagster's entries for what the partition holds: its row count, its columns (a Lance table's
+    Arrow schema, the contract its writers enforce: no I/O) and where it lives, plus the corpus root."""
+    where = uri or store.lance_uri(table)
+    columns = schema or (arrow_schema(TABLES[table]) if table else None)
+    return {"dagster/row_count": dg.MetadataValue.int(int(rows)),
+            **({"dagster/column_schema": dg.MetadataValue.table_schema(columns)} if columns else {}),
+            "dagster/uri": where_value(where), "prx/root": where_value(store.root)}
+
+
+def where_value(uri: str) -> dg.MetadataValue:
+    return dg.MetadataValue.url(uri) if is_remote(uri) else dg.MetadataValue.path(uri)
 
 
 def _cell(value: Any) -> str:

@@ -5,8 +5,22 @@ import dagster as dg
 from dagster_ray import RayResource
 from pydantic import Field
 
-from prx_assets.common import GROUP, SOURCES, catalog_source, counts_table, lance_versions, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    counts_table,
+    dataset_metadata,
+    lance_versions,
+    ops_metadata,
+    per_second,
+    rate,
+    size_metadata,
+    source_check,
+)
 from prx_assets.rate_checks import rate_check, rate_description
+from prx_assets.versions import content_version
 from prx_core.stages.entry import IngestReport, Progress
 from prx_core.stages.samples import SourceRefused
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
@@ -15,15 +29,19 @@ from prx_resources.ray import run_stage
 
 SMALL_FRAGMENT_BUDGET = 16  # below this many small fragments, compaction would not change query speed much
 CHECKS = [
-    dg.AssetCheckSpec("samples_unique_sample_ids", asset="samples", blocking=True,
-                      description=rate_description("samples_unique_sample_ids",
-                                                   "Rows whose sample_id repeats another row's (below the threshold "
-                                                   "they move to rejects as duplicate_key).")),
-    dg.AssetCheckSpec("samples_fragment_health", asset="samples",
-                      description=f"Few, large Lance fragments: warns above {SMALL_FRAGMENT_BUDGET} small ones (run compact_corpus)."),
-    dg.AssetCheckSpec("samples_reject_reasons", asset="samples",
-                      description="The partition's rejects by reason; warns when more than half were refused."),
+    source_check("samples_unique_sample_ids", "samples", blocking=True,
+                 description=rate_description("samples_unique_sample_ids",
+                                              "Rows whose sample_id repeats another row's (below the threshold "
+                                              "they move to rejects as duplicate_key).")),
+    source_check("samples_fragment_health", "samples",
+                 description=f"Few, large Lance fragments: warns above {SMALL_FRAGMENT_BUDGET} small ones (run compact_corpus)."),
+    source_check("samples_reject_reasons", "samples",
+                 description="The partition's rejects by reason; warns when more than half were refused."),
 ]
+DESCRIPTION = ("One row per source image in the unified Lance table `samples`: ids, the source bytes, upright size, "
+               "format, JPEG quality, caption, embedding. Every image is decoded once (DCT-scaled); bad input is "
+               "refused into `rejects` with a reason; source captions are cleaned and capped "
+               "(captioner.max_caption_chars); the source's rows are replaced in one commit.")
 
 
 class SamplesConfig(dg.Config):
@@ -37,15 +55,12 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
     caption_cap = (captions or CaptionerResource()).caption_cap_version()  # "2-": source captions are cleaned
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}")
+              code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}", description=DESCRIPTION, owners=OWNERS)
     def samples(
         context: dg.AssetExecutionContext, config: SamplesConfig, catalog: CatalogResource, storage: StorageResource,
         ray: RayResource,
         explorer: ExplorerResource, units: UnitsResource, captioner: CaptionerResource, checks: ChecksResource,
     ) -> dg.MaterializeResult:
-        """Decodes every image once (DCT-scaled), keeps the source bytes, refuses bad input into
-        `rejects` with a reason; cleans and caps source captions (captioner.max_caption_chars);
-        replaces this source's rows in one commit."""
         spec = catalog_source(context, catalog)
         try:
             ingest: IngestReport = run_stage(
@@ -69,19 +84,23 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
                                 severity=dg.AssetCheckSeverity.WARN,
                                 metadata={"rejects": report.rejected, "reasons": counts_table(report.reasons, "reason", total)}),
         ]
+        store = storage.storage()
         return dg.MaterializeResult(
             metadata={
-                "rows": report.rows, "rejects": report.rejected, "bytes": report.bytes,
-                "images_per_second": round(report.images_per_second, 1), "fragments_read": report.fragments_read,
+                "rows": report.rows, "rejects": report.rejected, "reject_rate": rate(report.rejected, total),
+                **size_metadata(report.bytes), "images_per_second": per_second(report.images_per_second),
                 "captions_cleaned": report.captions_cleaned, "captions_truncated": report.captions_truncated,
                 "reject_reasons": counts_table(report.reasons, "reason", total),
                 "rejected_files": dg.MetadataValue.json(ingest.rejected_files),
-                **units_metadata(report.units),
+                **dataset_metadata(store, report.rows, table="samples"),
+                **ops_metadata(report.units, report.seconds, fragments_read=report.fragments_read),
                 **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
                 **explorer.metadata(spec.name),
             },
             check_results=checks,
-            data_version=dg.DataVersion(f"samples@{report.samples_version}"),
+            # rows are a function of the source (raw_source's version), the code and these counts
+            data_version=content_version(context, rows=report.rows, rejects=report.rejected, bytes=report.bytes,
+                                         reasons=report.reasons, duplicates_moved=keys.duplicate_rows),
         )
 
     return samples

@@ -5,15 +5,33 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, SOURCES, catalog_source, lance_versions, md_table, units_metadata
+from prx_assets.common import (
+    GROUP,
+    OWNERS,
+    SOURCES,
+    catalog_source,
+    dataset_metadata,
+    lance_versions,
+    md_table,
+    ops_metadata,
+    rate,
+    source_check,
+)
+from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
 from prx_core.stages.skip_lists import SkipReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
 from prx_resources.ray import run_stage
 
 REWRITE_ABOVE = 0.10  # substitution over-samples; above this a stream should be rewritten
-CHECKS = [dg.AssetCheckSpec("skip_lists_fraction", asset="skip_lists",
-                            description=f"Warns when a stream skips more than {REWRITE_ABOVE:.0%} of its samples.")]
+CHECKS = [source_check("skip_lists_fraction", "skip_lists",
+                       description=f"Warns when a stream skips more than {REWRITE_ABOVE:.0%} of its samples.")]
+DESCRIPTION = ("Per MDS stream of the source and per reason (losing duplicate, a label the policy skips, unlabelled, "
+               "opt-out), the stream positions training skips, under <root>/skiplists/<source>/..., with each "
+               "stream's completion record (the loader refuses a stream without one). Shards are never rewritten; "
+               "above 10% skipped a stream should be.")
+SKIP_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("index", "int64", description="position in the stream"),
+                                      dg.TableColumn("sample_id", "string"), dg.TableColumn("reason", "string")])
 
 
 def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource) -> dg.AssetsDefinition:
@@ -21,14 +39,16 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
     version = f"2-{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
-              check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP)
+              check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP,
+              description=DESCRIPTION, owners=OWNERS)
     def skip_lists(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource, ray: RayResource,
     ) -> dg.MaterializeResult:
         rules = policy.policy()
         source = catalog_source(context, catalog).name
-        report: SkipReport = run_stage(context, ray, "skip_lists", source=source, storage=storage.storage(),
+        store = storage.storage()
+        report: SkipReport = run_stage(context, ray, "skip_lists", source=source, storage=store,
                                        captioner_version=captioner.config().version(),
                                        labeler_version=labeler.config().version(), policy=rules,
                                        progress=Progress(f"skip_lists[{source}]", unit="chunks"))
@@ -38,13 +58,16 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
         reasons = sorted({r for s in report.streams for r in s.by_reason})
         return dg.MaterializeResult(
             metadata={"policy_version": rules.version(), "samples": report.samples, "skipped": report.skipped,
-                      "skip_fraction": round(report.skipped / max(report.samples, 1), 4), "files": len(report.files),
+                      "skip_fraction": rate(report.skipped, report.samples), "files": len(report.files),
                       "streams": md_table(table, ["stream", "samples", "skipped", "fraction", *reasons]),
-                      **{f"{phase}_{k}": v for phase, r in report.units.items() for k, v in units_metadata(r).items()},
-                      **lance_versions(**report.read_versions)},
+                      **dataset_metadata(store, report.skipped, uri=store.uri("skiplists", source), schema=SKIP_SCHEMA),
+                      **ops_metadata(report.units), **lance_versions(**report.read_versions)},
             check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,
                                                severity=dg.AssetCheckSeverity.WARN,
                                                metadata={"streams_above": str(heavy), "threshold": REWRITE_ABOVE})],
+            # the lists are a function of the streams, the duplicates, the labels and the policy (the code
+            # version): their versions, and what was skipped per stream and reason
+            data_version=content_version(context, streams=[(s.stream, s.size, s.skipped, s.by_reason) for s in report.streams]),
         )
 
     return skip_lists

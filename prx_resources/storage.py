@@ -5,12 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.utils import is_valid_owner
 from pydantic import Field, field_validator
 
 from prx_core.image.buckets import TIERS
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.store.credentials import refuse_literal_secrets
 from prx_core.store.storage import Storage
+
+DEFAULT_OWNERS = ("team:data",)
 
 
 def env_references(value: Any) -> Any:
@@ -43,6 +46,17 @@ class StorageResource(dg.ConfigurableResource):
     )
     max_tier: int = Field(default=TIERS[-1], description="Largest resolution tier (512, 1024, 2048 or 4096).")
     max_pixels: int = Field(default=DEFAULT_MAX_PIXELS, description="Images above this many pixels are rejected unread.")
+    owners: list[str] = Field(default_factory=lambda: list(DEFAULT_OWNERS), description=(
+        "Dagster owners of every corpus asset: `team:<name>` or an email address (what the UI's owner filter shows)."))
+
+    @field_validator("owners")
+    @classmethod
+    def _dagster_owners(cls, value: list[str]) -> list[str]:
+        """Checked when the settings load, so a bad owner names the setting instead of failing the definitions."""
+        bad = [o for o in value if not is_valid_owner(o)]  # Dagster's rule: an email or team:<name>
+        if bad:
+            raise ValueError(f"storage.owners: {bad} are not owners; use `team:<name>` or an email address")
+        return value
 
     @field_validator("storage_options", mode="before")
     @classmethod

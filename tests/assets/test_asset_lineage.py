@@ -1,5 +1,5 @@
-"""Lineage: every asset records the Lance versions it read and wrote (DESIGN: "Record the Lance
-versions an asset read in its materialization metadata (lineage), and use them as data versions")."""
+"""Lineage: every asset records the Lance versions it read and wrote, as one `lance_versions`
+metadata entry ({table: version}; its data version is a digest of content: test_asset_conventions)."""
 
 from __future__ import annotations
 
@@ -23,19 +23,19 @@ WRITES = {"samples": "samples", "buckets": "buckets", "phashes": "phashes", "cap
 def test_versions_read_are_recorded(corpus: Corpus, asset: str) -> None:
     for partition in ([None] if asset == "duplicates" else SOURCES):
         meta = corpus.metadata(asset, partition)
-        assert {f"lance_version/{t}" for t in READS[asset]} <= meta.keys(), (asset, partition, sorted(meta))
+        assert READS[asset] <= meta["lance_versions"].keys(), (asset, partition, meta["lance_versions"])
 
 
 @pytest.mark.parametrize("asset", sorted(WRITES))
 def test_versions_written_are_recorded(corpus: Corpus, asset: str) -> None:
     for partition in ([None] if asset == "duplicates" else SOURCES):
-        value = corpus.metadata(asset, partition)[f"lance_version/{WRITES[asset]}"]
+        value = corpus.metadata(asset, partition)["lance_versions"][WRITES[asset]]
         assert isinstance(value, int) and value >= 1
 
 
 @pytest.mark.parametrize(("asset", "table"), [("caption_labels", "captions"), ("skip_lists", "caption_labels")])
 def test_label_versions_read_are_recorded(corpus: Corpus, asset: str, table: str) -> None:
-    assert f"lance_version/{table}" in corpus.metadata(asset, "web_images")
+    assert table in corpus.metadata(asset, "web_images")["lance_versions"]
 
 
 @pytest.mark.parametrize(("writer", "reader", "table"), [("samples", "buckets", "samples"),
@@ -44,5 +44,5 @@ def test_the_version_written_is_the_version_the_next_asset_reads(corpus: Corpus,
                                                                  table: str) -> None:
     """Within one source's chain nothing else writes in between, so both must agree."""
     for source in SOURCES:
-        written = corpus.metadata(writer, source)[f"lance_version/{table}"]
-        assert corpus.metadata(reader, source)[f"lance_version/{table}"] == written, source
+        written = corpus.metadata(writer, source)["lance_versions"][table]
+        assert corpus.metadata(reader, source)["lance_versions"][table] == written, source

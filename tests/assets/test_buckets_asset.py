@@ -62,4 +62,4 @@ def test_buckets_check_and_metadata(corpus: Corpus, source: str) -> None:
         assert f"| {name} | {count} |" in meta["bucket_histogram"], meta["bucket_histogram"]
     for reason, count in Counter(r["drop_reason"] for r in rows if r["drop_reason"]).items():
         assert f"| {reason} | {count} |" in meta["drop_reasons"]
-    assert meta["lance_version/buckets"] >= 1
+    assert meta["lance_versions"]["buckets"] >= 1

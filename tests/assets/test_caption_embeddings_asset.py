@@ -56,9 +56,8 @@ def test_checks_and_metadata(corpus: Corpus, source: str) -> None:
     assert meta["embedder"] == EmbedderConfig().embedder_id()
     assert meta["captioned"] == corpus.metadata("captions", source)["eligible"]
     assert meta["embedded"] + meta["reused"] == meta["captioned"] and meta["embeddings_per_second"] >= 0
-    assert {"lance_version/samples", "lance_version/buckets", "lance_version/captions",
-            "lance_version/caption_embeddings", "lance_version/source_embeddings"} <= meta.keys()
-    assert set(meta["indexes"]) == set(VECTOR_TABLES) and set(meta["index_notes"]) == set(VECTOR_TABLES)
+    assert {"samples", "buckets", "captions", "caption_embeddings", "source_embeddings"} <= meta["lance_versions"].keys()
+    assert set(meta["ops"]["indexes"]) == set(VECTOR_TABLES) and set(meta["index_notes"]) == set(VECTOR_TABLES)
     samples = corpus.rows("samples", ["sample_id", "embedding"], f"source = '{source}'")
     usable = {r["sample_id"] for r in samples if r["embedding"] is not None and len(r["embedding"]) == 512}
     assert (meta["source_rows"], meta["skipped"]) == (len(usable), len(samples) - len(usable))

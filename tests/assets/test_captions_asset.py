@@ -93,7 +93,8 @@ def test_captions_check_and_metadata(corpus: Corpus, source: str) -> None:
     assert meta["captioner"] == "source"
     assert meta["captioned"] + meta["reused"] == meta["eligible"] == len(eligible(corpus, source))
     assert meta["failed"] == 0
-    assert meta["lance_version/captions"] >= 1 and "lance_version/buckets" in meta and "lance_version/samples" in meta
+    versions = meta["lance_versions"]
+    assert versions["captions"] >= 1 and "buckets" in versions and "samples" in versions
 
 
 def test_full_text_index_covers_every_caption(corpus: Corpus, manifest: Manifest) -> None:
@@ -137,7 +138,7 @@ def test_transformers_backend_captions_every_eligible_content(corpus: Corpus, ti
     wanted = eligible(corpus, "crawl_wds")
     assert meta["captioned"] == len(wanted) and meta["reused"] == 0 and meta["failed"] == 0
     assert meta["captioner"].startswith("transformers:tiny-qwen2-vl:")
-    assert 0 < meta["output_tokens"] <= len(wanted) * 8 and meta["output_tokens_per_second"] > 0  # max_new_tokens 8
+    assert 0 < meta["ops"]["output_tokens"] <= len(wanted) * 8 and meta["output_tokens_per_second"] > 0  # max_new_tokens 8
     assert check(result, "captions_coverage").passed
 
     rows = read(root, "captions").to_pylist()

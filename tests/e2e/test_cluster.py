@@ -69,7 +69,8 @@ def last_metadata(home: Path, asset: str) -> dict[str, dg.MetadataValue]:
 
 def ray_nodes(home: Path, asset: str) -> int:
     """The most Ray nodes any phase of the asset's last materialization ran its units on."""
-    return max(int(v.value) for k, v in last_metadata(home, asset).items() if k.endswith("ray_nodes"))
+    ops = last_metadata(home, asset)["ops"].value  # the operational counters, one JSON entry
+    return max(int(v) for k, v in ops.items() if k.endswith("ray_nodes"))
 
 
 def run_log_lines(home: Path) -> list[str]:
