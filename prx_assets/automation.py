@@ -1,7 +1,8 @@
-"""Partitions kept in sync with the catalog, scheduled per-source refreshes, Lance compaction.
+"""Partitions kept in sync with the catalog, eager assets, named jobs, scheduled refreshes, compaction.
 
-The schedules' cron strings and what a scheduled refresh materializes come from the `automation`
-section of PRX_CONFIG (AutomationSettings); both schedules are STOPPED until an operator starts them.
+The schedules' cron strings, what a scheduled refresh materializes and whether the automation
+condition sensor starts RUNNING come from the `automation` section of PRX_CONFIG
+(AutomationSettings); both schedules are STOPPED until an operator starts them.
 """
 
 from collections.abc import Sequence
@@ -27,6 +28,18 @@ refresh_source_job = dg.define_asset_job(
     "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE), executor_def=dg.in_process_executor,
     description="Re-ingest one source end to end; duplicates and skip_lists follow by automation.",
 )
+# Named jobs for the Jobs page, so runs launched there say what they are (not `__ASSET_JOB`).
+build_source_job = dg.define_asset_job(
+    "build_source", selection=dg.AssetSelection.assets(*PER_SOURCE), executor_def=dg.in_process_executor,
+    description="Every per-source asset of one source partition (raw_source to mds_shards): a new source's first "
+                "build; the global duplicates and the source's skip_lists follow by automation.",
+)
+# Unpartitioned: one run recomputes the corpus-wide duplicate groups. skip_lists (per source) is not in it,
+# or each run of a backfill over sources would recompute the groups again; it follows by automation (eager).
+dedup_corpus_job = dg.define_asset_job(
+    "dedup_corpus", selection=dg.AssetSelection.assets("duplicates"), executor_def=dg.in_process_executor,
+    description="Recompute the duplicate groups over every source; each source's skip_lists follows by automation.",
+)
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)
@@ -45,11 +58,14 @@ def sources_sensor(context: dg.SensorEvaluationContext, catalog: CatalogResource
 class AutomationSettings:
     """`automation:` in PRX_CONFIG. `refresh_cron` (UTC; default Sundays 02:00) fires
     weekly_source_refresh, one run per source of `refresh_assets` (default: every per-source asset,
-    the refresh_source job); `compact_cron` (default 04:00 daily) fires compact_corpus."""
+    the refresh_source job); `compact_cron` (default 04:00 daily) fires compact_corpus;
+    `condition_sensor` is the default status of the sensor running the eager assets (an instance
+    keeps a status set in the UI or by `dagster sensor start/stop` over this default)."""
 
     refresh_cron: str = "0 2 * * 0"
     refresh_assets: tuple[str, ...] = tuple(PER_SOURCE)
     compact_cron: str = "0 4 * * *"
+    condition_sensor: str = "running"  # or "stopped": the automation condition sensor's default status
 
 
 def automation_settings(settings: Settings) -> AutomationSettings:
@@ -65,9 +81,22 @@ def automation_settings(settings: Settings) -> AutomationSettings:
     assets = section.get("refresh_assets", list(defaults.refresh_assets))
     if not isinstance(assets, list) or not assets or not set(assets) <= set(PER_SOURCE):
         raise SettingsError(f"automation.refresh_assets: {assets!r} must be a non-empty list of {PER_SOURCE}")
+    sensor = section.get("condition_sensor", defaults.condition_sensor)
+    if sensor not in ("running", "stopped"):
+        raise SettingsError(f"automation.condition_sensor: {sensor!r} must be running or stopped")
     return AutomationSettings(refresh_cron=section.get("refresh_cron", defaults.refresh_cron),
                               refresh_assets=tuple(a for a in PER_SOURCE if a in assets),
-                              compact_cron=section.get("compact_cron", defaults.compact_cron))
+                              compact_cron=section.get("compact_cron", defaults.compact_cron), condition_sensor=sensor)
+
+
+def condition_sensor(status: str = "running") -> dg.AutomationConditionSensorDefinition:
+    """Evaluates every asset's automation condition, RUNNING by default: without it the eager assets are
+    only labels in the UI (Dagster's own default_automation_condition_sensor starts stopped)."""
+    return dg.AutomationConditionSensorDefinition(
+        "automation_condition_sensor", target=dg.AssetSelection.all(), minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.RUNNING if status == "running" else dg.DefaultSensorStatus.STOPPED,
+        description="Materializes the eager assets (buckets, caption_labels, caption_embeddings, duplicates, "
+                    "skip_lists) when what they read changed. Stop it in Automation, or automation.condition_sensor: stopped.")
 
 
 def refresh_schedule(cron: str, assets: Sequence[str] = PER_SOURCE) -> dg.ScheduleDefinition:
@@ -87,6 +116,7 @@ def refresh_schedule(cron: str, assets: Sequence[str] = PER_SOURCE) -> dg.Schedu
 
 AUTOMATION = automation_settings(load_settings())
 weekly_source_refresh = refresh_schedule(AUTOMATION.refresh_cron, AUTOMATION.refresh_assets)
+automation_condition_sensor = condition_sensor(AUTOMATION.condition_sensor)
 
 
 class CompactConfig(dg.Config):

@@ -15,6 +15,7 @@ from prx_assets.buckets import buckets_asset
 from prx_assets.caption_embeddings import caption_embeddings_asset
 from prx_assets.caption_labels import caption_labels_asset
 from prx_assets.captions import captions_asset
+from prx_assets.common import with_conventions
 from prx_assets.duplicates import duplicates
 from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
@@ -60,20 +61,21 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
 def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.AssetsDefinition]:
     storage, captioner, labeler, embedder, policy = (
         resources[k] for k in ("storage", "captioner", "labeler", "embedder", "policy"))
-    return [
+    return with_conventions([
         raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
         captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
         mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy),
-    ]
+    ], resources)  # owners, and kinds true for the configured root and the catalog's formats
 
 
 def build_definitions(settings: Settings) -> dg.Definitions:
     resources = build_resources(settings)
     return dg.Definitions(
         assets=build_assets(resources),
-        jobs=[automation.refresh_source_job, automation.compact_corpus],
+        jobs=[automation.build_source_job, automation.refresh_source_job, automation.dedup_corpus_job,
+              automation.compact_corpus],
         schedules=[automation.weekly_source_refresh, automation.compact_schedule],
-        sensors=[automation.sources_sensor],
+        sensors=[automation.sources_sensor, automation.automation_condition_sensor],
         resources=resources,
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import dagster as dg
 from pydantic import Field, field_validator
 
@@ -9,8 +11,8 @@ from prx_core.store.credentials import refuse_literal_secrets
 
 
 class ExplorerResource(dg.ConfigurableResource):
-    """Unset (the default), no links are added; set, `samples` and `captions` materializations
-    carry an `explorer` URL metadata entry opening the explorer on their source."""
+    """Unset (the default), no links are added; set, materializations carry an `explorer` URL metadata
+    entry opening the explorer on what they wrote (their source, filtered where that says more)."""
 
     base_url: str | None = Field(default=None, description="Explorer root URL, e.g. http://explorer.internal:8080.")
 
@@ -24,11 +26,15 @@ class ExplorerResource(dg.ConfigurableResource):
         refuse_literal_secrets({"base_url": value}, "explorer")  # it enters every samples/captions metadata
         return value.rstrip("/")
 
-    def source_url(self, source: str) -> str | None:
-        """The explorer filtered on one source, or None when no explorer is configured."""
-        return f"{self.base_url}/?source={source}" if self.base_url else None
+    def source_url(self, source: str | None, **filters: str) -> str | None:
+        """The explorer filtered on one source (None: every source) and on the explorer's other filters
+        (`skipped="yes"`, `rejected="yes"`, `tier="1024"`...), or None when no explorer is configured."""
+        if not self.base_url:
+            return None
+        query = urlencode({k: v for k, v in {"source": source, **filters}.items() if v})
+        return f"{self.base_url}/?{query}" if query else f"{self.base_url}/"
 
-    def metadata(self, source: str) -> dict[str, dg.MetadataValue]:
-        """`{"explorer": url}` for a materialization, or nothing when unset."""
-        url = self.source_url(source)
+    def metadata(self, source: str | None, **filters: str) -> dict[str, dg.MetadataValue]:
+        """`{"explorer": url}` for a materialization (a UrlMetadataValue: a link in the UI), or nothing when unset."""
+        url = self.source_url(source, **filters)
         return {"explorer": dg.MetadataValue.url(url)} if url else {}

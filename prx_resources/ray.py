@@ -19,6 +19,7 @@ from dagster_ray import Lifecycle, LocalRay, RayResource
 from pydantic import Field, PrivateAttr, field_validator
 
 from prx_core.compute import wire
+from prx_core.compute.quiet import quiet_ray_start
 from prx_core.stages import entry, wire_types
 from prx_core.stages.job import REPORT_KEY
 from prx_core.store.credentials import refuse_literal_secrets
@@ -47,7 +48,8 @@ class ReusesRay:
         if ray.is_initialized():
             self._reused = True
             return None
-        return super().connect(context)  # type: ignore[misc]
+        with quiet_ray_start(local=isinstance(self, LocalRay)):  # no token notice, no Lance fork warnings
+            return super().connect(context)  # type: ignore[misc]
 
 
 class EmbeddedRay(ReusesRay, LocalRay):

@@ -15,8 +15,10 @@ whose skip-lists were never completed for its current index.json (no completion 
 `skip_lists` asset did not run or failed after the stream was published) or that was computed for
 another version of its stream fails the construction with an error naming the stream, rather
 than training unfiltered or skipping the wrong samples (`allow_unfiltered=True` for debugging). Resuming under changed skip-lists keeps the plan but not the
-substitutes, and a stream that became fully skipped changes the plan. `len()` counts the batches
-per_stream later drops. Batches for `StreamingDataLoader` must be dicts of columns (`collate`).
+substitutes, and a stream that became fully skipped changes the plan. `len()` counts every
+sample of the kept streams; per_stream batching then drops each stream's incomplete last batch,
+so an epoch yields fewer (prx_core.shards.batching; the warnings name the streams). Batches for
+`StreamingDataLoader` must be dicts of columns (`collate`).
 A remote root caches under `cache_dir`: one live dataset per cache folder (streaming's registry).
 Trainers import only this package: no dagster, no Ray.
 """
@@ -31,14 +33,12 @@ import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 from streaming import Stream, StreamingDataset
-from streaming.base.util import number_abbrev_to_int
-from streaming.base.world import World
 
+from prx_core.shards.batching import naming_dropped_batches, stream_weights, usable_streams, warn_left_out
 from prx_core.shards.mds import INDEX, list_streams
 from prx_core.shards.node_cache import default_cache_dir, skip_union
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
@@ -168,40 +168,6 @@ class _Substitutes:
         return int(self._table[int(self.block_rank[j >> 6]) + (word & ((1 << (j & 63)) - 1)).bit_count()])
 
 
-def _min_stream_samples(kwargs: Mapping[str, Any]) -> int:
-    """Fewest samples a stream needs so streaming's batching can build one full batch of it."""
-    batch_size, method = kwargs.get("batch_size"), kwargs.get("batching_method")
-    if not isinstance(batch_size, int):
-        return 1
-    world = World.detect()
-    if kwargs.get("replication"):
-        world = world.replicate(int(kwargs["replication"]))
-    if method == "per_stream":  # one global batch: each rank's partition must hold batch_size
-        return batch_size * world.num_ranks
-    if method == "device_per_stream":  # one device batch per node
-        return batch_size * world.num_nodes
-    return 1
-
-
-def _chooses(counts: Sequence[int], weights: Sequence[float] | None, epoch_size: Any, seed: int) -> list[int]:
-    """Samples per stream per epoch, computed by streaming's own `Stream.apply_weights`."""
-    fakes = [SimpleNamespace() if weights is None else SimpleNamespace(proportion=w)
-             for w in (weights or [None] * len(counts))]
-    size = number_abbrev_to_int(epoch_size) if epoch_size else None
-    Stream.apply_weights(fakes, np.asarray(counts, np.int64), size, seed)  # type: ignore[arg-type]
-    return [int(f.choose) for f in fakes]
-
-
-def _weights(plans: Sequence[StreamPlan], proportions: Mapping[str, float] | None) -> list[float] | None:
-    """A source's proportion split over its streams by stored sample count (as PRX does)."""
-    if proportions is None:
-        return None
-    totals: dict[str, int] = {}
-    for p in plans:
-        totals[p.source] = totals.get(p.source, 0) + p.count
-    return [float(proportions[p.source]) * p.count / totals[p.source] for p in plans]
-
-
 class CorpusDataset(StreamingDataset):
     """`StreamingDataset` over one tier of the corpus, skip-lists applied by substitution.
 
@@ -222,8 +188,14 @@ class CorpusDataset(StreamingDataset):
         **streaming_kwargs: passed to `StreamingDataset` (batch_size, shuffle, epoch_size, ...).
             Defaults here: `batching_method="per_stream"`, `validate_hash="xxh64"` (remote only).
 
-    Streams left out, with a warning: those whose samples are all skipped, and those too small
-    to fill one batch under per_stream / device_per_stream batching (streaming would raise).
+    Streams left out, with one warning naming them: those whose samples are all skipped, and those
+    too small to fill one batch under per_stream / device_per_stream batching (streaming would raise).
+
+    A sample is the dict MDS stores (prx_core.shards.mds): `image` (PIL.Image, RGB JPEG of exactly
+    `width` x `height`, the stream's bucket), `caption` (str: the captioner's, or the cleaned source
+    caption), `original_caption` (str), `width`, `height`, `original_width`, `original_height` (int:
+    the bucket and the source image's upright size), `sample_id` (str, `<source>/<source_key>`) and
+    `source` (str).
     """
 
     def __init__(self, root: str, tier: int, sources: Sequence[str] | None = None,
@@ -237,33 +209,19 @@ class CorpusDataset(StreamingDataset):
             missing = [s for s in sources if s not in proportions]
             if missing:
                 raise ValueError(f"proportions give no weight for sources {missing}")
-        plans = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered)
-        self.left_out: dict[str, str] = {}
-        for p in plans:
-            if len(p.skipped) == p.count:
-                self.left_out[p.name] = "every sample is skipped"
-        plans = [p for p in plans if p.name not in self.left_out]
-        need = _min_stream_samples(streaming_kwargs)
-        seed = int(streaming_kwargs.get("shuffle_seed", 9176))
-        while plans:
-            chooses = _chooses([p.count for p in plans], _weights(plans, proportions),
-                               streaming_kwargs.get("epoch_size"), seed)
-            small = {p.name: c for p, c in zip(plans, chooses) if c < need}
-            if not small:
-                break
-            for name, c in small.items():
-                self.left_out[name] = f"{c} samples per epoch cannot fill a batch of {need}"
-            plans = [p for p in plans if p.name not in small]
-        for name, why in sorted(self.left_out.items()):
-            warnings.warn(f"CorpusDataset: stream {name} left out: {why}", stacklevel=2)
+        found = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered)
+        plans, self.left_out = usable_streams(found, proportions, streaming_kwargs)
+        warn_left_out(self.left_out, tier, len(plans))
         if not plans:
-            raise ValueError(f"no usable stream in tier {tier} of {root} (left out: {self.left_out})")
+            largest = max((p.count for p in found), default=0)
+            raise ValueError(f"no usable stream in tier {tier} of {root}: all {len(found)} are left out, the largest "
+                             f"holds {largest} samples (lower batch_size or choose another tier): {self.left_out}")
         remote = is_remote(root)
         if remote:
             streaming_kwargs.setdefault("validate_hash", "xxh64")
             _set_s3_endpoint(storage_options)
             cache_dir = cache_dir or default_cache_dir(root)
-        weights = _weights(plans, proportions)
+        weights = stream_weights(plans, proportions)
         streams = [self._stream(p, cache_dir if remote else None, None if weights is None else weights[i])
                    for i, p in enumerate(plans)]
         super().__init__(streams=streams, **streaming_kwargs)
@@ -311,7 +269,8 @@ class CorpusDataset(StreamingDataset):
     def _get_work(self, epoch: int, sample_in_epoch: int) -> np.ndarray:
         # Runs in every iterating process before any sample is read; resumption restores epoch.
         self._epoch = int(epoch)
-        return super()._get_work(epoch, sample_in_epoch)
+        with naming_dropped_batches(self.stream_names, self.batch_size):
+            return super()._get_work(epoch, sample_in_epoch)
 
 
 def _set_s3_endpoint(storage_options: dict | None) -> None:

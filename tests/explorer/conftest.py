@@ -28,6 +28,7 @@ class ExplorerCorpus:
     root: Path
     demo: Path
     manifest: list[dict[str, Any]]  # planted entries of the built sources, with `sample_id`
+    build_output: str = ""  # what `prx-corpus build` printed (stdout, then stderr): test_quickstart.py reads it
 
     def planted(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.manifest if kind in e["kinds"]]
@@ -45,7 +46,8 @@ def sample_id_of(demo: Path, entry: dict[str, Any]) -> str:
 @pytest.fixture(scope="session")
 def explorer_corpus(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> ExplorerCorpus:
     work = tmp_path_factory.mktemp("explorer")
-    env = {k: v for k, v in os.environ.items() if k not in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG")}
+    env = {k: v for k, v in os.environ.items()  # RAY_AUTH_MODE, LANCE_LOG: the build must quiet itself
+           if k not in ("DAGSTER_HOME", "PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG", "RAY_AUTH_MODE", "LANCE_LOG")}
     args = [CLI, "build", "--sources", str(demo_dir / "sources.yaml"), "--root", str(work / "corpus"),
             "--dagster-home", str(work / "dh")] + [a for s in EXPLORER_SOURCES for a in ("--source", s)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
@@ -53,7 +55,7 @@ def explorer_corpus(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     manifest = [e for e in json.loads((demo_dir / "manifest.json").read_text()) if e["source"] in EXPLORER_SOURCES]
     for entry in manifest:
         entry["sample_id"] = sample_id_of(demo_dir, entry)
-    return ExplorerCorpus(work / "corpus", demo_dir, manifest)
+    return ExplorerCorpus(work / "corpus", demo_dir, manifest, done.stdout + done.stderr)
 
 
 def source_fields(meta: dict[str, str] | None, url: str | None) -> dict[str, Any]:

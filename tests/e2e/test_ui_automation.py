@@ -1,0 +1,156 @@
+"""`make ui` on a fresh instance, in a real headless Chromium: the automation condition sensor is
+RUNNING without anyone turning it on, and `dagster dev` starts without its "superseded" warning.
+
+The command is the Makefile's own (`make -n ui`, run without its `setup` prerequisite) with DEMO
+pointing at a throwaway folder holding a one-photo catalog and no corpus yet, and UI_PORT at a
+free loopback port: the DAGSTER_HOME it names does not exist before. ~60-90 s on 2 busy cores
+(dagster dev's webserver, daemon and code server each import the definitions).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from playwright.sync_api import Page, expect, sync_playwright
+from postgres_server import free_port
+from test_build import cli_env
+
+from prx_assets.settings import REPO
+from prx_core.demo.photos import load_skimage_photos
+
+pytestmark = pytest.mark.slow
+
+SENSOR = "automation_condition_sensor"
+# as tests/explorer/test_browser.py: Debian's Chromium, which must not dial out on a closed network
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+SHOTS = REPO / "test-artifacts" / "ui"
+
+
+@dataclass
+class UI:
+    url: str
+    home: Path
+    log: Path
+    proc: subprocess.Popen
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def make_ui_commands(demo: Path, port: int) -> str:
+    """The `ui` target's recipe as make would run it, without the `setup` prerequisite."""
+    shown = subprocess.run(["make", "-s", "-n", "--no-print-directory", "ui", f"DEMO={demo}", f"UI_PORT={port}"],
+                           capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout
+    lines = shown.splitlines()
+    assert lines[0] == "bash scripts/setup.sh", shown
+    return "\n".join(lines[1:])
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """dagster dev and everything it started (its own session): SIGINT as Ctrl-C, then SIGKILL."""
+    for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(wait)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # stragglers of the session
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
+    demo = tmp_path_factory.mktemp("ui") / "demo"
+    (demo / "sources" / "photos").mkdir(parents=True)
+    photo = next(p for p in load_skimage_photos() if p.image.mode == "RGB")
+    photo.image.resize((512, 512), Image.Resampling.BICUBIC).save(demo / "sources" / "photos" / "img_0.jpg", quality=90)
+    (demo / "sources" / "sources.yaml").write_text("sources:\n- {name: photos, format: imagefolder, uri: photos}\n")
+    home = demo / "corpus" / "_state" / "dagster"
+    assert not home.exists()
+    port = free_port()
+    log = demo.parent / "dagster-dev.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["bash", "-c", make_ui_commands(demo, port)], stdout=out, stderr=subprocess.STDOUT,
+                                cwd=REPO, env=cli_env(), start_new_session=True)
+    started = UI(f"http://127.0.0.1:{port}", home, log, proc)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"{started.url}/server_info", timeout=5).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"make ui did not serve {started.url}:\n{started.output()[-5000:]}")
+                time.sleep(1)
+        yield started
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def page(ui: UI) -> Iterator[Page]:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        yield context.new_page()
+        context.close()
+        browser.close()
+
+
+def switch_of(page: Page, kind: str, name: str):
+    """The on/off switch of one row of the Automation page (the last checkbox of the row; the first selects it)."""
+    row = page.locator("[data-index]", has=page.locator(f'a[href$="/{kind}/{name}"]'))
+    switch = row.locator("input[type=checkbox]").last
+    deadline = time.monotonic() + 60
+    while not switch.is_enabled():  # disabled until the row's state has loaded
+        assert time.monotonic() < deadline, f"the switch of {name} stayed disabled"
+        page.wait_for_timeout(250)
+    return switch
+
+
+def test_the_automation_condition_sensor_runs_on_a_fresh_instance(ui: UI, page: Page) -> None:
+    assert (ui.home / "dagster.yaml").read_text() == (REPO / "dagster.yaml").read_text()  # the fresh home make ui made
+    page.goto(f"{ui.url}/automation")
+    page.get_by_text(SENSOR, exact=True).first.wait_for(timeout=90_000)
+    try:
+        expect(switch_of(page, "sensors", SENSOR)).to_be_checked(timeout=30_000)
+        expect(switch_of(page, "sensors", "sources_sensor")).to_be_checked(timeout=30_000)
+        expect(switch_of(page, "schedules", "weekly_source_refresh")).not_to_be_checked()  # schedules stay stopped
+        assert page.get_by_text("default_automation_condition_sensor").count() == 0  # ours covers every asset
+    finally:
+        skip = page.get_by_role("button", name="Skip")  # the community dialog a fresh instance opens once
+        if skip.count() and skip.first.is_visible():
+            skip.first.click()
+        page.screenshot(path=str(SHOTS / "automation.png"), full_page=True)
+
+    # and the daemon evaluates it: one tick over the eager assets, nothing to launch on an empty corpus
+    deadline = time.monotonic() + 120
+    while not re.search(rf"Finished auto-materialization tick for {SENSOR}", ui.output()):
+        assert time.monotonic() < deadline, f"the daemon never ticked {SENSOR}:\n{ui.output()[-5000:]}"
+        time.sleep(1)
+
+
+def test_make_ui_starts_without_dagster_dev_warnings(ui: UI, page: Page) -> None:
+    output = ui.output()
+    assert "Serving dagster-webserver" in output, output[-3000:]
+    assert "superseded" not in output and "dg dev" not in output, output[-3000:]
+    assert "will not be used to configure Dagster" not in output, output[-3000:]  # the checkout's dagster.yaml
