@@ -1,0 +1,141 @@
+"""`prx-corpus opt-out` and `prx-corpus rewrite-stream`: the two runbooks of docs/operations.md that
+need a tool. They call `prx_core` directly (no Dagster run, no Ray): each holds the partition
+locks of what it writes, so it fails at once, naming the writer, while a build writes the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+OLD_BYTES = ("the deleted rows' bytes stay in Lance data files (deletion vectors) and old table versions, "
+             "and the superseded MDS chunks on disk, until `compact_corpus` runs after the retention "
+             "(mds_retention_hours, 7 days); to remove them now, rerun the same command with --purge")
+
+
+def _storage(root: str, config: str | None):  # -> Storage
+    from prx_assets.settings import load_settings
+    from prx_core.store.storage import Storage
+
+    if config:
+        os.environ["PRX_CONFIG"] = os.path.abspath(config)
+    return Storage(root, load_settings().section("storage").get("storage_options") or {})
+
+
+def _missing_corpus(storage) -> str | None:  # storage: Storage
+    """Why `storage` is not a corpus these commands can work on, or None."""
+    from prx_core.store import lance_io
+
+    if not lance_io.table_exists(storage.lance_uri("samples"), storage.lance_storage_options()):
+        return f"no corpus at {storage.root}: its samples table does not exist (run prx-corpus build first)"
+    return None
+
+
+def _fail(command: str, exc: BaseException, code: int = 1) -> int:
+    print(f"prx-corpus {command}: error: {exc}", file=sys.stderr)
+    return code
+
+
+def _errors() -> tuple[type[BaseException], ...]:
+    from prx_core.shards.skip_records import UnfilteredStream
+    from prx_core.store.locks import LockLost, LockUnsupported, PartitionLocked
+
+    return UnfilteredStream, PartitionLocked, LockLost, LockUnsupported
+
+
+def _cmd_opt_out(args: argparse.Namespace) -> int:
+    from prx_core.sources.catalog import load_catalog
+    from prx_core.stages.opt_out import opt_out
+
+    if not os.path.isfile(args.ids):
+        return _fail("opt-out", f"--ids {args.ids}: no such file (one sample id a line: <source>/<source_key>)", 2)
+    if args.purge and not args.delete_bytes:
+        return _fail("opt-out", "--purge removes deleted bytes now: it needs --delete-bytes", 2)
+    catalog = load_catalog(args.sources)
+    storage = _storage(args.root, args.config)
+    if missing := _missing_corpus(storage):
+        return _fail("opt-out", missing, 2)
+    try:
+        report = opt_out(storage, args.ids, catalog.names, args.delete_bytes, args.purge, examples=args.examples)
+    except _errors() as exc:
+        return _fail("opt-out", exc)
+    print(f"opt-out: {report.read} ids read, {report.matched} matched ({report.in_streams} in published streams), "
+          f"{report.unknown} unknown, {report.malformed} malformed")
+    if report.examples:
+        print(f"unknown or malformed (first {len(report.examples)}): {', '.join(report.examples)}")
+    if args.delete_bytes:
+        print("deleted rows: " + ", ".join(f"{t} {n}" for t, n in report.deleted_rows.items()))
+        print(f"streams republished without them: {len(report.streams)}")
+        for rewrite in report.rewrites:
+            state = "unpublished (empty)" if rewrite.unpublished else f"{rewrite.before} -> {rewrite.after} samples"
+            print(f"  {rewrite.stream}: {state}, {rewrite.chunks_rewritten} chunks rewritten")
+        if args.purge:
+            versions = sum(report.purged_versions.values())
+            print(f"purged: {len(report.purged)} superseded chunk folders, {versions} old table versions")
+        else:
+            print(f"note: {OLD_BYTES}")
+    else:
+        print(f"skip-lists republished (opt_out): {len(report.streams)} streams")
+        for stream in report.streams:
+            print(f"  {stream}")
+        if report.streams:
+            print("note: a later skip_lists materialization recomputes the lists from the skip policy: rerun this "
+                  "command after it (same file, idempotent), or use --delete-bytes for a takedown")
+    print(f"audit record: {report.record}")
+    return 0
+
+
+def _cmd_rewrite_stream(args: argparse.Namespace) -> int:
+    from prx_core.stages.rewrite_streams import parse_stream, rewrite_skipped, skip_fraction, streams_over
+
+    storage = _storage(args.root, args.config)
+    if missing := _missing_corpus(storage):
+        return _fail("rewrite-stream", missing, 2)
+    try:
+        if args.stream:
+            try:
+                source, key = parse_stream(args.stream)
+            except ValueError as exc:
+                return _fail("rewrite-stream", exc, 2)
+            targets = [skip_fraction(storage, source, key)]
+        else:
+            targets = streams_over(storage, args.over)
+            print(f"{len(targets)} streams skip more than {args.over:.0%}")
+        for target in targets:
+            done = rewrite_skipped(storage, target.source, target.key)
+            print(f"  {target.name}: {target.fraction:.1%} skipped, {done.before} -> {done.after} samples, "
+                  f"{done.chunks_rewritten} of {done.chunks_rewritten + done.chunks_kept} chunks rewritten; "
+                  "skip fraction now 0")
+    except _errors() as exc:
+        return _fail("rewrite-stream", exc)
+    except FileNotFoundError as exc:
+        return _fail("rewrite-stream", f"{exc}: is it a published stream of this root?", 2)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add `opt-out` and `rewrite-stream` to the `prx-corpus` subcommands."""
+    opt = sub.add_parser("opt-out", help="skip (or with --delete-bytes, delete) a file of sample ids: skip-lists, "
+                                         "samples and the MDS streams that held them (docs/operations.md)")
+    opt.add_argument("--ids", required=True, help="file of sample ids, one a line: <source>/<source_key>")
+    opt.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    opt.add_argument("--sources", required=True, help="the sources.yaml catalog (ids of other sources are unknown)")
+    opt.add_argument("--delete-bytes", action="store_true",
+                     help="a takedown: delete the rows from samples (and buckets, phashes, source_embeddings) and "
+                          "republish the streams that held them without them")
+    opt.add_argument("--purge", action="store_true",
+                     help="with --delete-bytes: remove the old bytes now (superseded chunks of those streams, the "
+                          "tables' fragments with deleted rows, their older versions)")
+    opt.add_argument("--examples", type=int, default=20, help="unknown ids listed (default 20)")
+    opt.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
+    opt.set_defaults(func=_cmd_opt_out)
+
+    rewrite = sub.add_parser("rewrite-stream", help="republish a stream without its skipped samples (or every stream "
+                                                     "skipping more than --over)")
+    rewrite.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    which = rewrite.add_mutually_exclusive_group(required=True)
+    which.add_argument("--stream", help="<source>/<tier>/<w>x<h>, as warnings and the loader name it")
+    which.add_argument("--over", type=float, help="every stream whose skipped share exceeds this (e.g. 0.10)")
+    rewrite.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
+    rewrite.set_defaults(func=_cmd_rewrite_stream)
