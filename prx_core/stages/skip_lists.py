@@ -105,8 +105,8 @@ def skip_chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
             reasons.append((label, set(hit), contents))
         if params.get("unlabelled"):
             reasons.append(("unlabelled", set(contents) - set(labels["content_id"].to_pylist()), contents))
-    if params["opt_out"]:
-        wanted = set(params["opt_out"])
+    wanted = set(params["opt_out"]) | recorded_opt_outs(storage, inputs.get("opt_out_records") or [], ids)
+    if wanted:
         keys = [sid if sid in wanted else sid.split("/", 1)[1] for sid in ids]  # a sample_id or a source_key
         reasons.append(("opt_out", wanted, keys))
     rows: dict[str, list] = {"index": [], "sample_id": [], "reason": []}
@@ -156,7 +156,30 @@ def applied_reasons(params: dict[str, Any], inputs: dict[str, Any]) -> list[str]
     reasons = ["duplicate"] if params["duplicates"] and inputs.get("duplicates") is not None else []
     if params["labels"] and inputs.get("caption_labels") is not None:
         reasons += list(params["labels"]) + (["unlabelled"] if params.get("unlabelled") else [])
-    return reasons + (["opt_out"] if params["opt_out"] else [])
+    return reasons + (["opt_out"] if params["opt_out"] or inputs.get("opt_out_records") else [])
+
+
+def opt_out_records(storage: Storage, source: str) -> list[str]:
+    """The ids files `prx-corpus opt-out` recorded for the source: every later run applies them."""
+    fs, folder = storage.filesystem(), storage.uri("_state", "opt_out", source)
+    fs.invalidate_cache()
+    if not fs.isdir(folder):
+        return []
+    return sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".ids.parquet"))  # paths of this fs
+
+
+def recorded_opt_outs(storage: Storage, records: list[str], ids: list[str]) -> set[str]:
+    """Which of a chunk's ids the recorded opt-outs name, read file by file with the chunk's ids
+    as the filter (a source's records may hold millions of ids; a chunk holds thousands)."""
+    if not records or not ids:
+        return set()
+    wanted, fs = pa.array(ids, pa.string()), storage.filesystem()
+    hits: set[str] = set()
+    for uri in records:
+        with fs.open(uri, "rb") as handle:
+            column = pq.read_table(handle, columns=["sample_id"])["sample_id"]
+        hits.update(column.filter(pc.is_in(column, value_set=wanted)).to_pylist())
+    return hits
 
 
 def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
@@ -184,7 +207,8 @@ def build_skip_lists(
     options = storage.lance_storage_options()
     streams = plan_streams(storage, source)
     versions = {t: lance_io.table_version(storage.lance_uri(t), options) for t in ("duplicates", "caption_labels")}
-    inputs = {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest()}
+    inputs = {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
+              "opt_out_records": opt_out_records(storage, source)}  # a new opt-out is a new attempt
     params = {**asdict(policy), "policy_version": policy.version(), "captioner_version": captioner_version,
               "labeler_version": labeler_version}
     run = UnitRun.open(storage, Manifest("skip_lists", source, inputs, "3", params))  # 3: completion records

@@ -119,6 +119,20 @@ def test_opt_out_skips_the_ids_for_the_loader_and_keeps_every_other_list(storage
     assert matched and set(pq.read_table(matched[-1])["sample_id"].to_pylist()) == set(chosen)
 
 
+def test_a_later_skip_lists_run_applies_the_recorded_opt_outs(storage: Storage, tmp_path: Path) -> None:
+    """skip_lists recomputes every list from the policy; the ids `opt-out` recorded stay skipped,
+    and removing the record withdraws them at the next run."""
+    chosen = kept_ids(storage, 4)
+    opt_out(storage, ids_file(tmp_path, chosen), ["photos"])
+    build_skip_lists("photos", storage, CAPTIONER, LABELER, SkipPolicy())
+    opted = {i for (_, r), ids in lists_by_id(storage).items() if r == "opt_out" for i in ids}
+    assert opted == set(chosen) and not set(loaded(storage)) & set(chosen)
+    for record in Path(storage.root, "_state", "opt_out", "photos").glob("*.ids.parquet"):
+        record.unlink()
+    build_skip_lists("photos", storage, CAPTIONER, LABELER, SkipPolicy())
+    assert not [s for s in read_skip_lists(storage.root, "photos") if s.reason == "opt_out"]
+
+
 def test_opt_out_refuses_a_stream_whose_skip_lists_are_stale(storage: Storage, tmp_path: Path) -> None:
     chosen = kept_ids(storage, 3)
     for record in Path(storage.root, "skiplists").rglob("_complete.json"):
