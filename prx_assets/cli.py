@@ -1,4 +1,4 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, browse, bench, bench-loader, bench-scale, bench-download.
+"""The `prx-corpus` command line: doctor, demo-sources, build, sources, browse, opt-out, rewrite-stream and the benchmarks.
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -35,95 +35,6 @@ def _cmd_demo_sources(args: argparse.Namespace) -> int:
     print(f"planted: {planted}")
     print(f"catalog: {manifest.root}/sources.yaml   manifest: {manifest.root}/manifest.json")
     return 0
-
-
-def _preflight_build(settings: object, catalog: object, sources: list[str] | None, select: list[str] | None) -> int:
-    """`build`'s checks before Ray starts (prx_core.sources.preflight): the root is writable, each
-    source's uri holds its format's files with the columns the catalog names (only when the run reads
-    sources). Each problem on one line; returns how many."""
-    from prx_core.sources.preflight import preflight
-    from prx_core.store.storage import Storage
-
-    storage = Storage(settings.root, settings.section("storage").get("storage_options") or {})
-    specs = [catalog.get(name) for name in sources or catalog.names]
-    problems = preflight(storage, specs, check_sources=not select or bool({"raw_source", "samples"} & set(select)))
-    for problem in problems:
-        where = f"{catalog.path}: " if problem.subject.startswith("source") else ""
-        print(f"prx-corpus: error: {where}{problem.line()}", file=sys.stderr)
-    if problems:
-        print(f"prx-corpus: {len(problems)} problem(s) found before starting: nothing was run "
-              "(--no-preflight skips these checks)", file=sys.stderr)
-    return len(problems)
-
-
-def _cmd_build(args: argparse.Namespace) -> int:
-    import os
-
-    from prx_assets.settings import load_settings, validate_request
-    from prx_core.sources.catalog import load_catalog
-
-    os.environ["PRX_ROOT"] = os.path.abspath(args.root) if "://" not in args.root else args.root
-    os.environ["PRX_SOURCES"] = os.path.abspath(args.sources)
-    if args.config:
-        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
-    os.environ.setdefault("LANCE_LOG", "error")  # not "No existing dataset, it will be created" per table
-    started = time.time()
-    settings = load_settings()
-    catalog = load_catalog(settings.sources)
-    select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
-    validate_request(catalog.names, args.source, select)  # before the slow imports below
-    if not args.no_preflight and _preflight_build(settings, catalog, args.source, select):
-        return 2
-
-    import ray
-
-    from prx_assets.build import caption_lines, failure_lines, prepare_instance, run_build, sync_sources
-    from prx_assets.definitions import build_definitions
-    from prx_assets.stale import stale_plan
-    from prx_core.compute.quiet import start_ray
-    from prx_core.store.storage import Storage
-    from prx_core.store.summary import corpus_summary, format_summary
-
-    defs = build_definitions(settings)
-    instance = prepare_instance(args.dagster_home, settings.root)
-    print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
-          f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
-    sync_sources(instance, catalog)
-    wanted = stale_plan(defs, instance, args.source or catalog.names, select) if args.stale else None
-    if wanted == set():  # --stale, and Dagster reports nothing missing or unsynced: no Ray, no run
-        return 0
-    address = settings.section("ray").get("address")
-    if address:  # the configured cluster, connected once for every materialization of the build
-        print(f"ray cluster {address}", flush=True)
-        start_ray(address)  # prx_core.compute.quiet: without the known third-party noise
-    else:
-        start_ray()
-    try:
-        outcome = run_build(defs, instance, catalog.names, args.source, select, wanted=wanted, verbose=args.verbose)
-    finally:
-        ray.shutdown()  # the embedded Ray's units in flight abort here: what is recorded stays recorded
-    storage = defs.resources["storage"]
-    if outcome.interrupted:  # the first Ctrl-C: no summary of a half-built corpus, just how to go on
-        from prx_core.compute.interrupts import recorded_units
-
-        for line in failure_lines(outcome):
-            print(line)
-        recorded = recorded_units(Storage(settings.root, dict(storage.storage_options)))
-        print(f"\ninterrupted: rerun the same command to resume ({recorded} units recorded)", flush=True)
-        return 130
-    print("\n" + format_summary(corpus_summary(Storage(settings.root, dict(storage.storage_options)))))
-    for line in caption_lines(outcome):
-        print(line)
-    for label in outcome.warnings:
-        print(f"WARN check {label}")
-    for label in outcome.failed_blocking:
-        print(f"FAIL blocking check {label}")
-    for line in failure_lines(outcome):  # each failed step's cause; tracebacks stay in the runs' Dagster logs
-        print(line)
-    for label in outcome.failed_runs:
-        print(f"FAIL {label}")
-    print(f"\n{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
-    return 0 if outcome.ok else 1
 
 
 def _cmd_browse(args: argparse.Namespace) -> int:
@@ -254,22 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
 
-    build = sub.add_parser("build", help="materialize the corpus through the Dagster definitions, print a summary")
-    build.add_argument("--sources", required=True, help="the sources.yaml catalog")
-    build.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
-    build.add_argument("--source", action="append", help="only this source (repeatable); default: all")
-    build.add_argument("--select", help="comma-separated assets to materialize (default: all)")
-    build.add_argument("--verbose", action="store_true", help="print the runs' whole Dagster log, tracebacks included "
-                                                              "(by default each failure is one line in the summary)")
-    build.add_argument("--no-preflight", action="store_true", help="skip the checks made before Ray starts (root "
-                                                                   "writable; each source's uri, format and columns)")
-    build.add_argument("--config", help="YAML with resource settings: storage, captioner, labeler, skip_policy, ray")
-    build.add_argument("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else the root's own: "
-                                              "<root>/_state/dagster, or .prx/dagster/<digest> for s3://)")
-    build.add_argument("--stale", action="store_true", help="materialize only what Dagster reports missing or "
-                                                            "unsynced (and what depends on it), saying why")
-    build.set_defaults(func=_cmd_build)
-    from prx_assets import cli_sources  # `sources sync`: its own module
+    from prx_assets import cli_build, cli_ops, cli_sources  # each command group in its own module
+
+    cli_build.add_parser(sub)
     cli_sources.add_parser(sub)
 
     browse = sub.add_parser("browse", help="read-only web explorer: caption search, neighbours, filters, plots")
@@ -322,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("bench-explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")
-    __import__("prx_assets.cli_ops", fromlist=["add_parser"]).add_parser(sub)  # opt-out, rewrite-stream
+    cli_ops.add_parser(sub)  # opt-out, rewrite-stream
     return parser
 
 

@@ -1,0 +1,118 @@
+"""`prx-corpus build`: a preflight, then the corpus materialized through the Dagster definitions
+(prx_assets.build), a per-source summary, and one line per failure. Exit 0 ok, 1 a failed run or
+blocking check, 2 a bad request or a preflight problem, 130 interrupted (rerun to resume)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    """Registers `build` on the `prx-corpus` subcommands (`sub`, from add_subparsers)."""
+    build = sub.add_parser("build", help="materialize the corpus through the Dagster definitions, print a summary")
+    build.add_argument("--sources", required=True, help="the sources.yaml catalog")
+    build.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    build.add_argument("--source", action="append", help="only this source (repeatable); default: all")
+    build.add_argument("--select", help="comma-separated assets to materialize (default: all)")
+    build.add_argument("--verbose", action="store_true", help="print the runs' whole Dagster log, tracebacks included "
+                                                              "(by default each failure is one line in the summary)")
+    build.add_argument("--no-preflight", action="store_true", help="skip the checks made before Ray starts (root "
+                                                                   "writable; each source's uri, format and columns)")
+    build.add_argument("--config", help="YAML with resource settings: storage, captioner, labeler, skip_policy, ray")
+    build.add_argument("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else the root's own: "
+                                              "<root>/_state/dagster, or .prx/dagster/<digest> for s3://)")
+    build.add_argument("--stale", action="store_true", help="materialize only what Dagster reports missing or "
+                                                            "unsynced (and what depends on it), saying why")
+    build.set_defaults(func=_cmd_build)
+
+
+def _preflight_build(settings: object, catalog: object, sources: list[str] | None, select: list[str] | None) -> int:
+    """`build`'s checks before Ray starts (prx_core.sources.preflight): the root is writable, each
+    source's uri holds its format's files with the columns the catalog names (only when the run reads
+    sources). Each problem on one line; returns how many."""
+    from prx_core.sources.preflight import preflight
+    from prx_core.store.storage import Storage
+
+    storage = Storage(settings.root, settings.section("storage").get("storage_options") or {})
+    specs = [catalog.get(name) for name in sources or catalog.names]
+    problems = preflight(storage, specs, check_sources=not select or bool({"raw_source", "samples"} & set(select)))
+    for problem in problems:
+        where = f"{catalog.path}: " if problem.subject.startswith("source") else ""
+        print(f"prx-corpus: error: {where}{problem.line()}", file=sys.stderr)
+    if problems:
+        print(f"prx-corpus: {len(problems)} problem(s) found before starting: nothing was run "
+              "(--no-preflight skips these checks)", file=sys.stderr)
+    return len(problems)
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    import os
+
+    from prx_assets.settings import load_settings, validate_request
+    from prx_core.sources.catalog import load_catalog
+
+    os.environ["PRX_ROOT"] = os.path.abspath(args.root) if "://" not in args.root else args.root
+    os.environ["PRX_SOURCES"] = os.path.abspath(args.sources)
+    if args.config:
+        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
+    os.environ.setdefault("LANCE_LOG", "error")  # not "No existing dataset, it will be created" per table
+    started = time.time()
+    settings = load_settings()
+    catalog = load_catalog(settings.sources)
+    select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
+    validate_request(catalog.names, args.source, select)  # before the slow imports below
+    if not args.no_preflight and _preflight_build(settings, catalog, args.source, select):
+        return 2
+
+    import ray
+
+    from prx_assets.build import caption_lines, failure_lines, prepare_instance, run_build, sync_sources
+    from prx_assets.definitions import build_definitions
+    from prx_assets.stale import stale_plan
+    from prx_core.compute.quiet import start_ray
+    from prx_core.store.storage import Storage
+    from prx_core.store.summary import corpus_summary, format_summary
+
+    defs = build_definitions(settings)
+    instance = prepare_instance(args.dagster_home, settings.root)
+    print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
+          f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
+    sync_sources(instance, catalog)
+    wanted = stale_plan(defs, instance, args.source or catalog.names, select) if args.stale else None
+    if wanted == set():  # --stale, and Dagster reports nothing missing or unsynced: no Ray, no run
+        return 0
+    address = settings.section("ray").get("address")
+    if address:  # the configured cluster, connected once for every materialization of the build
+        print(f"ray cluster {address}", flush=True)
+        start_ray(address)  # prx_core.compute.quiet: without the known third-party noise
+    else:
+        start_ray()
+    try:
+        outcome = run_build(defs, instance, catalog.names, args.source, select, wanted=wanted, verbose=args.verbose)
+    finally:
+        ray.shutdown()  # the embedded Ray's units in flight abort here: what is recorded stays recorded
+    storage = defs.resources["storage"]
+    if outcome.interrupted:  # the first Ctrl-C: no summary of a half-built corpus, just how to go on
+        from prx_core.compute.interrupts import recorded_units
+
+        for line in failure_lines(outcome):
+            print(line)
+        recorded = recorded_units(Storage(settings.root, dict(storage.storage_options)))
+        print(f"\ninterrupted: rerun the same command to resume ({recorded} units recorded)", flush=True)
+        return 130
+    print("\n" + format_summary(corpus_summary(Storage(settings.root, dict(storage.storage_options)))))
+    for line in caption_lines(outcome):
+        print(line)
+    for label in outcome.warnings:
+        print(f"WARN check {label}")
+    for label in outcome.failed_blocking:
+        print(f"FAIL blocking check {label}")
+    for line in failure_lines(outcome):  # each failed step's cause; tracebacks stay in the runs' Dagster logs
+        print(line)
+    for label in outcome.failed_runs:
+        print(f"FAIL {label}")
+    print(f"\n{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
+    return 0 if outcome.ok else 1
