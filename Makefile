@@ -38,7 +38,7 @@ browse: setup
 	$(BIN)/prx-corpus browse --root $(DEMO)/corpus
 
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	bash scripts/test.sh $(PYTEST_ARGS)
 
 doctor: setup
 	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus
