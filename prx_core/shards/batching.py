@@ -126,3 +126,17 @@ def naming_dropped_batches(names: Sequence[str], batch_size: Any) -> Iterator[No
         warnings.warn(f"CorpusDataset: each epoch drops the incomplete last batch (batch_size {batch_size}) of "
                       f"{len(streams)} streams, so it yields fewer samples than len(): "
                       f"{', '.join(streams[:MAX_NAMED])}{more}", stacklevel=3)
+
+
+def align_ranks() -> None:
+    """A barrier before StreamingDataset registers its shared memory, when torch.distributed runs.
+
+    Each rank scans /dev/shm for the first free prefix on its own, before streaming's first
+    barrier; ranks started seconds apart can see different prefixes when another job on the node
+    registers or releases one in between, and the non-leader then fails ("shared memory prefix
+    ... was not registered by local leader"; mosaicml/streaming#901 is the same family). Aligned,
+    the scans happen together."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()

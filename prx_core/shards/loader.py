@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from streaming import Stream, StreamingDataset
 
-from prx_core.shards.batching import naming_dropped_batches, stream_weights, usable_streams, warn_left_out
+from prx_core.shards.batching import align_ranks, naming_dropped_batches, stream_weights, usable_streams, warn_left_out
 from prx_core.shards.mds import INDEX, list_streams
 from prx_core.shards.node_cache import default_cache_dir, skip_union
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
@@ -224,6 +224,7 @@ class CorpusDataset(StreamingDataset):
         weights = stream_weights(plans, proportions)
         streams = [self._stream(p, cache_dir if remote else None, None if weights is None else weights[i])
                    for i, p in enumerate(plans)]
+        align_ranks()  # streaming's ranks each scan /dev/shm for a free prefix before its own first barrier
         super().__init__(streams=streams, **streaming_kwargs)
         self.plans = plans
         self._epoch = 0

@@ -295,9 +295,8 @@ def test_two_ranks_get_equal_lengths_and_disjoint_partitions(corpus, tmp_path) -
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, str(script), corpus["plain"], corpus["skip"], str(out)],
                                       cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        log = p.communicate(timeout=180)[0]
-        assert p.returncode == 0, log[-3000:]
+    logs = [p.communicate(timeout=180)[0] for p in procs]  # both: a rank that died explains the other's error
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(f"rank {r}: {log[-3000:]}" for r, log in enumerate(logs))
     r0, r1 = (json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1))
     every = {i for n, s in corpus["streams"].items() if n.split("/")[0] in MAIN and n != TINY and "/512/" in n
              for i in s.sample_ids}
