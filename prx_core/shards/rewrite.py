@@ -116,11 +116,12 @@ def rewritten_name(old: str, dropped_ids: list[str]) -> str:
     return "c-" + digest.hexdigest()[:24]
 
 
-def _kept_rows(storage: Storage, folder: str, record: pa.Table, drop_local: set[int]) -> Iterator[dict]:
-    """The chunk's stored rows in order, dropped positions left out, images verbatim."""
+def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[int]) -> Iterator[dict]:
+    """The chunk's stored rows in order (`stored`: its record's rows with no reason), dropped
+    positions left out, images verbatim."""
     from streaming.base.format.mds.encodings import mds_decode
 
-    stored = record.filter(pc.field("reason").is_null()).to_pylist()
+    stored = stored.select(["content_id", "source_key"]).to_pylist()
     with _local_copy(folder, storage.storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
@@ -148,7 +149,7 @@ def rewrite_chunk(storage: Storage, uri: str, name: str, drop_local: set[int]) -
     target = join_uri(uri, new)
     if not chunk_complete(target, storage.storage_options):
         refused = record.filter(pc.field("reason").is_valid()).to_pylist()
-        write_chunk(_kept_rows(storage, folder, record, drop_local), target, storage.storage_options, refused)
+        write_chunk(_kept_rows(storage, folder, stored, drop_local), target, storage.storage_options, refused)
     return new, kept
 
 
