@@ -11,7 +11,7 @@ For each table size, one in-process run:
    one open dataset, and record from `explain_plan` whether it used the index, whether any part
    ran flat (unindexed fragments) and whether the filter used a scalar index; also recall@k
    against the exact neighbours and the hits of every planted word;
-4. `prx_core.store.maintenance.compact_table`, then the same measurements again.
+4. `prx_core.store.compaction.compact_table`, then the same measurements again.
 
 Last, outside `refresh_indexes`: a BITMAP index on `source`, and the two filtered classes again
 (phase `bitmap`): what a scalar index on the explorer's filter columns would buy.

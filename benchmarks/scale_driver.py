@@ -164,12 +164,13 @@ def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
     from prx_core.shards.retention import prune_streams
     from prx_core.store import lance_io, maintenance
     from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
+    from prx_core.upkeep import compaction
 
     options, fragments = storage.lance_storage_options(), {}
     for table in TABLES:
         uri = storage.lance_uri(table)
         if lance_io.table_exists(uri, options):
-            report = maintenance.compact_table(uri, storage_options=options,
+            report = compaction.compact_table(uri, storage_options=options,
                                                partition_columns=PARTITION_COLUMNS.get(table, ()))
             maintenance.refresh_table_indexes(uri, table, options, merge=True)
             fragments[table] = [report.fragments_before, report.fragments_after]

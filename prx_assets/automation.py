@@ -19,6 +19,7 @@ from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io, maintenance
 from prx_core.store.retention import pinned_versions
 from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
+from prx_core.upkeep import compaction
 from prx_resources import CatalogResource, StorageResource
 
 # In one process: every step reuses the run's Ray (embedded, or its connection to the cluster) instead
@@ -136,7 +137,7 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
-        report = maintenance.compact_table(uri, storage_options=options,
+        report = compaction.compact_table(uri, storage_options=options,
                                                  partition_columns=PARTITION_COLUMNS.get(table, ()),
                                                  pinned_versions=pins.get(table, ()))
         indexes = maintenance.refresh_table_indexes(uri, table, options, merge=True)

@@ -74,7 +74,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from prx_assets.stale import stale_plan
     from prx_core.compute.quiet import start_ray
     from prx_core.store.storage import Storage
-    from prx_core.store.summary import corpus_summary, format_summary
+    from prx_core.shards.summary import corpus_summary, format_summary
 
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home, settings.root)

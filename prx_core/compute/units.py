@@ -33,11 +33,9 @@ from prx_core.compute.actors import ModelHost, imap_actors
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
 from prx_core.compute.unit_results import UnitResults
-from prx_core.sources.catalog import NAME_PATTERN
-from prx_core.store.storage import Storage, put_atomic
+from prx_core.store.names import NAME_PATTERN
+from prx_core.store.storage import COMMITTED, RUNS, Storage, put_atomic
 
-RUNS = "_runs"
-COMMITTED = "committed"
 UNIT_SECONDS = 4 * 3600  # default time limit of one unit: several times a default-sized unit's run
 
 

@@ -28,7 +28,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk
 
 MDS_COLUMNS: dict[str, str] = {

@@ -28,7 +28,7 @@ from prx_core.shards.mds import (
     write_chunk,
 )
 from prx_core.shards.retention import note_superseded, referenced_chunks
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
 

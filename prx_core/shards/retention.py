@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import fsspec
 
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, _normalize
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.shards.skip_records import RECORD, write_record
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out", "unlabelled")

@@ -7,7 +7,6 @@ error names the source and the field an operator has to fix.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,13 @@ from prx_core.sources.catalog_fields import (
     parse_joins,
     resolve_uri,
 )
+from prx_core.store.names import NAME_PATTERN, validate_source_name
 
 __all__ = ["FORMATS", "TABLE_FORMATS", "JOIN_FORMATS", "CatalogError", "Catalog", "SourceSpec", "JoinSpec",
            "DownloadSettings", "load_catalog", "parse_catalog", "dump_catalog", "validate_source_name"]
 
 FORMATS = ("parquet", "imagefolder", "webdataset", "lance", "huggingface")
 TABLE_FORMATS = ("parquet", "lance", "huggingface")  # rows of a table: columns name the image, caption, key...
-NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
 _COLUMN_FIELDS = ("image_column", "url_column", "caption_column", "key_column", "embedding_column")
 _LIMIT_FIELDS = ("max_image_bytes", "max_caption_bytes")
 _FIELDS = ("name", "format", "uri", *_COLUMN_FIELDS, "metadata_columns", "joins", "download", "weight", *_LIMIT_FIELDS)
@@ -40,15 +39,6 @@ DEFAULT_MAX_CAPTION_BYTES = 64 << 10
 
 class CatalogError(ValueError):
     """An invalid catalog; the message names the file, the source and the field."""
-
-
-def validate_source_name(name: object) -> str:
-    """`name` if it is a valid source name (the partition key, a path segment under the corpus
-    root), else ValueError: a key like `..` or `a/b` must never reach a path or a deletion."""
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise ValueError(f"invalid source name {name!r}: a source name must match [a-z0-9_]+ "
-                         "(it is the partition key and a folder name under the corpus root)")
-    return name
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import pyarrow as pa
 
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import TIERS, Drop, assign_buckets
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.store.locks import exclusive
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
@@ -83,22 +83,40 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     }
 
 
-@exclusive("buckets")
-def build_buckets(source: str, storage: Storage, max_tier: int = TIERS[-1], progress: Throttle | None = None,
-                  unit_rows: int = UNIT_ROWS) -> BucketsReport:
-    options = storage.lance_storage_options()
-    samples_uri = storage.lance_uri("samples")
+def pin_samples(run: StageRun) -> dict[str, int]:
+    """The `samples` version the units read, planned into row ranges of the partition."""
+    options = run.storage.lance_storage_options()
+    samples_uri = run.storage.lance_uri("samples")
     if not lance_io.table_exists(samples_uri, options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
-    version, units = plan_row_units(samples_uri, source_predicate(source), unit_rows, options)
-    manifest = Manifest("buckets", source, {"samples": version}, "1", {"max_tier": max_tier, "unit_rows": unit_rows})
-    run = UnitRun.open(storage, manifest)
-    results = run_units(run, units, bucket_unit, progress=progress)
-    buckets_version, _ = commit_unit_outputs(storage, "buckets", source, "buckets", results.summaries)
-    run.finish()
-    histogram, dropped = results.counts("histogram"), results.counts("dropped")
-    return BucketsReport(
-        source=source, rows=results.total("rows"), bucketed=results.total("bucketed"), dropped=dropped,
-        histogram=histogram, samples_version=version, buckets_version=buckets_version,
-        units=results,
-    )
+    version, run.state["units"] = plan_row_units(samples_uri, source_predicate(run.partition), run["unit_rows"], options)
+    return {"samples": version}
+
+
+def bucket_units(run: StageRun) -> None:
+    run.units("units", run.state["units"], bucket_unit)
+
+
+def commit_buckets(run: StageRun) -> dict[str, int]:
+    version, _ = commit_unit_outputs(run.storage, "buckets", run.partition, "buckets", run.results["units"].summaries)
+    return {"buckets": version}
+
+
+def report_buckets(run: StageRun) -> BucketsReport:
+    results = run.results["units"]
+    return BucketsReport(source=run.partition, rows=results.total("rows"), bucketed=results.total("bucketed"),
+                         dropped=results.counts("dropped"), histogram=results.counts("histogram"),
+                         samples_version=run.inputs["samples"], buckets_version=run.versions["buckets"], units=results)
+
+
+BUCKETS = Stage(
+    "buckets", reads=("samples",), writes=("buckets", "rejects"), code_version="1", report_type=BucketsReport,
+    settings={"max_tier": TIERS[-1], "unit_rows": UNIT_ROWS},
+    unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
+    pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,
+)
+
+
+def build_buckets(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> BucketsReport:
+    """`buckets` of one source (`run_partition` of BUCKETS): settings max_tier, unit_rows."""
+    return run_partition(BUCKETS, storage, source, progress=progress, **settings)

@@ -31,7 +31,7 @@ from prx_core.stages.contents import (
 )
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
 from prx_core.store import lance_io, maintenance, schemas
-from prx_core.store.appends import BatchedAppend
+from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.locks import exclusive
 from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage

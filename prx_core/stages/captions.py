@@ -45,7 +45,7 @@ from prx_core.stages.contents import (
 )
 from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.store import lance_io, schemas
-from prx_core.store.appends import BatchedAppend, keys_predicate
+from prx_core.upkeep.appends import BatchedAppend, keys_predicate
 from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
 

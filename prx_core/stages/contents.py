@@ -6,7 +6,7 @@ by the unit holding its first bucketed sample (smallest `sample_id`), so every c
 source is handled by exactly one unit, and the question "which of these contents still need a
 row for this model version" is asked per unit, on the worker, as IN-list lookups on the shared
 table's `content_id` BTREE index: no set of the corpus's contents is ever built on the driver.
-Rows reach the shared table through `prx_core.store.appends.BatchedAppend`.
+Rows reach the shared table through `prx_core.upkeep.appends.BatchedAppend`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Manifest, ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun, run_units
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store import lance_io
-from prx_core.store.appends import BatchedAppend
+from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage

@@ -1,10 +1,13 @@
-"""Stage entry points: what an asset runs, in its own process or as a Ray job on a cluster.
+"""The stages by name, and `run_stage`: what an asset runs, in its own process or as a Ray job.
 
-`run_stage(name, kwargs, log)` is the one call both paths make. In the Dagster process the
+`STAGES` holds every stage's declaration (`prx_core.stages.stage.Stage`); `run_stage(name, kwargs,
+log)` runs one through `run_partition`, the call both paths make. In the Dagster process the
 asset calls it directly; on a cluster with a job server, `python -m prx_core.stages.job` calls
 it inside a Ray job (long runs outlive Ray Client connections) and sends the report back through
 Dagster Pipes. Arguments and reports are `prx_core` dataclasses and plain values, so they cross
 as JSON (`prx_core.compute.wire`); a `Progress` argument becomes progress lines in `log`.
+Three stages report more than their own run (`then`): the ingest settles repeated sample ids,
+`mds_shards` reads its streams back, `duplicates` checks its keepers.
 """
 
 from __future__ import annotations
@@ -16,17 +19,18 @@ from typing import Any
 from prx_core.compute.parallel import Throttle
 from prx_core.shards.verify import VerifyReport, verify_streams
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.buckets import build_buckets
+from prx_core.stages.buckets import BUCKETS
 from prx_core.stages.caption_embeddings import build_caption_embeddings
 from prx_core.stages.captions import build_captions
 from prx_core.stages.duplicates import DuplicatesReport, build_duplicates
 from prx_core.stages.duplicates_check import KeeperCheck, check_one_keeper
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards import MdsReport, build_mds
-from prx_core.stages.phashes import build_phashes
+from prx_core.stages.phashes import PHASHES
 from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
 from prx_core.stages.samples import SamplesReport, build_samples, rejected_files
 from prx_core.stages.skip_lists import build_skip_lists
+from prx_core.stages.stage import Stage, run_partition
 from prx_core.store import lance_io, maintenance
 from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.partitions import source_predicate
@@ -112,10 +116,9 @@ def group_duplicates(storage: Storage, sample_rows: int = 30, **build: Any) -> G
     return GroupsReport(report, check, sample)
 
 
-STAGES: dict[str, Callable[..., Any]] = {
+STAGES: dict[str, Stage] = {stage.name: stage for stage in (BUCKETS, PHASHES)}
+LEGACY: dict[str, Callable[..., Any]] = {  # drivers not yet declared as a Stage
     "samples": ingest_source,
-    "buckets": build_buckets,
-    "phashes": build_phashes,
     "duplicates": group_duplicates,
     "captions": build_captions,
     "caption_labels": build_labels,
@@ -126,8 +129,11 @@ STAGES: dict[str, Callable[..., Any]] = {
 
 
 def run_stage(name: str, kwargs: dict[str, Any], log: Callable[[str], None]) -> Any:
-    """Run stage `name` with `kwargs`; every `Progress` among them reports through `log`."""
-    if name not in STAGES:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    """Run stage `name` with `kwargs` (storage, source, settings); every `Progress` among them
+    reports through `log`."""
+    if name not in STAGES and name not in LEGACY:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join([*STAGES, *LEGACY])}")
     bound = {k: Throttle(log, v.label, unit=v.unit) if isinstance(v, Progress) else v for k, v in kwargs.items()}
-    return STAGES[name](**bound)
+    if name in LEGACY:
+        return LEGACY[name](**bound)
+    return run_partition(STAGES[name], **bound)

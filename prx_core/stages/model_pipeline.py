@@ -25,9 +25,9 @@ import pyarrow.parquet as pq
 
 from prx_core.compute.parallel import Throttle, quiet_ray_data
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.stages.contents import UNIT_ROWS, plan_content_units
-from prx_core.store.appends import BatchedAppend
+from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.storage import Storage
 
 Prepare = Callable[[Unit, UnitRun], tuple[pa.Table, dict[str, Any]]]  # (pending rows, summary)

@@ -37,7 +37,7 @@ from prx_core.shards.rewrite import (
     rewrite_stream,
 )
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
 from prx_core.store import fencing, lance_io
 from prx_core.store.locks import partition_lock, run_label
@@ -138,7 +138,7 @@ def purge_tables(storage: Storage, source: str) -> dict[str, int]:
     `compact_corpus`, runs again); time travel to older versions of these tables is gone."""
     from lance import LanceDataset, LanceOperation
 
-    from prx_core.store.compaction import fragment_keys, rewrite_partition
+    from prx_core.upkeep.compaction import fragment_keys, rewrite_partition
     from prx_core.store.partitions import source_predicate
     from prx_core.store.retention import cleanup_superseded, pinned_versions
 

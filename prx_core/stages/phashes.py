@@ -11,7 +11,6 @@ units of the pinned `samples` version run on Ray workers, which write the `phash
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +18,11 @@ import pyarrow as pa
 
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.image.phash import PHASH_DECODE_SIZE, phash
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.store.locks import exclusive
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
 
@@ -90,16 +89,37 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": len(hashes), "failed": len(rejects), **unit_outputs(storage, "phashes", written, refused)}
 
 
-@exclusive("phashes")
-def build_phashes(source: str, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
-                  unit_rows: int = UNIT_ROWS) -> PhashesReport:
-    start = time.monotonic()
-    options = storage.lance_storage_options()
-    version, units = plan_row_units(storage.lance_uri("samples"), source_predicate(source), unit_rows, options)
-    manifest = Manifest("phashes", source, {"samples": version}, "1", {"max_pixels": max_pixels, "unit_rows": unit_rows})
-    run = UnitRun.open(storage, manifest)
-    results = run_units(run, units, phash_unit, progress=progress)
-    written, _ = commit_unit_outputs(storage, "phashes", source, "phashes", results.summaries)
-    run.finish()
-    return PhashesReport(source, results.total("rows"), results.total("failed"), time.monotonic() - start, version,
-                         written, results)
+def pin_samples(run: StageRun) -> dict[str, int]:
+    """The `samples` version the units read, planned into row ranges of the partition."""
+    version, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
+                                                 run["unit_rows"], run.storage.lance_storage_options())
+    return {"samples": version}
+
+
+def phash_units(run: StageRun) -> None:
+    run.units("units", run.state["units"], phash_unit)
+
+
+def commit_phashes(run: StageRun) -> dict[str, int]:
+    version, _ = commit_unit_outputs(run.storage, "phashes", run.partition, "phashes", run.results["units"].summaries)
+    return {"phashes": version}
+
+
+def report_phashes(run: StageRun) -> PhashesReport:
+    results = run.results["units"]
+    return PhashesReport(run.partition, results.total("rows"), results.total("failed"), run.seconds,
+                         run.inputs["samples"], run.versions["phashes"], results)
+
+
+PHASHES = Stage(
+    "phashes", reads=("samples",), writes=("phashes", "rejects"), code_version="1", report_type=PhashesReport,
+    settings={"max_pixels": DEFAULT_MAX_PIXELS, "unit_rows": UNIT_ROWS},
+    unit_sizes=(UnitSize("unit_rows", "Rows per `phashes` unit (ingest's hashes are copied; rows without one "
+                                      "are decoded)."),),
+    pin=pin_samples, work=phash_units, commit=commit_phashes, report=report_phashes,
+)
+
+
+def build_phashes(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> PhashesReport:
+    """`phashes` of one source (`run_partition` of PHASHES): settings max_pixels, unit_rows."""
+    return run_partition(PHASHES, storage, source, progress=progress, **settings)

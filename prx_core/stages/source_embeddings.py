@@ -24,7 +24,7 @@ import xxhash
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Manifest, Unit, UnitRun, run_units
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, unit_outputs
 from prx_core.store.storage import Storage

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store import fencing, lock_objects
 from prx_core.store.lock_objects import Held, LockStore
 from prx_core.store.storage import Storage

@@ -8,18 +8,15 @@ measures and repairs. Pure library: never imports dagster.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
 from lance import LanceDataset
 from lance.commit import CommitConflictError
 
-from prx_core.store.compaction import compact_partitions
 from prx_core.store.lance_io import StorageOptions, require_table
-from prx_core.store.retention import cleanup_superseded
 from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
@@ -60,53 +57,6 @@ def fragment_health(uri: str, target_rows: int = 1_000_000, small_fraction: floa
 
 
 @dataclass(frozen=True)
-class CompactionReport:
-    fragments_before: int
-    fragments_after: int
-    versions_removed: int
-    bytes_removed: int
-    version: int
-    partitions_rewritten: int = 0  # partition compaction only: partitions whose fragments were merged
-    mixed_fragments_split: int = 0  # ... and fragments that held more than one partition
-    versions_kept_pinned: int = 0  # old enough to go, kept: an uncommitted stage attempt reads them
-    versions_kept_recent: int = 0  # kept: superseded less than the retention ago
-
-
-def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
-                  cleanup_older_than: timedelta = timedelta(days=7),
-                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = (),
-                  pinned_versions: Collection[int] = ()) -> CompactionReport:
-    """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
-
-    Tables replaced per partition name their `partition_columns` and are compacted partition by
-    partition (prx_core.store.compaction), so a fragment never mixes sources; the others go
-    through Lance's `compact_files`, indexes first: Lance never merges an indexed fragment with
-    an unindexed one (a replaced partition's new fragments), so compaction alone left them apart.
-    Cleanup (prx_core.store.retention) removes a version only once the version after it is
-    `cleanup_older_than` old (aged from supersession, not creation), never one in
-    `pinned_versions` (what uncommitted stage attempts read: `retention.pinned_versions`), the
-    latest or a tagged one, nor (no `delete_unverified`) files of in-flight writers younger than 7 days.
-    """
-    ds = require_table(uri, storage_options)
-    before = len(ds.get_fragments())
-    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
-    partitions = None
-    if partition_columns:
-        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
-        ds = require_table(uri, storage_options)
-    else:
-        ds = compact_files(ds, uri, target_rows_per_fragment, storage_options)
-    cleanup = cleanup_superseded(ds, cleanup_older_than, pinned_versions)
-    _catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
-    return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
-                            versions_removed=cleanup.removed, bytes_removed=cleanup.bytes_removed,
-                            version=ds.version, partitions_rewritten=partitions.partitions if partitions else 0,
-                            mixed_fragments_split=partitions.mixed_split if partitions else 0,
-                            versions_kept_pinned=len(cleanup.kept_pinned),
-                            versions_kept_recent=len(cleanup.kept_recent))
-
-
-@dataclass(frozen=True)
 class IndexReport:
     """What `refresh_indexes` did; `indexes` are the names present afterwards, `version` the
     table version after it (what readers of the table see)."""
@@ -118,39 +68,12 @@ class IndexReport:
     version: int | None = None
 
 
-def compact_files(ds: LanceDataset, uri: str, target_rows: int, storage_options: StorageOptions) -> LanceDataset:
-    """Lance's `compact_files` with its rewrites on Ray workers: planned here from fragment
-    metadata, each task merges a group of small fragments (the rows pass through a worker, never
-    the driver), then one commit. The shared tables gain a fragment per batch of appends."""
-    import ray
-    from lance.optimize import Compaction
-
-    from prx_core.compute.parallel import imap_tasks
-
-    if not ray.is_initialized():  # a library call without Ray (a notebook, a script): in this process
-        ds.optimize.compact_files(target_rows_per_fragment=target_rows)
-        return ds
-    plan = Compaction.plan(ds, options={"target_rows_per_fragment": target_rows})
-    if not plan.num_tasks():
-        return ds
-    calls = ((task, uri, ds.version, storage_options) for task in plan.tasks)
-    rewrites = [rewrite for _, rewrite in imap_tasks(_rewrite_fragments, calls)]
-    Compaction.commit(ds, rewrites)
-    return require_table(uri, storage_options)
-
-
-def _rewrite_fragments(task: Any, uri: str, version: int, storage_options: StorageOptions) -> Any:
-    import lance
-
-    return task.execute(lance.dataset(uri, version=version, storage_options=storage_options or None))
-
-
 def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
     covered = {int(i) for segment in desc.segments for i in segment.fragment_ids}
     return {f.fragment_id for f in ds.get_fragments()} - covered
 
 
-def _catch_up_indexes(ds: LanceDataset, names: list[str], merge: bool = True) -> list[str]:
+def catch_up_indexes(ds: LanceDataset, names: list[str], merge: bool = True) -> list[str]:
     """Index unindexed fragments; with `merge`, also merge each index into one segment. No commit
     when nothing is stale.
 
@@ -222,7 +145,7 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
             notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
         else:
             created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
-    optimized = _catch_up_indexes(ds, existing, merge)
+    optimized = catch_up_indexes(ds, existing, merge)
     latest = require_table(uri, storage_options)
     names = sorted(d.name for d in latest.describe_indices())
     return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)

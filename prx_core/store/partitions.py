@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 from lance.fragment import FragmentMetadata
 
-from prx_core.sources.catalog import validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 

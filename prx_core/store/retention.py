@@ -21,8 +21,7 @@ from typing import Any
 
 from lance import LanceDataset
 
-from prx_core.compute.units import COMMITTED, RUNS
-from prx_core.store.storage import Storage
+from prx_core.store.storage import COMMITTED, RUNS, Storage
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ TABLES: dict[str, pa.Schema] = {
 
 
 # Tables replaced partition by partition, and the columns of a partition's key: compaction keeps
-# each key's rows in fragments of their own (prx_core.store.compaction). The others are shared
+# each key's rows in fragments of their own (prx_core.upkeep.compaction). The others are shared
 # (upserted by content) or global (`duplicates`).
 PARTITION_COLUMNS: dict[str, list[str]] = {
     "samples": ["source"], "buckets": ["source"], "phashes": ["source"], "source_embeddings": ["source"],

@@ -20,6 +20,8 @@ from prx_core.store import fencing
 from prx_core.store.credentials import redact, refuse_literal_secrets, resolve_references
 
 REMOTE_SCHEMES = ("s3://", "gs://", "az://", "abfs://", "memory://")
+RUNS = "_runs"  # <root>/_runs/<asset>/<partition>/<attempt>/: work-unit attempts (prx_core.compute.units)
+COMMITTED = "committed"  # the marker of an attempt whose outputs are live
 
 
 def is_remote(uri: str) -> bool:

@@ -17,6 +17,7 @@ import pytest
 from prx_core.models.embeddings import EMBEDDING_DIM, EmbedBatch, EmbedderConfig
 from prx_core.stages.caption_embeddings import build_caption_embeddings
 from prx_core.store import lance_io, maintenance, schemas
+from prx_core.upkeep import compaction
 from prx_core.store.storage import Storage
 
 CAPTIONER = "cap-v1"
@@ -199,7 +200,7 @@ def test_vector_indexes_cover_every_fragment_and_survive_compaction(tmp_path: Pa
         uri = storage.lance_uri(name)
         before = lance_io.require_table(uri)
         probe = before.to_table(limit=1, offset=170)
-        compacted = maintenance.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
+        compacted = compaction.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
         assert compacted.fragments_before > 1 and compacted.fragments_after == 1, (name, compacted)
         coverage = maintenance.vector_index_coverage(uri, "embedding")
         assert coverage.index == "embedding_vector" and coverage.unindexed_fragments == [] and coverage.complete, name

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
-from prx_core.store import compaction as lc
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
+from prx_core.upkeep import compaction as lc
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # partitions are rewritten by Ray tasks
 
@@ -43,10 +43,10 @@ def test_small_fragments_merge_per_source_and_a_rerun_is_a_no_op(tmp_path: Path)
 def test_mixed_fragments_are_split_and_a_replace_then_drops_whole_fragments(tmp_path: Path) -> None:
     uri = str(tmp_path / "mixed.lance")
     build(uri, "ab")
-    maint.compact_table(uri, target_rows_per_fragment=1000)  # Lance's compact_files: one fragment, both sources
+    lc.compact_table(uri, target_rows_per_fragment=1000)  # Lance's compact_files: one fragment, both sources
     assert sources_per_fragment(uri) == [{"a", "b"}]
     snapshot = content(uri)
-    report = maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
+    report = lc.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
     assert (report.mixed_fragments_split, report.partitions_rewritten) == (1, 2) and content(uri) == snapshot
     assert sorted(map(sorted, sources_per_fragment(uri))) == [["a"], ["b"]]
     lio.replace_partition(uri, where("a"), rows("a", 5, "v2"), SCHEMA)
@@ -81,7 +81,7 @@ def test_two_column_partitions_like_rejects(tmp_path: Path) -> None:
                     lio.replace_rows(uri, predicate, frags, schema)
                 else:
                     lance.LanceDataset.commit(ds, lance.LanceOperation.Append(frags), read_version=ds.version)
-    maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source", "stage"])
+    lc.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source", "stage"])
     ds = lance.dataset(uri)
     keys = [set(zip(*(f.to_table(columns=["source", "stage"])[c].to_pylist() for c in ("source", "stage"))))
             for f in ds.get_fragments()]
@@ -92,7 +92,7 @@ def test_indexes_answer_after_compaction(tmp_path: Path) -> None:
     uri = str(tmp_path / "fts.lance")
     build(uri, "ab")
     maint.refresh_indexes(uri, ["caption"])
-    maint.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
+    lc.compact_table(uri, target_rows_per_fragment=1000, partition_columns=["source"])
     ds = lance.dataset(uri)
     hits = ds.to_table(full_text_query="caption", columns=["sample_id"])
     assert len(hits) == 80

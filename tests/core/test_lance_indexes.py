@@ -14,6 +14,7 @@ from test_lance_io import SCHEMA, content, content_of, rows, where
 
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
+from prx_core.upkeep import compaction
 
 
 def embedded_rows(source: str, n: int, dim: int, seed: int) -> pa.Table:
@@ -49,7 +50,7 @@ def test_indexes_refresh_and_survive_compaction(tmp_path: Path) -> None:
     assert maint.refresh_indexes(uri, ["caption"], "emb").optimized == ["caption_fts", "emb_vector"]
     check()
     lio.replace_partition(uri, where("b"), embedded_rows("b", 250, dim, 8), schema)  # unindexed again
-    report = maint.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
+    report = compaction.compact_table(uri, target_rows_per_fragment=10_000, cleanup_older_than=timedelta(0))
     assert report.fragments_after == 1  # indexes caught up first, or Lance keeps fragments apart
     assert maint.refresh_indexes(uri, ["caption"], "emb") == maint.IndexReport(
         indexes=["caption_fts", "emb_vector"], created=[], optimized=[], notes=[], version=lio.table_version(uri))

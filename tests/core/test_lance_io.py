@@ -15,6 +15,7 @@ import pytest
 
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
+from prx_core.upkeep import compaction
 from prx_core.store.storage import lance_storage_options
 
 SCHEMA = pa.schema([("sample_id", pa.string()), ("source", pa.string()), ("value", pa.int64()),
@@ -89,7 +90,7 @@ def test_replace_after_compaction_mixed_sources(tmp_path: Path) -> None:
         frags = lio.write_fragments(uri, rows(source, 40), SCHEMA, max_rows_per_file=10)
         lio.replace_rows(uri, where(source), frags, SCHEMA)
     assert len(lance.dataset(uri).get_fragments()) == 8
-    report = maint.compact_table(uri, target_rows_per_fragment=1000)
+    report = compaction.compact_table(uri, target_rows_per_fragment=1000)
     assert (report.fragments_before, report.fragments_after) == (8, 1)
     b_rows, before = content(uri, "b"), lio.table_version(uri)
     version = lio.replace_partition(uri, where("a"), rows("a", 5, "v2"), SCHEMA)
@@ -159,7 +160,7 @@ def test_concurrent_partitions_all_land(tmp_path: Path, layout: str) -> None:
             for source in sources:
                 lio.replace_partition(uri, where(source), rows(source, 7, "old"), SCHEMA)
         if layout == "mixed":
-            assert maint.compact_table(uri, target_rows_per_fragment=1000).fragments_after == 1
+            assert compaction.compact_table(uri, target_rows_per_fragment=1000).fragments_after == 1
         materialize_concurrently(uri, sources)
 
 
@@ -235,7 +236,7 @@ def test_fragment_health(tmp_path: Path) -> None:
     health = maint.fragment_health(many, target_rows=1000)
     assert (health.fragments, health.rows, health.small_fragments, health.small_ratio) == (20, 200, 20, 1.0)
     assert health.needs_compaction
-    report = maint.compact_table(many, target_rows_per_fragment=1000, cleanup_older_than=timedelta(0))
+    report = compaction.compact_table(many, target_rows_per_fragment=1000, cleanup_older_than=timedelta(0))
     assert (report.fragments_before, report.fragments_after) == (20, 1)
     assert report.versions_removed >= 20 and report.bytes_removed > 0
     assert not maint.fragment_health(many, target_rows=1000).needs_compaction

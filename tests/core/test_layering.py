@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
+import prx_core
+
+PRX_CORE = Path(prx_core.__file__).parent
 PROBE = """
 import importlib, pkgutil, sys
 import prx_core
@@ -30,3 +35,42 @@ def test_definitions_and_stage_jobs_load_without_torch() -> None:
                           env={**os.environ, "PRX_ROOT": "/nonexistent/corpus"})
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+# The floors of prx_core, lowest first: a package imports only packages on floors below its own.
+# The store is the ground (Lance, paths, locks, the name rule); compute runs work on Ray; upkeep
+# (compaction, batched appends) and models use compute; sources and shards read and write data;
+# stages put them together; the demo writes sources for the stages.
+FLOORS = {"image": 0, "store": 0, "compute": 1, "upkeep": 2, "models": 2, "sources": 3, "shards": 3, "stages": 4,
+          "demo": 5}
+IMPORT = re.compile(r"^\s*(?:from|import)\s+prx_core\.([a-z_]+)", re.MULTILINE)
+
+
+def floor_violations(root: Path) -> list[str]:
+    """`module imports prx_core.<package>` for each import of a package not on a floor below."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        package = path.relative_to(root).parts[0]
+        if package not in FLOORS:
+            continue
+        for imported in IMPORT.findall(path.read_text()):
+            if imported != package and FLOORS.get(imported, 99) >= FLOORS[package]:
+                found.append(f"{path.relative_to(root.parent)} imports prx_core.{imported}")
+    return found
+
+
+def test_every_package_of_prx_core_has_a_floor() -> None:
+    packages = {p.name for p in PRX_CORE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(FLOORS)
+
+
+def test_prx_core_imports_only_downwards() -> None:
+    assert floor_violations(PRX_CORE) == []
+
+
+def test_the_floor_rule_finds_an_upward_import(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "bad.py").write_text("from prx_core.compute.parallel import imap_tasks\n")
+    (tmp_path / "compute").mkdir()
+    (tmp_path / "compute" / "fine.py").write_text("    from prx_core.store import lance_io\n")
+    assert floor_violations(tmp_path) == [f"{tmp_path.name}/store/bad.py imports prx_core.compute"]

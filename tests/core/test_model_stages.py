@@ -124,7 +124,7 @@ SCRIPT = """
 import ray, sys
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.stages.captions import build_captions
-from prx_core.store.appends import BatchedAppend
+from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.storage import Storage
 ray.init(address=sys.argv[2], log_to_driver=False)
 storage = Storage(sys.argv[1])

@@ -30,7 +30,7 @@ from prx_core.shards.mds_read import read_stream_rows, verify_stream
 from prx_core.shards.publish import write_source_streams
 from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io as lio
-from prx_core.store import maintenance as maint
+from prx_core.upkeep import compaction
 from prx_core.store import retention as lance_retention
 from prx_core.store.storage import Storage
 
@@ -139,12 +139,12 @@ def test_a_lance_version_created_long_ago_but_superseded_now_survives_compaction
     time.sleep(retention.total_seconds() + 0.5)  # v1 is older than the retention (Lance's own clock)
     v2 = lio.replace_partition(uri, where("a"), rows("a", 10, "v2"), SCHEMA)
     fake_clock(monkeypatch, lance_retention, committed_at(uri, v2) + 0.1)  # cleanup right after v2
-    report = maint.compact_table(uri, target_rows_per_fragment=1000, cleanup_older_than=retention)
+    report = compaction.compact_table(uri, target_rows_per_fragment=1000, cleanup_older_than=retention)
     assert v1 in lance_versions(uri) and report.versions_removed == 0 and report.versions_kept_recent >= 1
     pinned_reader = lance.dataset(uri, version=v1)  # a stage pinned to the previous version still reads it
     assert sorted(pinned_reader.to_table()["value"].to_pylist()) == sorted(rows("a", 10)["value"].to_pylist())
     fake_clock(monkeypatch, lance_retention, time.time() + 60)  # a minute past the retention of v2
-    later = maint.compact_table(uri, target_rows_per_fragment=1000, cleanup_older_than=retention)
+    later = compaction.compact_table(uri, target_rows_per_fragment=1000, cleanup_older_than=retention)
     assert v1 not in lance_versions(uri) and later.versions_removed >= 1
 
 
@@ -157,14 +157,14 @@ def test_a_lance_version_pinned_by_an_uncommitted_attempt_is_never_removed(tmp_p
     lio.replace_partition(uri, where("a"), rows("a", 10, "v3"), SCHEMA)
     assert lance_retention.pinned_versions(storage) == {"samples": {v1}}
     fake_clock(monkeypatch, lance_retention, time.time() + 30 * DAY)  # everything superseded long ago
-    report = maint.compact_table(uri, target_rows_per_fragment=1000,
+    report = compaction.compact_table(uri, target_rows_per_fragment=1000,
                                  pinned_versions=lance_retention.pinned_versions(storage)["samples"])
     assert v1 in lance_versions(uri) and v2 not in lance_versions(uri) and report.versions_kept_pinned == 1
     assert lance.dataset(uri, version=v1).count_rows() == 10  # the attempt can still resume on it
 
     run.finish()  # committed: it reads its inputs no more
     assert lance_retention.pinned_versions(storage) == {}
-    maint.compact_table(uri, target_rows_per_fragment=1000, pinned_versions=())
+    compaction.compact_table(uri, target_rows_per_fragment=1000, pinned_versions=())
     assert lance_versions(uri) == [lance.dataset(uri).version]
 
 

@@ -5,21 +5,25 @@ replacing one source has to put deletion vectors on every fragment it shares wit
 (plan compaction per source: docs/architecture.md). Here the small fragments and the fragments with deleted
 rows of each partition (a source, or a (source, stage) pair for `rejects`) are merged among
 themselves and fragments that already mix partitions are split back, in one `Update` commit: the operation a partition replace makes, so the
-same conflict rules hold between the two. Pure library: never imports dagster.
+same conflict rules hold between the two. `compact_table` is what the nightly compact_corpus job runs per table.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
 from prx_core.compute.parallel import imap_tasks
+from prx_core.store.maintenance import catch_up_indexes
+from prx_core.store.retention import cleanup_superseded
 from prx_core.store.lance_io import (
     StorageOptions,
     backoff,
@@ -125,3 +129,75 @@ def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_00
             continue
         return PartitionCompaction(len(removed), len(new), len(plan), mixed, version)
     raise RuntimeError(f"{uri}: compaction still conflicted after {max_retries} retries")
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    fragments_before: int
+    fragments_after: int
+    versions_removed: int
+    bytes_removed: int
+    version: int
+    partitions_rewritten: int = 0  # partition compaction only: partitions whose fragments were merged
+    mixed_fragments_split: int = 0  # ... and fragments that held more than one partition
+    versions_kept_pinned: int = 0  # old enough to go, kept: an uncommitted stage attempt reads them
+    versions_kept_recent: int = 0  # kept: superseded less than the retention ago
+
+
+def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
+                  cleanup_older_than: timedelta = timedelta(days=7),
+                  storage_options: StorageOptions = None, partition_columns: Sequence[str] = (),
+                  pinned_versions: Collection[int] = ()) -> CompactionReport:
+    """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
+
+    Tables replaced per partition name their `partition_columns` and are compacted partition by
+    partition (`compact_partitions`), so a fragment never mixes sources; the others go
+    through Lance's `compact_files`, indexes first: Lance never merges an indexed fragment with
+    an unindexed one (a replaced partition's new fragments), so compaction alone left them apart.
+    Cleanup (prx_core.store.retention) removes a version only once the version after it is
+    `cleanup_older_than` old (aged from supersession, not creation), never one in
+    `pinned_versions` (what uncommitted stage attempts read: `retention.pinned_versions`), the
+    latest or a tagged one, nor (no `delete_unverified`) files of in-flight writers younger than 7 days.
+    """
+    ds = require_table(uri, storage_options)
+    before = len(ds.get_fragments())
+    catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    partitions = None
+    if partition_columns:
+        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
+        ds = require_table(uri, storage_options)
+    else:
+        ds = compact_files(ds, uri, target_rows_per_fragment, storage_options)
+    cleanup = cleanup_superseded(ds, cleanup_older_than, pinned_versions)
+    catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
+    return CompactionReport(fragments_before=before, fragments_after=len(ds.get_fragments()),
+                            versions_removed=cleanup.removed, bytes_removed=cleanup.bytes_removed,
+                            version=ds.version, partitions_rewritten=partitions.partitions if partitions else 0,
+                            mixed_fragments_split=partitions.mixed_split if partitions else 0,
+                            versions_kept_pinned=len(cleanup.kept_pinned),
+                            versions_kept_recent=len(cleanup.kept_recent))
+
+
+def compact_files(ds: LanceDataset, uri: str, target_rows: int, storage_options: StorageOptions) -> LanceDataset:
+    """Lance's `compact_files` with its rewrites on Ray workers: planned here from fragment
+    metadata, each task merges a group of small fragments (the rows pass through a worker, never
+    the driver), then one commit. The shared tables gain a fragment per batch of appends."""
+    import ray
+    from lance.optimize import Compaction
+
+    if not ray.is_initialized():  # a library call without Ray (a notebook, a script): in this process
+        ds.optimize.compact_files(target_rows_per_fragment=target_rows)
+        return ds
+    plan = Compaction.plan(ds, options={"target_rows_per_fragment": target_rows})
+    if not plan.num_tasks():
+        return ds
+    calls = ((task, uri, ds.version, storage_options) for task in plan.tasks)
+    rewrites = [rewrite for _, rewrite in imap_tasks(_rewrite_fragments, calls)]
+    Compaction.commit(ds, rewrites)
+    return require_table(uri, storage_options)
+
+
+def _rewrite_fragments(task: Any, uri: str, version: int, storage_options: StorageOptions) -> Any:
+    import lance
+
+    return task.execute(lance.dataset(uri, version=version, storage_options=storage_options or None))

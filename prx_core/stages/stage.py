@@ -1,0 +1,154 @@
+"""A stage declared once, and `run_partition`, the one way every stage runs a partition.
+
+A `Stage` names what it reads and writes, its code version, its settings (with the unit sizes
+among them, which `prx_resources.units` offers to operators), its phases of work units, and four
+steps: `pin` the input versions the attempt computes from, `work` its phases on Ray workers,
+`commit` what the units wrote, and `report`. `run_partition` is the rest, the same for every
+stage: the source name checked, the partition lock held, the attempt opened from the manifest
+(asset, partition, pinned inputs, code version, the settings that shape outputs or units), the
+steps in order, the attempt finished after the commit, and the report made small for the wire.
+
+The asset layer (through `prx_core.stages.entry.run_stage`), the Ray job entry point
+(`prx_core.stages.job`) and the scale benchmark all call it, so a fix to how stages run lands once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.unit_results import condense_report
+from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.store.locks import partition_lock
+from prx_core.store.names import validate_source_name
+from prx_core.store.storage import Storage
+
+
+
+@dataclass(frozen=True)
+class Required:
+    """A setting without a default, of `type`: the caller must give it."""
+
+    type: Any
+
+
+def required(kind: Any) -> Required:
+    return Required(kind)
+
+
+@dataclass(frozen=True)
+class UnitSize:
+    """A setting that sizes work units: it changes how work is cut, never what is written."""
+
+    setting: str  # the stage's keyword (e.g. "unit_rows")
+    description: str  # what it trades, for the operator (prx_resources.units)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: what it is (tables, code version, settings, phases) and its four steps.
+
+    `pin(run)` returns the pinned inputs (and may add manifest params to `run.params` and plans to
+    `run.state`); `work(run)` runs the phases through `run.units`; `commit(run)` makes the units'
+    outputs live and returns the Lance versions written; `report(run)` builds the report after the
+    attempt is finished (it may still raise: a refusal whose rejects are committed for inspection).
+    Settings in `unpinned` never enter the manifest (time limits, escape hatches). `then(report, run)`,
+    when set, runs after the lock is released and returns what the asset reports (`report_type`):
+    a step that takes another lock, or reads back what the stage published."""
+
+    name: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    code_version: str
+    report_type: type
+    settings: Mapping[str, Any]
+    pin: Callable[[StageRun], Mapping[str, Any]]
+    work: Callable[[StageRun], None]
+    commit: Callable[[StageRun], Mapping[str, int | None]]
+    report: Callable[[StageRun], Any]
+    phases: tuple[str, ...] = ("units",)
+    unit_sizes: tuple[UnitSize, ...] = ()
+    unpinned: tuple[str, ...] = ()
+    partition: str | None = None  # the one partition (and lock) of an unpartitioned stage
+    then: Callable[[Any, StageRun], Any] | None = None
+
+    def defaults(self) -> dict[str, Any]:
+        return {k: v for k, v in self.settings.items() if not isinstance(v, Required)}
+
+    def setting_types(self) -> dict[str, Any]:
+        """The type of each setting (a required one's declared type, else its default's)."""
+        return {k: v.type if isinstance(v, Required) else type(v) for k, v in self.settings.items()}
+
+
+@dataclass
+class StageRun:
+    """One run of a stage over one partition: what its steps share."""
+
+    stage: Stage
+    storage: Storage
+    partition: str
+    settings: dict[str, Any]
+    progress: Throttle | None
+    params: dict[str, Any] = field(default_factory=dict)  # the manifest's params
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)  # the stage's own plans between its steps
+    results: dict[str, UnitResults] = field(default_factory=dict)  # by phase
+    versions: Mapping[str, int | None] = field(default_factory=dict)  # written by `commit`
+    attempt: UnitRun | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def __getitem__(self, setting: str) -> Any:
+        return self.settings[setting]
+
+    @property
+    def seconds(self) -> float:
+        return time.monotonic() - self.started
+
+    def units(self, phase: str, units: Sequence[Unit], fn: Callable[..., dict[str, Any]], *, progress: bool = True,
+              **options: Any) -> UnitResults:
+        """Run one phase's units in this attempt; progress lines carry the phase's name after the first."""
+        if phase not in self.stage.phases:
+            raise ValueError(f"{self.stage.name}: phase {phase!r} is not declared ({', '.join(self.stage.phases)})")
+        assert self.attempt is not None, "units run inside run_partition"
+        self.results[phase] = run_units(self.attempt, units, fn, phase=phase,
+                                        progress=self._progress(phase) if progress else None, **options)
+        return self.results[phase]
+
+    def _progress(self, phase: str) -> Throttle | None:
+        if self.progress is None or phase == self.stage.phases[0]:
+            return self.progress
+        return Throttle(self.progress.report, f"{self.progress.label} {phase}", self.progress.seconds, self.progress.unit)
+
+
+def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, progress: Throttle | None = None,
+                  **settings: Any) -> Any:
+    """Run `stage` over the partition `source` (or its one partition): lock, pin, open the attempt,
+    work, commit, finish, report. A rerun of the same manifest resumes its recorded units."""
+    partition = source or getattr(settings.get("spec"), "name", None) or stage.partition
+    validate_source_name(partition)
+    run = StageRun(stage, storage, partition, bind_settings(stage, settings), progress)
+    with partition_lock(storage, stage.name, stage.partition or partition):
+        run.params = {k: v for k, v in run.settings.items() if k not in stage.unpinned}
+        run.inputs = stage.pin(run)
+        manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params)
+        run.attempt = UnitRun.open(storage, manifest)
+        stage.work(run)
+        run.versions = stage.commit(run)
+        run.attempt.finish()
+        report = condense_report(stage.report(run), storage, stage.name, partition, run.attempt.token)
+    return report if stage.then is None else stage.then(report, run)
+
+
+def bind_settings(stage: Stage, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The stage's settings with its defaults; an unknown or missing one fails naming them all."""
+    unknown = sorted(set(given) - set(stage.settings))
+    if unknown:
+        raise TypeError(f"{stage.name}: unknown setting(s) {', '.join(unknown)}; settings: {', '.join(stage.settings)}")
+    bound = {**stage.defaults(), **given}
+    missing = sorted(k for k in stage.settings if k not in bound)
+    if missing:
+        raise TypeError(f"{stage.name}: missing setting(s) {', '.join(missing)}")
+    return bound

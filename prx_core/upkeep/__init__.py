@@ -1,0 +1,1 @@
+"""Upkeep of the store that runs Ray work: compaction, batched appends. Above `compute`, below the stages."""
