@@ -84,7 +84,7 @@ def read_table(uri: str, columns: list[str] | None = None, filter: str | None = 
 
 def write_fragments(uri: str, data: pa.Table | pa.RecordBatchReader | Iterable[pa.RecordBatch],
                     schema: pa.Schema, storage_options: StorageOptions = None,
-                    max_rows_per_file: int = 1_000_000) -> list[FragmentMetadata]:
+                    max_rows_per_file: int = 1_000_000, max_bytes_per_file: int | None = None) -> list[FragmentMetadata]:
     """Write data files WITHOUT committing; the result pickles (for Ray) and goes to `replace_rows`.
 
     Tables are fed in ~8 MB batches: one huge batch of image blobs wrote at half the speed."""
@@ -96,8 +96,9 @@ def write_fragments(uri: str, data: pa.Table | pa.RecordBatchReader | Iterable[p
     else:
         reader = pa.RecordBatchReader.from_batches(schema, iter(data))
     with naming_full_disk(uri):
+        sized = {} if max_bytes_per_file is None else {"max_bytes_per_file": max_bytes_per_file}
         return lance.fragment.write_fragments(reader, uri, schema=schema, max_rows_per_file=max_rows_per_file,
-                                              storage_options=storage_options or None)
+                                              storage_options=storage_options or None, **sized)
 
 
 def _create(uri: str, schema: pa.Schema, fragments: Sequence[FragmentMetadata],

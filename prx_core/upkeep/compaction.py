@@ -21,7 +21,7 @@ import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
-from prx_core.compute.parallel import imap_tasks
+from prx_core.compute.parallel import TaskFailed, imap_tasks
 from prx_core.store.maintenance import catch_up_indexes
 from prx_core.store.retention import cleanup_superseded
 from prx_core.store.lance_io import (
@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 Key = tuple[object, ...]
 
 
+TARGET_BYTES = 64 << 30  # what one ingest unit writes (samples.UNIT_BYTES): under Lance's 90 GiB file cap
+GROUP_SECONDS = 2 * 3600  # time limit of one group's rewrite: a stuck one is left for the next night
+
+
 @dataclass(frozen=True)
 class PartitionCompaction:
     """What `compact_partitions` rewrote: fragments removed and written, partitions touched."""
@@ -46,30 +50,63 @@ class PartitionCompaction:
     partitions: int
     mixed_split: int  # fragments that held rows of more than one partition
     version: int
+    groups: int = 0  # rewrite tasks: groups of fragments of one partition, each at most a target fragment
+    groups_failed: int = 0  # groups whose rewrite failed or ran past GROUP_SECONDS: left as they were
+
+
+def fragment_bytes(fragment: Any) -> int:
+    """Bytes of a fragment's data files, from the manifest (0 for a file written without its size)."""
+    return sum(int(f.file_size_bytes or 0) for f in fragment.data_files())
 
 
 def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, small_fraction: float = 0.5,
-                    deleted_fraction: float = 0.1) -> tuple[dict[Key, list[int]], int]:
-    """Fragment ids to rewrite per partition key, and how many fragments mix partitions.
+                    deleted_fraction: float = 0.1, target_bytes: int = TARGET_BYTES) -> tuple[dict[Key, list[list[int]]], int]:
+    """Groups of fragment ids to rewrite per partition key, and how many fragments mix partitions.
 
-    A partition is rewritten when it has two or more small fragments, a fragment with more than
-    `deleted_fraction` of its rows deleted (Lance's own threshold), or rows in a mixed fragment;
-    a lone healthy fragment is left alone."""
-    keys_of = {f.fragment_id: fragment_keys(ds, f.fragment_id, columns) for f in ds.get_fragments()}
+    A fragment is small below `small_fraction` of the target in rows AND in bytes: a fragment of
+    image blobs reaches the byte target long before a million rows, and rewriting it for its row
+    count would rewrite a whole source every night for nothing. A partition is rewritten when it
+    has two or more small fragments, a fragment with more than `deleted_fraction` of its rows
+    deleted (Lance's own threshold), or rows in a mixed fragment; a lone healthy fragment is left
+    alone. Its fragments are cut into groups of at most one target fragment (rows and bytes), each
+    one rewrite task, so no task rewrites a whole partition."""
+    metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
+    keys_of = {i: fragment_keys(ds, i, columns) for i in metas}
     pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
     shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
     for fragment_id, keys in keys_of.items():
         for key in keys:
             (pure if len(keys) == 1 else shared)[key].append(fragment_id)
-    metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
-    plan: dict[Key, list[int]] = {}
+    plan: dict[Key, list[list[int]]] = {}
     for key in pure.keys() | shared.keys():
-        small = [i for i in pure[key] if metas[i].num_rows < small_fraction * target_rows]
+        small = [i for i in pure[key] if metas[i].num_rows < small_fraction * target_rows
+                 and fragment_bytes(metas[i]) < small_fraction * target_bytes]
         deleted = [i for i in pure[key]
                    if metas[i].num_deletions > deleted_fraction * (metas[i].num_rows + metas[i].num_deletions)]
         if len(small) >= 2 or deleted or shared[key]:
-            plan[key] = sorted(set(small) | set(deleted) | set(shared[key]))
+            groups = group_fragments(sorted(set(small) | set(deleted) | set(shared[key])), metas, target_rows,
+                                     target_bytes)
+            # a lone small fragment, healthy otherwise, gains nothing from a rewrite of its own
+            plan[key] = [g for g in groups if len(g) > 1 or set(g) & (set(deleted) | set(shared[key]))]
+            if not plan[key]:
+                del plan[key]
     return plan, sum(1 for keys in keys_of.values() if len(keys) > 1)
+
+
+def group_fragments(ids: list[int], metas: dict[int, Any], target_rows: int, target_bytes: int) -> list[list[int]]:
+    """Consecutive fragments in groups of at most one target fragment (rows and bytes, live rows)."""
+    groups: list[list[int]] = []
+    rows = size = 0
+    for i in ids:
+        live, nbytes = metas[i].num_rows, fragment_bytes(metas[i])  # num_rows: the live rows
+        if groups and groups[-1] and (rows + live > target_rows or size + nbytes > target_bytes):
+            groups.append([])
+            rows = size = 0
+        if not groups:
+            groups.append([])
+        groups[-1].append(i)
+        rows, size = rows + live, size + nbytes
+    return groups
 
 
 def fragment_keys(ds: LanceDataset, fragment_id: int, columns: Sequence[str]) -> set[Key]:
@@ -94,32 +131,45 @@ def partition_predicate(columns: Sequence[str], key: Key) -> str:
 
 
 def rewrite_partition(uri: str, version: int, fragment_ids: list[int], predicate: str, target_rows: int,
-                      storage_options: StorageOptions) -> list[dict]:
+                      storage_options: StorageOptions, target_bytes: int | None = None) -> list[dict]:
     """Ray task: one partition's rows of the given fragments, rewritten into new fragments of up to
-    `target_rows` rows (no commit); the rows, image bytes included, never pass through the driver."""
+    `target_rows` rows and `target_bytes` (no commit); the rows, image bytes included, never pass
+    through the driver."""
     ds = require_table(uri, storage_options).checkout_version(version)
     scanner = ds.scanner(fragments=[ds.get_fragment(i) for i in fragment_ids], filter=predicate)
-    written = write_fragments(uri, scanner.to_reader(), ds.schema, storage_options, max_rows_per_file=target_rows)
+    written = write_fragments(uri, scanner.to_reader(), ds.schema, storage_options, max_rows_per_file=target_rows,
+                              max_bytes_per_file=target_bytes)
     return [f.to_json() for f in written]
 
 
 def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_000_000,
-                       storage_options: StorageOptions = None, max_retries: int = 3) -> PartitionCompaction:
+                       storage_options: StorageOptions = None, max_retries: int = 3,
+                       target_bytes: int = TARGET_BYTES, group_seconds: float = GROUP_SECONDS) -> PartitionCompaction:
     """Merge each partition's small fragments, split mixed ones, in one commit; rows unchanged.
-    The driver plans from fragment metadata and indexed counts; one Ray task per partition rewrites.
+    The driver plans from fragment metadata and indexed counts; one Ray task per group of
+    fragments rewrites (`plan_compaction`), cancelled after `group_seconds`. A group that fails
+    or times out keeps its fragments (the next run tries again); the others commit.
 
     On a conflict (a partition replace committed meanwhile) the plan is made again from the new
     version; fragments written for the lost attempt are never referenced and go with the
     orphan cleanup of `cleanup_old_versions`."""
     for attempt in range(max_retries + 1):
         ds = require_table(uri, storage_options)
-        plan, mixed = plan_compaction(ds, columns, target_rows)
+        plan, mixed = plan_compaction(ds, columns, target_rows, target_bytes=target_bytes)
         if not plan:
             return PartitionCompaction(0, 0, 0, 0, ds.version)
-        calls = ((uri, ds.version, ids, partition_predicate(columns, key), target_rows, storage_options)
-                 for key, ids in sorted(plan.items(), key=lambda item: repr(item[0])))
-        new = [f for _, written in imap_tasks(rewrite_partition, calls) for f in fragments_from_json(written)]
-        removed = sorted({i for ids in plan.values() for i in ids})
+        groups = [(key, ids) for key, cut in sorted(plan.items(), key=lambda item: repr(item[0])) for ids in cut]
+        calls = ((uri, ds.version, ids, partition_predicate(columns, key), target_rows, storage_options, target_bytes)
+                 for key, ids in groups)
+        done = dict(imap_tasks(rewrite_partition, calls, time_limit_s=group_seconds, yield_failures=True))
+        failed = [n for n, written in done.items() if isinstance(written, TaskFailed)]
+        for n in failed:
+            log.warning("%s: compaction of fragments %s left as they were: %s", uri, groups[n][1], done[n])
+        kept = [n for n in range(len(groups)) if n not in failed]
+        new = [f for n in kept for f in fragments_from_json(done[n])]
+        removed = sorted({i for n in kept for i in groups[n][1]})
+        if not removed:
+            return PartitionCompaction(0, 0, 0, mixed, ds.version, len(groups), len(failed))
         try:
             op = LanceOperation.Update(removed_fragment_ids=removed, new_fragments=new)
             version = LanceDataset.commit(ds, op, read_version=ds.version).version
@@ -127,7 +177,8 @@ def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_00
             log.info("%s: compaction conflicted (attempt %d), planning again: %s", uri, attempt + 1, exc)
             backoff(attempt)
             continue
-        return PartitionCompaction(len(removed), len(new), len(plan), mixed, version)
+        partitions = len({repr(groups[n][0]) for n in kept})
+        return PartitionCompaction(len(removed), len(new), partitions, mixed, version, len(groups), len(failed))
     raise RuntimeError(f"{uri}: compaction still conflicted after {max_retries} retries")
 
 
@@ -147,7 +198,7 @@ class CompactionReport:
 def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
                   cleanup_older_than: timedelta = timedelta(days=7),
                   storage_options: StorageOptions = None, partition_columns: Sequence[str] = (),
-                  pinned_versions: Collection[int] = ()) -> CompactionReport:
+                  pinned_versions: Collection[int] = (), target_bytes: int = TARGET_BYTES) -> CompactionReport:
     """Catch indexes up, merge small fragments (dropping deleted rows), remove old versions.
 
     Tables replaced per partition name their `partition_columns` and are compacted partition by
@@ -164,7 +215,8 @@ def compact_table(uri: str, target_rows_per_fragment: int = 1_000_000,
     catch_up_indexes(ds, [d.name for d in ds.describe_indices()])
     partitions = None
     if partition_columns:
-        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options)
+        partitions = compact_partitions(uri, partition_columns, target_rows_per_fragment, storage_options,
+                                        target_bytes=target_bytes)
         ds = require_table(uri, storage_options)
     else:
         ds = compact_files(ds, uri, target_rows_per_fragment, storage_options)

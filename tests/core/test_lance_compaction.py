@@ -4,6 +4,7 @@ replace committing in the middle of it lands whole."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import lance
@@ -130,3 +131,43 @@ def test_a_replace_committed_mid_compaction_lands_whole(tmp_path: Path, monkeypa
     assert content(uri, "a") == content_of(rows("a", 7, "rerun"))
     assert content(uri, "b") == content_of(rows("b", 40))
     assert all(len(s) == 1 for s in sources_per_fragment(uri))
+
+
+BLOBS = pa.schema([("source", pa.string()), ("key", pa.int64()), ("image", pa.large_binary())])
+
+
+def blob_table(uri: str, source: str, fragments: int, rows: int = 20, size: int = 20_000) -> int:
+    """`fragments` fragments of `rows` rows of `size`-byte blobs each; the bytes of one fragment."""
+    for n in range(fragments):
+        data = pa.table({"source": [source] * rows, "key": list(range(n * rows, (n + 1) * rows)),
+                         "image": [random.randbytes(size) for _ in range(rows)]}, schema=BLOBS)  # incompressible
+        lio.replace_rows(uri, "", lio.write_fragments(uri, data, BLOBS), BLOBS)
+    return lc.fragment_bytes(lance.dataset(uri).get_fragments()[0].metadata)
+
+
+def test_blob_fragments_near_the_byte_target_are_not_rewritten(tmp_path: Path) -> None:
+    """20 rows of 20 KB are "small" by rows (target 1,000) but over half the byte target: a samples
+    fragment of 168k photos is the same case at PRX scale, and was rewritten every night."""
+    uri = str(tmp_path / "blobs.lance")
+    one = blob_table(uri, "a", 4)
+    plan, _ = lc.plan_compaction(lance.dataset(uri), ["source"], target_rows=1000, target_bytes=int(1.5 * one))
+    assert plan == {}
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000, target_bytes=int(1.5 * one))
+    assert (report.removed, report.written) == (0, 0) and len(lance.dataset(uri).get_fragments()) == 4
+    plan, _ = lc.plan_compaction(lance.dataset(uri), ["source"], target_rows=1000, target_bytes=10 * one)
+    assert plan == {("a",): [[0, 1, 2, 3]]}  # small by bytes too: merged
+
+
+def test_a_partition_is_rewritten_in_groups_of_one_target_fragment(tmp_path: Path) -> None:
+    uri = str(tmp_path / "groups.lance")
+    one = blob_table(uri, "a", 8)
+    before = lio.read_table(uri).sort_by("key")
+    target = int(3.5 * one)  # three fragments per group: 3 + 3 + 2
+    plan, _ = lc.plan_compaction(lance.dataset(uri), ["source"], target_rows=1000, target_bytes=target)
+    assert plan == {("a",): [[0, 1, 2], [3, 4, 5], [6, 7]]}
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000, target_bytes=target)
+    assert (report.groups, report.groups_failed, report.removed, report.written) == (3, 0, 8, 3)
+    assert lio.read_table(uri).sort_by("key").equals(before)
+    assert all(lc.fragment_bytes(f.metadata) <= target for f in lance.dataset(uri).get_fragments())
+    again = lc.compact_partitions(uri, ["source"], target_rows=1000, target_bytes=target)
+    assert (again.removed, again.written) == (0, 0)  # each fragment now near the target: left alone
