@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
     "duplicates": ("prx_core.stages.duplicates",), "duplicates_incremental": ("prx_core.stages.duplicates",),
     "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
-    "compact_corpus": ("prx_core.store.maintenance", "prx_core.shards.publish"),
+    "compact_corpus": ("prx_core.upkeep.compaction", "prx_core.shards.publish"),
 }
 
 
@@ -154,25 +154,24 @@ def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict
         model = ModelSpec(partial(scale_models.StandInEmbeddings, config, seconds), actors=actors)
         r = build_caption_embeddings(source, storage, captioner, config, unit_rows=unit_rows, model=model)
         done = r.embedded
-    busy = sum(float(s.get("model_seconds") or 0) for s in r.units.summaries) / max(r.seconds * actors, 1e-9)
+    busy = r.model_seconds / max(r.seconds * actors, 1e-9)  # the report's sum: its units come condensed
     return r.captioned, r.units, {"done": done, "reused": r.reused, "commits": r.commits,
                                   "model_busy_fraction": round(busy, 4)}
 
 
 def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
-    """What the compact_corpus job does: per table compaction and index catch-up, then pruning."""
+    """What the compact_corpus job does: per table compaction and index catch-up on a worker, then pruning."""
+    from prx_core.compute.parallel import run_on_worker
     from prx_core.shards.retention import prune_streams
-    from prx_core.store import lance_io, maintenance
-    from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
-    from prx_core.upkeep import compaction
+    from prx_core.store import lance_io
+    from prx_core.store.schemas import TABLES
+    from prx_core.upkeep.compaction import maintain_table
 
     options, fragments = storage.lance_storage_options(), {}
     for table in TABLES:
         uri = storage.lance_uri(table)
         if lance_io.table_exists(uri, options):
-            report = compaction.compact_table(uri, storage_options=options,
-                                               partition_columns=PARTITION_COLUMNS.get(table, ()))
-            maintenance.refresh_table_indexes(uri, table, options, merge=True)
+            report, _ = run_on_worker(maintain_table, uri, table, options, (), num_cpus=0)
             fragments[table] = [report.fragments_before, report.fragments_after]
     pruned = prune_streams(storage.root, storage_options=storage.storage_options)
     rows = lance_io.require_table(storage.lance_uri("samples"), options).count_rows()

@@ -15,11 +15,12 @@ from pydantic import Field
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE, Settings, SettingsError, load_settings
+from prx_core.compute.parallel import run_on_worker
 from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
-from prx_core.store import lance_io, maintenance
+from prx_core.store import lance_io
 from prx_core.store.retention import pinned_versions
-from prx_core.store.schemas import PARTITION_COLUMNS, TABLES
-from prx_core.upkeep import compaction
+from prx_core.store.schemas import TABLES
+from prx_core.upkeep.compaction import maintain_table
 from prx_resources import CatalogResource, StorageResource
 
 # In one process: every step reuses the run's Ray (embedded, or its connection to the cluster) instead
@@ -137,10 +138,7 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray
         uri = store.lance_uri(table)
         if not lance_io.table_exists(uri, options):
             continue
-        report = compaction.compact_table(uri, storage_options=options,
-                                                 partition_columns=PARTITION_COLUMNS.get(table, ()),
-                                                 pinned_versions=pins.get(table, ()))
-        indexes = maintenance.refresh_table_indexes(uri, table, options, merge=True)
+        report, indexes = run_on_worker(maintain_table, uri, table, options, pins.get(table, ()), num_cpus=0)
         context.log.info(f"{table}: {report}; indexes: {indexes}")
         if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
             context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))

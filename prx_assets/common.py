@@ -165,8 +165,9 @@ def units_ops(results: UnitResults | None) -> dict[str, Any]:
     """How a unit-based stage ran: units planned, run now, resumed from an earlier attempt."""
     if results is None:
         return {}
-    return {"units": results.units, "units_run": results.ran, "units_resumed": results.skipped,
-            "worker_peak_rss_mb": results.worker_peak_rss_mb(), "ray_nodes": len(results.nodes())}
+    ops = {"units": results.units, "units_run": results.ran, "units_resumed": results.skipped,
+           "worker_peak_rss_mb": results.worker_peak_rss_mb(), "ray_nodes": len(results.nodes())}
+    return ops if results.detail_uri is None else {**ops, "units_detail": results.detail_uri}  # every unit's summary
 
 
 def ops_metadata(units: UnitResults | Mapping[str, UnitResults] | None = None, seconds: float | None = None,

@@ -8,7 +8,7 @@ measures and repairs. Pure library: never imports dagster.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from prx_core.store.lance_io import StorageOptions, require_table
 from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
-MERGE_ALL_SEGMENTS = 1 << 16
+MERGE_ROWS = 10_000_000  # index rows one run merges per index: ~12 min of a full-text index (74 s per 1M rows)
 MIN_VECTOR_ROWS = 256  # below this a vector index is not built: a flat scan is as fast
 
 
@@ -73,18 +73,37 @@ def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
     return {f.fragment_id for f in ds.get_fragments()} - covered
 
 
-def catch_up_indexes(ds: LanceDataset, names: list[str], merge: bool = True) -> list[str]:
-    """Index unindexed fragments; with `merge`, also merge each index into one segment. No commit
-    when nothing is stale.
+def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE_ROWS) -> list[str]:
+    """Index unindexed fragments and merge the newest segments of each index whose rows together
+    fit `merge_rows`; the indexes done. No commit when nothing is stale.
 
-    Without `merge` the new fragments get a delta segment, which costs what they hold (a stage's
-    commit: merging a full-text index cost 74 s per million rows of the table). One segment
-    matters before compaction: Lance never merges fragments covered by different segments."""
-    stale = [d.name for d in ds.describe_indices()
-             if d.name in names and ((merge and len(d.segments) > 1) or _unindexed_fragments(ds, d))]
-    if stale:
-        ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=MERGE_ALL_SEGMENTS if merge else 0)
-    return stale
+    Merging a full-text index cost 74 s per million rows: a whole-index merge of a 100M-row
+    table is hours in one process, so a run merges at most `merge_rows` rows of segments per
+    index (the newest, small ones: stage commits add a delta segment each) and the big old
+    segments stay as they are. With `merge_rows=0` new fragments get a delta segment of their own
+    (a stage's commit: what they hold, nothing more)."""
+    rows = {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments()}
+    done = []
+    for desc in ds.describe_indices():
+        if desc.name not in names:
+            continue
+        newest = mergeable_segments([s.fragment_ids for s in desc.segments], rows, merge_rows)
+        unindexed = bool(_unindexed_fragments(ds, desc))
+        if newest >= 2 or unindexed:
+            ds.optimize.optimize_indices(index_names=[desc.name], num_indices_to_merge=newest)
+            done.append(desc.name)
+    return done
+
+
+def mergeable_segments(segments: Sequence[Collection[int]], rows: dict[int, int], budget: int) -> int:
+    """How many of the newest segments (listed oldest first) fit `budget` rows together."""
+    total = count = 0
+    for fragment_ids in reversed(segments):
+        total += sum(rows.get(i, 0) for i in fragment_ids)
+        if total > budget:
+            break
+        count += 1
+    return count
 
 
 def _find_index(ds: LanceDataset, column: str, kinds: set[str] | None) -> Any | None:
@@ -110,12 +129,12 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
                     storage_options: StorageOptions = None, *, bitmap_columns: Sequence[str] = (),
                     btree_columns: Sequence[str] = (),
                     metric: str = "cosine", min_vector_rows: int = MIN_VECTOR_ROWS,
-                    pq_min_rows: int = 100_000, merge: bool = True) -> IndexReport:
+                    pq_min_rows: int = 100_000, merge_rows: int = MERGE_ROWS) -> IndexReport:
     """Create missing INVERTED (full-text), BITMAP (low-cardinality filters), BTREE (key lookups)
     and vector indexes, extend existing ones.
 
-    Idempotent: nothing is committed when every fragment is already indexed (and, with `merge`,
-    every index is one segment). The vector column
+    Idempotent: nothing is committed when every fragment is already indexed and no two newest
+    segments fit `merge_rows` (`catch_up_indexes`). The vector column
     must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
     fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
     """
@@ -145,22 +164,22 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
             notes.append(f"{vector_column}: vector index skipped, {rows} rows < {min_vector_rows}")
         else:
             created.append(_create_vector_index(ds, vector_column, rows, metric, pq_min_rows))
-    optimized = catch_up_indexes(ds, existing, merge)
+    optimized = catch_up_indexes(ds, existing, merge_rows)
     latest = require_table(uri, storage_options)
     names = sorted(d.name for d in latest.describe_indices())
     return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)
 
 
 def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None,
-                          merge: bool = False) -> IndexReport:
+                          merge_rows: int = 0) -> IndexReport:
     """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
-    columns), new fragments indexed as a delta segment unless `merge` (compact_corpus merges).
+    columns), new fragments indexed as a delta segment; compact_corpus merges up to `merge_rows`.
     Indexes only speed reads up, so losing a commit race to a concurrent writer is a note, not a
     failed materialization: the next write or compaction catches them up."""
     try:
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
                                bitmap_columns=PARTITION_COLUMNS.get(table, ()),
-                               btree_columns=BTREE_COLUMNS.get(table, ()), merge=merge)
+                               btree_columns=BTREE_COLUMNS.get(table, ()), merge_rows=merge_rows)
     except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
         if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
             raise

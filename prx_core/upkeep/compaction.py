@@ -22,8 +22,9 @@ from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
 from prx_core.compute.parallel import TaskFailed, imap_tasks
-from prx_core.store.maintenance import catch_up_indexes
+from prx_core.store.maintenance import MERGE_ROWS, IndexReport, catch_up_indexes, refresh_table_indexes
 from prx_core.store.retention import cleanup_superseded
+from prx_core.store.schemas import PARTITION_COLUMNS
 from prx_core.store.lance_io import (
     StorageOptions,
     backoff,
@@ -253,3 +254,14 @@ def _rewrite_fragments(task: Any, uri: str, version: int, storage_options: Stora
     import lance
 
     return task.execute(lance.dataset(uri, version=version, storage_options=storage_options or None))
+
+
+def maintain_table(uri: str, table: str, storage_options: StorageOptions, pinned: Collection[int] = (),
+                   merge_rows: int = MERGE_ROWS) -> tuple[CompactionReport, IndexReport]:
+    """What compact_corpus does to one table: compaction (per partition where the table has
+    partition columns), cleanup of versions no stage attempt pins, then its indexes caught up with
+    at most `merge_rows` rows of segments merged each. Run it on a worker (`run_on_worker`, no CPU
+    of its own: it waits on its rewrite tasks), so no index merge holds the driver's memory."""
+    report = compact_table(uri, storage_options=storage_options, partition_columns=PARTITION_COLUMNS.get(table, ()),
+                           pinned_versions=pinned)
+    return report, refresh_table_indexes(uri, table, storage_options, merge_rows=merge_rows)

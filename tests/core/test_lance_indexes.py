@@ -107,3 +107,30 @@ def test_vector_index_rules(tmp_path: Path) -> None:
     lio.replace_partition(pq, where("a"), table, table.schema)
     assert maint.refresh_indexes(pq, [], "emb", pq_min_rows=256).created == ["emb_vector"]
     assert lio.require_table(pq).describe_indices()[0].index_type == "IVF_PQ"
+
+
+def test_a_run_merges_only_the_newest_segments_within_its_row_budget(tmp_path: Path) -> None:
+    """A whole-index merge of a 100M-row table is hours in one process: compaction merges the
+    newest (small) segments up to its row budget and leaves the big old one as it is."""
+    uri = str(tmp_path / "segments.lance")
+    lio.replace_partition(uri, where("a"), rows("a", 300), SCHEMA)
+    maint.refresh_indexes(uri, ["caption"], btree_columns=["sample_id"])
+    for n, source in enumerate("bcd"):  # three stage commits: a delta segment each
+        lio.replace_partition(uri, where(source), rows(source, 10 + n), SCHEMA)
+        maint.refresh_indexes(uri, ["caption"], btree_columns=["sample_id"], merge_rows=0)
+
+    def segments() -> dict[str, list[int]]:
+        return {d.name: [sum(1 for _ in s.fragment_ids) for s in d.segments] for d in lio.require_table(uri).describe_indices()}
+
+    base = {d.name: sorted(d.segments[0].fragment_ids) for d in lio.require_table(uri).describe_indices()}
+    assert segments() == {"caption_fts": [1, 1, 1, 1], "sample_id_btree": [1, 1, 1, 1]}
+    report = maint.refresh_indexes(uri, ["caption"], btree_columns=["sample_id"], merge_rows=100)
+    assert report.optimized == ["caption_fts", "sample_id_btree"]
+    assert segments() == {"caption_fts": [1, 3], "sample_id_btree": [1, 3]}  # 10 + 11 + 12 rows fit 100; 300 do not
+    assert {d.name: sorted(d.segments[0].fragment_ids) for d in lio.require_table(uri).describe_indices()} == base
+    version = lio.table_version(uri)
+    assert maint.refresh_indexes(uri, ["caption"], btree_columns=["sample_id"], merge_rows=100).optimized == []
+    assert lio.table_version(uri) == version  # nothing left within the budget: no commit
+    ds = lio.require_table(uri)
+    hits = ds.to_table(full_text_query={"columns": ["caption"], "query": "caption"}, columns=["sample_id"])
+    assert hits.num_rows == 333  # every row still found through the two segments
