@@ -66,13 +66,18 @@ def _iter_raw_rows(local: str, index: dict) -> Iterator[tuple[dict, dict[str, by
     for info in index["shards"]:
         reader = reader_from_json(local, "", info)
         for idx in range(reader.samples):
-            data, pos, sizes = reader.get_sample_data(idx), 0, []
-            for size in reader.column_sizes:
-                if size is None:
-                    size, pos = int(np.frombuffer(data[pos:pos + 4], np.uint32)[0]), pos + 4
-                sizes.append(size)
-            ends = np.cumsum([pos, *sizes]).tolist()
-            yield info, {n: data[a:b] for n, a, b in zip(reader.column_names, ends, ends[1:])}
+            yield info, split_columns(reader.get_sample_data(idx), reader.column_names, reader.column_sizes)
+
+
+def split_columns(data: bytes, names: list[str], sizes: list[int | None]) -> dict[str, bytes]:
+    """One MDS sample's raw column bytes: variable-size columns lead with their uint32 sizes."""
+    lengths, pos = [], 0
+    for size in sizes:
+        if size is None:
+            size, pos = int(np.frombuffer(data[pos:pos + 4], np.uint32)[0]), pos + 4
+        lengths.append(size)
+    ends = np.cumsum([pos, *lengths]).tolist()
+    return {n: data[a:b] for n, a, b in zip(names, ends, ends[1:])}
 
 
 def read_stream_rows(uri: str, columns: list[str] | None = None,
@@ -122,7 +127,7 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
         try:
             for _, row in _iter_raw_rows(local, {"shards": [info]}):
                 report.image_sha256.append(hashlib.sha256(row["image"]).hexdigest())
-                problem = _check_image(row, bucket, expected_quality)
+                problem = check_image(row, bucket, expected_quality)
                 if problem and len(report.problems) < max_problems:
                     report.problems.append(f"{raw['basename']} sample {report.count}: {problem}")
                 report.count += 1
@@ -187,7 +192,8 @@ def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256
     return report
 
 
-def _check_image(row: dict[str, bytes], bucket: re.Match | None, quality: int | None) -> str | None:
+def check_image(row: dict[str, bytes], bucket: re.Match | None, quality: int | None) -> str | None:
+    """Why a stored sample is not what the loader expects (decode, size, bucket, quality), or None."""
     from streaming.base.format.mds.encodings import mds_decode
 
     try:
