@@ -42,7 +42,7 @@ def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
         source = catalog_source(context, catalog).name
         report: BucketsReport = run_stage(context, ray, "buckets", source=source, storage=storage.storage(),
                                           max_tier=storage.max_tier, progress=Progress(f"buckets[{source}]"),
-                                          unit_rows=units.buckets_rows)
+                                          **units.settings("buckets"))
         placed = [key.split("/") for key in report.histogram]
         outside = sorted(key for key, (tier, size) in zip(report.histogram, placed)
                          if tuple(int(v) for v in size.split("x")) not in bucket_sizes(int(tier)))

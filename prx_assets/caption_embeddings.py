@@ -21,7 +21,7 @@ from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
 from prx_core.stages.caption_embeddings import TABLES, CaptionEmbeddingsReport
 from prx_core.stages.entry import Progress
-from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
@@ -49,13 +49,14 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
     def caption_embeddings(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, embedder: EmbedderResource, ray: RayResource, checks: ChecksResource,
+        units: UnitsResource,
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         config = embedder.config()
         report: CaptionEmbeddingsReport = run_stage(
             context, ray, "caption_embeddings", source=context.partition_key, storage=storage.storage(),
             captioner_version=captioner.config().version(), config=config, actors=embedder.actors,
-            progress=Progress(f"caption_embeddings[{context.partition_key}]"))
+            progress=Progress(f"caption_embeddings[{context.partition_key}]"), **units.settings("caption_embeddings"))
         coverage = {t: report.coverage[t] for t in TABLES if t in report.coverage}
         checks = [
             rate_check("caption_embeddings_coverage", checks, checked=report.captioned,

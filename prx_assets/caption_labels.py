@@ -21,7 +21,7 @@ from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
 from prx_core.stages.labels import LabelsReport
-from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
@@ -41,13 +41,15 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
     def caption_labels(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource, checks: ChecksResource,
+        units: UnitsResource,
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         config = labeler.config()
         report: LabelsReport = run_stage(context, ray, "caption_labels", source=context.partition_key,
                                          storage=storage.storage(), captioner_version=captioner.config().version(),
                                          config=config, actors=labeler.actors,
-                                         progress=Progress(f"caption_labels[{context.partition_key}]"))
+                                         progress=Progress(f"caption_labels[{context.partition_key}]"),
+                                         **units.settings("caption_labels"))
         labelled = sum(report.distribution.values())
         return dg.MaterializeResult(
             metadata={"labeler": config.labeler_id(), "captioned": report.captioned, "reused": report.reused,

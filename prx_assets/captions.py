@@ -22,7 +22,7 @@ from prx_assets.versions import content_version
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import Progress
-from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource
+from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
@@ -44,12 +44,14 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
     def captions(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, explorer: ExplorerResource, checks: ChecksResource,
+        units: UnitsResource,
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         store, config = storage.storage(), captioner.config()
         report: CaptionsReport = run_stage(context, ray, "captions", source=context.partition_key, storage=store,
                                            config=config, actors=captioner.actors,
-                                           progress=Progress(f"captions[{context.partition_key}]"))
+                                           progress=Progress(f"captions[{context.partition_key}]"),
+                                           **units.settings("captions"))
         if report.without_source_caption:
             context.log.warning(f"captions[{context.partition_key}]: {report.without_source_caption} of "
                                 f"{report.eligible} eligible contents have no source caption; mds_shards refuses "

@@ -10,7 +10,7 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, OWNERS, dataset_metadata, lance_versions, md_table, ops_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import GroupsReport, Progress
-from prx_resources import StorageResource
+from prx_resources import StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
@@ -25,9 +25,10 @@ DESCRIPTION = ("Groups of samples with an identical pHash (Hamming 0) across all
 
 @dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="1",
           automation_condition=dg.AutomationCondition.eager(), description=DESCRIPTION, owners=OWNERS)
-def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource) -> dg.MaterializeResult:
+def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
+               units: UnitsResource) -> dg.MaterializeResult:
     groups: GroupsReport = run_stage(context, ray, "duplicates", storage=storage.storage(), progress=Progress("duplicates"),
-                                     sample_rows=SAMPLE_ROWS)
+                                     sample_rows=SAMPLE_ROWS, **units.settings("duplicates"))
     report, check, sample = groups.duplicates, groups.check, groups.sample
     context.log.info(f"duplicates: {report.mode} run" + (f" ({report.reason})" if report.reason else "")
                      + f", changed sources {report.changed_sources or 'none'}")

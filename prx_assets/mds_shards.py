@@ -56,8 +56,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
         published: PublishReport = run_stage(
             context, ray, "mds_shards", source=source, storage=store,
             captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
-            progress=Progress(f"mds_shards[{source}]", unit="chunks"), route_rows=units.mds_route_rows,
-            chunk_rows=units.mds_chunk_rows)
+            progress=Progress(f"mds_shards[{source}]", unit="chunks"), **units.settings("mds_shards"))
         report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
         for stream, count in zip(report.streams, published.expectations):

@@ -31,7 +31,7 @@ def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage
     source = catalog_source(context, catalog).name
     report: PhashesReport = run_stage(context, ray, "phashes", source=source, storage=storage.storage(),
                                       max_pixels=storage.max_pixels, progress=Progress(f"phashes[{source}]"),
-                                      unit_rows=units.phashes_rows)
+                                      **units.settings("phashes"))
     return dg.MaterializeResult(
         metadata={"rows": report.rows, "failed": report.failed, "failure_rate": rate(report.failed, report.rows + report.failed),
                   "images_per_second": per_second(report.images_per_second),

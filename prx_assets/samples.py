@@ -65,8 +65,8 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
         try:
             ingest: IngestReport = run_stage(
                 context, ray, "samples", spec=spec, storage=storage.storage(), max_pixels=storage.max_pixels,
-                progress=Progress(f"samples[{spec.name}]"), unit_bytes=units.samples_bytes,
-                max_caption_chars=captioner.max_caption_chars, unit_seconds=units.samples_seconds,
+                progress=Progress(f"samples[{spec.name}]"), **units.settings("samples"),
+                max_caption_chars=captioner.max_caption_chars,
                 allow_empty=config.allow_empty, max_duplicate_rate=checks.max_rate("samples_unique_sample_ids"))
         except SourceRefused as exc:  # the one line saying why, as the run's failure; a retry would refuse again
             raise dg.Failure(description=str(exc), allow_retries=False) from exc

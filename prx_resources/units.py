@@ -1,12 +1,39 @@
-"""How big the work units of the per-source stages are: the trade between resume granularity
-(a crash redoes at most one unit per worker), parallelism and fragment size."""
+"""How big the work units of the stages are: the trade between resume granularity (a crash redoes
+at most one unit per worker), parallelism and fragment size.
+
+Each field is a unit size a stage declares (`Stage.unit_sizes`): its default and its description
+come from the declaration, so a new unit size needs one line here and nothing else.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
-from prx_core.stages import buckets, mds_shards, phashes, samples
+from prx_core.stages.entry import STAGES
+
+FIELDS: dict[str, tuple[str, str]] = {  # resource field -> (stage, its setting)
+    "samples_bytes": ("samples", "unit_bytes"),
+    "samples_seconds": ("samples", "unit_seconds"),
+    "buckets_rows": ("buckets", "unit_rows"),
+    "phashes_rows": ("phashes", "unit_rows"),
+    "captions_rows": ("captions", "unit_rows"),
+    "caption_labels_rows": ("caption_labels", "unit_rows"),
+    "caption_embeddings_rows": ("caption_embeddings", "unit_rows"),
+    "duplicates_rows": ("duplicates", "unit_rows"),
+    "duplicates_rows_per_bucket": ("duplicates", "rows_per_bucket"),
+    "mds_route_rows": ("mds_shards", "route_rows"),
+    "mds_chunk_rows": ("mds_shards", "chunk_rows"),
+}
+
+
+def unit_field(name: str) -> Any:
+    """The pydantic field of resource field `name`: the declared default and description, > 0."""
+    stage, setting = STAGES[FIELDS[name][0]], FIELDS[name][1]
+    described = {u.setting: u.description for u in stage.unit_sizes}
+    return Field(default=stage.settings[setting], gt=0, description=described[setting])
 
 
 class UnitsResource(dg.ConfigurableResource):
@@ -14,18 +41,18 @@ class UnitsResource(dg.ConfigurableResource):
     a new attempt (it is part of the run manifest) and gives the same rows and MDS bytes. A small
     corpus on few cores wants small units (parallelism); PRX scale wants the defaults."""
 
-    samples_bytes: int = Field(default=samples.UNIT_BYTES, gt=0,
-                               description="Source bytes per ingest unit; one unit writes ~one Lance fragment, "
-                                           "so this sets fragment size (~1M rows at 64 KB per image).")
-    buckets_rows: int = Field(default=buckets.UNIT_ROWS, gt=0, description="Rows per `buckets` unit (sizes only).")
-    phashes_rows: int = Field(default=phashes.UNIT_ROWS, gt=0,
-                              description="Rows per `phashes` unit (ingest's hashes are copied; rows without one "
-                                          "are decoded).")
-    mds_route_rows: int = Field(default=mds_shards.ROUTE_ROWS, gt=0,
-                                description="Rows per `mds_shards` routing unit (sizes and ids, no pixels).")
-    mds_chunk_rows: int = Field(default=mds_shards.CHUNK_ROWS, gt=0,
-                                description="Target rows per MDS chunk: one worker task and one sub-folder of a stream.")
-    samples_seconds: float = Field(default=samples.UNIT_SECONDS, gt=0,
-                                   description="Time limit of one ingest unit, retries included: a unit still running "
-                                               "(a hang, a worker killed out of memory again and again) is cancelled "
-                                               "and its source files become unreadable_fragment rejects.")
+    samples_bytes: int = unit_field("samples_bytes")
+    samples_seconds: float = unit_field("samples_seconds")
+    buckets_rows: int = unit_field("buckets_rows")
+    phashes_rows: int = unit_field("phashes_rows")
+    captions_rows: int = unit_field("captions_rows")
+    caption_labels_rows: int = unit_field("caption_labels_rows")
+    caption_embeddings_rows: int = unit_field("caption_embeddings_rows")
+    duplicates_rows: int = unit_field("duplicates_rows")
+    duplicates_rows_per_bucket: int = unit_field("duplicates_rows_per_bucket")
+    mds_route_rows: int = unit_field("mds_route_rows")
+    mds_chunk_rows: int = unit_field("mds_chunk_rows")
+
+    def settings(self, stage: str) -> dict[str, Any]:
+        """The unit-size settings of `stage`, as its run takes them (`run_stage(..., **settings)`)."""
+        return {setting: getattr(self, name) for name, (owner, setting) in FIELDS.items() if owner == stage}
