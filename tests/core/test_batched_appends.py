@@ -1,0 +1,48 @@
+"""Batched appends to a shared table (prx_core.upkeep.appends) on a real local Ray and a real Lance
+table: the indexes are caught up every few appends, so a unit looks its keys up in what the run
+appended before it through the index, not by scanning every fragment appended since it began."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from prx_core.store import lance_io, schemas
+from prx_core.store.maintenance import _unindexed_fragments
+from prx_core.store.storage import Storage
+from prx_core.upkeep.appends import BatchedAppend
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+
+def unit_summary(storage: Storage, unit: int, rows: int = 3) -> dict:
+    """What a labels unit reports: its rows written as an uncommitted fragment."""
+    data = pa.table({"content_id": [f"c{unit:03d}-{i}" for i in range(rows)], "captioner_version": ["cap"] * rows,
+                     "labeler_version": ["lab"] * rows, "labeler_id": ["l"] * rows, "label": ["none"] * rows,
+                     "score": pa.array([0.5] * rows, pa.float32())}, schema=schemas.CAPTION_LABELS)
+    written = lance_io.write_fragments(storage.lance_uri("caption_labels"), data, schemas.CAPTION_LABELS)
+    return {"fragments": [f.to_json() for f in written]}
+
+
+def unindexed(storage: Storage) -> int:
+    ds = lance_io.require_table(storage.lance_uri("caption_labels"))
+    (index,) = [d for d in ds.describe_indices() if d.name == "content_id_btree"]
+    return len(_unindexed_fragments(ds, index))
+
+
+def test_indexes_are_caught_up_every_few_appends(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "corpus"))
+    appends = BatchedAppend(storage, "caption_labels", every_units=1, index_every=3)
+    seen = []
+    for unit in range(9):
+        appends.add(unit_summary(storage, unit))  # every_units=1: one append per unit
+        if unit >= 2:
+            seen.append(unindexed(storage))
+    assert appends.appends == 9
+    assert seen == [0, 1, 2, 0, 1, 2, 0]  # indexed at the 3rd, 6th and 9th append: never more than 2 behind
+    table = lance_io.require_table(storage.lance_uri("caption_labels"))
+    assert table.count_rows("content_id IN ('c004-1', 'c007-2')") == 2
+    appends.finish()
+    assert unindexed(storage) == 0
