@@ -14,7 +14,7 @@ import gzip
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,21 +95,24 @@ class UnitResults:
 
 
 def condense_report(report: Any, storage: Storage, asset: str, partition: str, token: str) -> Any:
-    """`report` with every `UnitResults` in it (a field, or a field mapping phases to them, at any
-    depth of nested reports) condensed, its summaries written to one detail file per phase."""
-    if isinstance(report, UnitResults):
-        return report
-    if not dataclasses.is_dataclass(report) or isinstance(report, type):
+    """`report` with every `UnitResults` in it condensed, its summaries written to one detail file
+    per phase."""
+    return map_unit_results(report, lambda results, phase: _condense(results, storage, asset, partition, token, phase))
+
+
+def map_unit_results(report: Any, fn: Callable[[UnitResults, str], UnitResults]) -> Any:
+    """`report` with `fn(results, phase)` in place of every `UnitResults` in it: a field, or a
+    field mapping phases to them, at any depth of nested reports (the field name is the phase)."""
+    if not dataclasses.is_dataclass(report) or isinstance(report, (type, UnitResults)):
         return report
     for item in dataclasses.fields(report):
         value = getattr(report, item.name)
         if isinstance(value, UnitResults):
-            setattr(report, item.name, _condense(value, storage, asset, partition, token, item.name))
+            setattr(report, item.name, fn(value, item.name))
         elif isinstance(value, dict) and value and all(isinstance(v, UnitResults) for v in value.values()):
-            setattr(report, item.name, {phase: _condense(r, storage, asset, partition, token, phase)
-                                        for phase, r in value.items()})
+            setattr(report, item.name, {phase: fn(r, phase) for phase, r in value.items()})
         elif dataclasses.is_dataclass(value):
-            condense_report(value, storage, asset, partition, token)
+            map_unit_results(value, fn)
     return report
 
 
@@ -117,8 +120,8 @@ def _condense(results: UnitResults, storage: Storage, asset: str, partition: str
               phase: str) -> UnitResults:
     if results.aggregate is not None:
         return results
-    uri = write_detail(storage, asset, partition, f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{token}-{phase}",
-                       results.summaries) if results.summaries else None
+    stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.{time.time_ns() % 10**9:09d}"  # names sort by time
+    uri = write_detail(storage, asset, partition, f"{stamp}-{token}-{phase}", results.summaries) if results.summaries else None
     return results.condensed(uri)
 
 

@@ -11,7 +11,6 @@ Two tables, each with a cosine vector index `embedding_vector` on `embedding`:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -26,15 +25,18 @@ from prx_core.models.embeddings import EmbedBatch, EmbedderConfig
 from prx_core.stages.contents import (
     UNIT_ROWS,
     captioned_pending,
+    commit_appends,
     model_batches,
-    run_content_stage,
+    model_seconds,
+    model_units,
+    pin_contents,
 )
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, maintenance, schemas
-from prx_core.upkeep.appends import BatchedAppend
-from prx_core.store.locks import exclusive
 from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage
+from prx_core.upkeep.appends import BatchedAppend
 
 EMBEDDING_KEYS = ["content_id", "captioner_version", "embedder_version"]
 VECTOR_COLUMN = "embedding"
@@ -62,6 +64,7 @@ class CaptionEmbeddingsReport:
     coverage: dict[str, VectorIndexCoverage] = field(default_factory=dict)
     commits: int = 0
     units: UnitResults | None = None
+    model_seconds: float = 0.0  # time the embedders spent inside the model, summed over actors
 
     @property
     def embeddings_per_second(self) -> float:
@@ -86,35 +89,68 @@ def embed_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
             "model_seconds": round(model_seconds, 4)}
 
 
-@exclusive("caption_embeddings")
+def pin_embeddings(run: StageRun) -> dict[str, int]:
+    """The pinned versions and units; the embedder's version, batch size and width in the manifest."""
+    config: EmbedderConfig = run["config"]
+    run.params.update(embedder_version=config.version(), batch_size=config.batch_size, dim=config.dim)
+    return pin_contents(run, BatchedAppend(run.storage, "caption_embeddings", refresh_indexes=False))  # indexed below
+
+
+def embed_units(run: StageRun) -> None:
+    """Embedder actors, one model each (or `model`, a stand-in of the same output)."""
+    model_units(run, embed_unit, run["model"] or ModelSpec(partial(EmbedBatch, run["config"]), actors=run["actors"]))
+
+
+def commit_embeddings(run: StageRun) -> dict[str, int | None]:
+    """The last append; then the source's own vectors (SOURCE_EMBEDDINGS, on the `samples` version
+    the units read) and both vector indexes caught up on a worker (IVF training grows with rows)."""
+    commit_appends(run)
+    run.state["captions"] = lance_io.table_version(run.storage.lance_uri("captions"),  # newest, as units read it
+                                                   run.storage.lance_storage_options())
+    run.state["source"] = write_source_embeddings(run.partition, run.storage, run.inputs["samples"], run.progress)
+    run.state["indexes"] = run_on_worker(index_tables, run.storage)
+    options = run.storage.lance_storage_options()
+    return {table: lance_io.table_version(run.storage.lance_uri(table), options) for table in TABLES}
+
+
+def report_embeddings(run: StageRun) -> CaptionEmbeddingsReport:
+    results, written = run.results["units"], run.state["source"]
+    report = CaptionEmbeddingsReport(run.partition, results.total("captioned"), results.total("reused"),
+                                     results.total("embedded"), embedding_seconds=results.seconds,
+                                     read_versions={**run.inputs, "captions": run.state["captions"]},
+                                     commits=run.state["appends"].commits, units=results,
+                                     model_seconds=model_seconds(results))
+    report.covered = report.reused + report.embedded  # a vector cannot fail: an error fails the unit
+    report.source_rows, report.skipped, report.source_dim = written.rows, written.skipped, written.dim
+    report.dim_mismatch, report.source_written = written.mismatch, written.written
+    report.indexes, report.coverage = run.state["indexes"]
+    report.caption_embeddings_version = run.versions["caption_embeddings"]
+    report.source_embeddings_version = run.versions["source_embeddings"]
+    report.seconds = run.seconds
+    return report
+
+
+CAPTION_EMBEDDINGS = Stage(
+    "caption_embeddings", reads=("samples", "buckets", "captions"), writes=TABLES, code_version="1",
+    report_type=CaptionEmbeddingsReport,
+    settings={"captioner_version": required(str), "config": required(EmbedderConfig), "actors": 1,
+              "unit_rows": UNIT_ROWS, "model": None},
+    unit_sizes=(UnitSize("unit_rows", "Samples per `caption_embeddings` unit: minutes of model work, so a crash "
+                                      "loses little."),),
+    unpinned=("config", "actors", "model"),  # the embedder enters as its version, batch size and width
+    pin=pin_embeddings, work=embed_units, commit=commit_embeddings, report=report_embeddings,
+)
+
+
 def build_caption_embeddings(
     source: str, storage: Storage, captioner_version: str, config: EmbedderConfig, *, actors: int = 1,
     progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, model: ModelSpec | None = None,
 ) -> CaptionEmbeddingsReport:
-    """Embed what is missing, refresh the source's vectors, then catch both vector indexes up.
-    `model` replaces the embedder's actors (a stand-in of the same output, in benchmarks)."""
-    start = time.monotonic()
-    options = storage.lance_storage_options()
-    params = {"captioner_version": captioner_version, "embedder_version": config.version(),
-              "batch_size": config.batch_size, "dim": config.dim}
-    model = model or ModelSpec(partial(EmbedBatch, config), actors=actors)
-    results, versions, appends = run_content_stage(
-        storage, source, "caption_embeddings", f"{config.version()}-{captioner_version}", params, embed_unit, model,
-        progress=progress, unit_rows=unit_rows,
-        appends=BatchedAppend(storage, "caption_embeddings", refresh_indexes=False))  # both tables indexed below
-    versions["captions"] = lance_io.table_version(storage.lance_uri("captions"), options)  # newest, as units read it
-    report = CaptionEmbeddingsReport(source, results.total("captioned"), results.total("reused"), results.total("embedded"),
-                                     embedding_seconds=results.seconds, read_versions=versions,
-                                     commits=appends.commits, units=results)
-    report.covered = report.reused + report.embedded  # a vector cannot fail: an error fails the unit
-    written = write_source_embeddings(source, storage, versions["samples"], progress)
-    report.source_rows, report.skipped, report.source_dim = written.rows, written.skipped, written.dim
-    report.dim_mismatch, report.source_written = written.mismatch, written.written
-    report.indexes, report.coverage = run_on_worker(index_tables, storage)  # IVF training grows with rows
-    report.caption_embeddings_version = lance_io.table_version(storage.lance_uri("caption_embeddings"), options)
-    report.source_embeddings_version = lance_io.table_version(storage.lance_uri("source_embeddings"), options)
-    report.seconds = time.monotonic() - start
-    return report
+    """Embed what is missing, refresh the source's vectors, then catch both vector indexes up
+    (`run_partition` of CAPTION_EMBEDDINGS). `model` replaces the embedder's actors (a stand-in
+    of the same output, in benchmarks; in-process only)."""
+    return run_partition(CAPTION_EMBEDDINGS, storage, source, progress=progress, captioner_version=captioner_version,
+                         config=config, actors=actors, unit_rows=unit_rows, model=model)
 
 
 def index_tables(storage: Storage) -> tuple[dict[str, IndexReport], dict[str, VectorIndexCoverage]]:

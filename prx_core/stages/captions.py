@@ -18,7 +18,6 @@ fails the run (`NoSourceCaptions`): it needs a VLM captioner, not a retry.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,19 +34,22 @@ from prx_core.models.captioning import CaptionBatch, no_source_captions_message
 from prx_core.stages.contents import (
     FAILED_EXAMPLES,
     UNIT_ROWS,
+    commit_appends,
     model_batches,
+    model_seconds,
+    model_units,
     offending_samples,
     owned_contents,
+    pin_contents,
     prefetched,
-    run_content_stage,
     stored_rows,
     without,
 )
-from prx_core.stages.model_pipeline import run_pipeline_stage
+from prx_core.stages.model_pipeline import pipeline_units
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.upkeep.appends import BatchedAppend, keys_predicate
-from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
+from prx_core.upkeep.appends import BatchedAppend, keys_predicate
 
 CAPTION_KEYS = ["content_id", "captioner_version"]
 ROWS_PER_READ = 64  # rows per take by row address (64 source images of 400 KB: 25 MB), read ahead of the model
@@ -187,43 +189,69 @@ def to_caption_rows(batch: pa.Table) -> pa.Table:
     return pa.table({name: batch[name].cast(schemas.CAPTIONS.field(name).type) for name in schemas.CAPTIONS.names})
 
 
-@exclusive("captions")
-def build_captions(
-    source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, progress: Throttle | None = None,
-    unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
-) -> CaptionsReport:
-    start = time.monotonic()
-    appends = appends or BatchedAppend(storage, "captions", failed_rows=partial(failed_captions, config))
-    params = {"captioner_version": config.version()}
-    if config.backend == VLLM:  # one ray.data.llm pipeline over the units; `replicas` sizes it
+def pin_captions(run: StageRun) -> dict[str, int]:
+    """The pinned versions and units; the captioner's version (and the vLLM path) in the manifest."""
+    config: CaptionerConfig = run["config"]
+    run.params["captioner_version"] = config.version()
+    if config.backend == VLLM:
+        run.params["path"] = "pipeline"
+    return pin_contents(run, run["appends"] or BatchedAppend(run.storage, "captions",
+                                                             failed_rows=partial(failed_captions, config)))
+
+
+def caption_units(run: StageRun) -> None:
+    """Captioner actors, one model each; the `vllm` backend: one ray.data.llm pipeline (`replicas` sizes it)."""
+    config: CaptionerConfig = run["config"]
+    if config.backend == VLLM:
         from prx_core.models import captioning_vllm
 
-        results, versions = run_pipeline_stage(
-            storage, source, "captions", config.version(), params, prepare=partial(pending_captions, config=config),
-            read=partial(read_pipeline_inputs, config=config), write=write_captions, appends=appends,
-            pipeline=partial(captioning_vllm.caption_dataset, config=config), progress=progress, unit_rows=unit_rows)
-        actors = config.replicas * config.tensor_parallel_size
+        pipeline_units(run, prepare=partial(pending_captions, config=config),
+                       read=partial(read_pipeline_inputs, config=config), write=write_captions,
+                       pipeline=partial(captioning_vllm.caption_dataset, config=config))
     else:
-        model = ModelSpec(partial(CaptionBatch, config), actors=actors)
-        results, versions, _ = run_content_stage(storage, source, "captions", config.version(), params, caption_unit,
-                                                 model, progress=progress, unit_rows=unit_rows, appends=appends)
+        model_units(run, caption_unit, ModelSpec(partial(CaptionBatch, config), actors=run["actors"]))
+
+
+def report_captions(run: StageRun) -> CaptionsReport:
+    """The counts, a few offenders; refuses (`NoSourceCaptions`) a source the `source` captioner found no caption in."""
+    config: CaptionerConfig = run["config"]
+    results, source, appends, versions = run.results["units"], run.partition, run.state["appends"], dict(run.inputs)
+    vllm = config.backend == VLLM
     report = CaptionsReport(
         source, results.total("eligible"), results.total("reused"), results.total("captioned"), results.total("failed"),
         0.0, failures=results.counts("failures"), words=results.total("words"),
         in_100_200_words=results.total("in_100_200_words"), captions_version=appends.version, read_versions=versions,
         output_tokens=results.total("output_tokens"), generation_seconds=results.seconds,
-        model_seconds=sum(float(s.get("model_seconds") or 0) for s in results.summaries), actors=actors,
-        commits=appends.commits, units=results,
+        model_seconds=model_seconds(results), commits=appends.commits, units=results,
+        actors=config.replicas * config.tensor_parallel_size if vllm else run["actors"],
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
     report.without_source_caption = results.total("without_source_caption")
-    report.offenders = offending_samples(storage, source, [d for s in results.summaries
-                                                           for d in s.get("failed_detail") or []], versions["buckets"])
+    failed = [d for s in results.summaries for d in s.get("failed_detail") or []]
+    report.offenders = offending_samples(run.storage, source, failed, versions["buckets"])
     uncaptioned = [d for s in results.summaries for d in s.get("uncaptioned_detail") or []]
     report.without_source_caption_examples = [row["sample_id"] or row["content_id"] for row in
-                                              offending_samples(storage, source, uncaptioned, versions["buckets"])]
-    if config.backend == VLLM:
+                                              offending_samples(run.storage, source, uncaptioned, versions["buckets"])]
+    if vllm:
         report.gpu_hours = report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600
-    report.seconds = time.monotonic() - start
+    report.seconds = run.seconds
     if config.backend == SOURCE and report.eligible and not report.captioned + report.reused:
         raise NoSourceCaptions(no_source_captions_message(source, report.eligible))
     return report
+
+
+CAPTIONS = Stage(
+    "captions", reads=("samples", "buckets"), writes=("captions",), code_version="1", report_type=CaptionsReport,
+    settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None},
+    unit_sizes=(UnitSize("unit_rows", "Samples per `captions` unit: minutes of GPU work, so a crash loses little."),),
+    unpinned=("config", "actors", "appends"),  # the captioner enters as its version; actors and appends shape no output
+    phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_appends, report=report_captions,
+)
+
+
+def build_captions(
+    source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, progress: Throttle | None = None,
+    unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
+) -> CaptionsReport:
+    """`captions` of one source (`run_partition` of CAPTIONS); `appends` replaces the default batched appends."""
+    return run_partition(CAPTIONS, storage, source, progress=progress, config=config, actors=actors,
+                         unit_rows=unit_rows, appends=appends)

@@ -6,7 +6,9 @@ by the unit holding its first bucketed sample (smallest `sample_id`), so every c
 source is handled by exactly one unit, and the question "which of these contents still need a
 row for this model version" is asked per unit, on the worker, as IN-list lookups on the shared
 table's `content_id` BTREE index: no set of the corpus's contents is ever built on the driver.
-Rows reach the shared table through `prx_core.upkeep.appends.BatchedAppend`.
+Rows reach the shared table through `prx_core.upkeep.appends.BatchedAppend`. The steps the three
+stages share (`pin_contents`, `model_units`, `commit_appends`) live here; the vLLM path's work
+step is `prx_core.stages.model_pipeline.pipeline_units`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.actors import ModelHost
-from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
-from prx_core.compute.units import Manifest, ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun, run_units
-from prx_core.store.names import validate_source_name
+from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
+from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io
 from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.lookups import lookup_keys
@@ -131,19 +132,26 @@ def model_batches(host: ModelHost, rows: pa.Table, batch_size: int) -> tuple[lis
     return outputs, busy
 
 
-def run_content_stage(
-    storage: Storage, source: str, table: str, code_version: str, params: Mapping[str, Any], unit_fn: ModelUnitFn,
-    model: ModelSpec, *, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
-    appends: BatchedAppend | None = None,
-) -> tuple[UnitResults, dict[str, int], BatchedAppend]:
-    """Run `unit_fn` over the source's units on model actors, appending their rows to `table` in
-    batched commits; first append what an interrupted earlier run recorded but did not commit."""
-    validate_source_name(source)
-    inputs, units = plan_content_units(storage, source, unit_rows)
-    appends = appends or BatchedAppend(storage, table)
-    appends.commit_recorded(UnitRun.recorded(storage, table, source))
-    run = UnitRun.open(storage, Manifest(table, source, inputs, code_version, {**params, "unit_rows": unit_rows}))
-    results = run_units(run, units, unit_fn, progress=progress, model=model, on_result=appends.add)
-    appends.finish()
-    run.finish()
-    return results, inputs, appends
+def pin_contents(run: StageRun, appends: BatchedAppend) -> dict[str, int]:
+    """A content stage's `pin`: the pinned `samples` and `buckets` versions, its units planned
+    (`run.state["units"]`); first appends what recorded units of earlier attempts wrote and no
+    commit took, since opening this attempt discards them (`run.state["appends"]` goes on)."""
+    inputs, run.state["units"] = plan_content_units(run.storage, run.partition, run["unit_rows"])
+    run.state["appends"] = appends
+    appends.commit_recorded(UnitRun.recorded(run.storage, run.stage.name, run.partition))
+    return inputs
+
+
+def model_units(run: StageRun, unit_fn: ModelUnitFn, model: ModelSpec) -> None:
+    """A content stage's `work` on model actors: each unit's rows reach the batched appends as it completes."""
+    run.units("units", run.state["units"], unit_fn, model=model, on_result=run.state["appends"].add)
+
+
+def commit_appends(run: StageRun) -> dict[str, int | None]:
+    """A content stage's `commit`: the last append, and the new rows indexed; the version readers see."""
+    return {run.stage.name: run.state["appends"].finish()}
+
+
+def model_seconds(results: UnitResults) -> float:
+    """Seconds the models spent inside the model, summed over units (floats: `total` counts whole numbers)."""
+    return sum(float(s.get("model_seconds") or 0) for s in results.summaries)

@@ -17,6 +17,7 @@ summary per work unit and per fragment, never rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 from lance import LanceDataset
@@ -24,7 +25,16 @@ from lance import LanceDataset
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
-from prx_core.stages.duplicates_runs import COLUMNS, group_phashes, recompute_all, recompute_changed
+from prx_core.stages.duplicates_runs import (
+    COLUMNS,
+    commit_all,
+    commit_changed,
+    group_phashes,
+    plan_all,
+    plan_changed,
+    reduce_all,
+    reduce_changed,
+)
 from prx_core.stages.duplicates_state import (
     Layout,
     State,
@@ -34,8 +44,8 @@ from prx_core.stages.duplicates_state import (
     save_state,
     untouched_since,
 )
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, maintenance, schemas
-from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
 
 CODE_VERSION = "2"  # part of the state: another version recomputes everything
@@ -43,7 +53,7 @@ UNIT_ROWS = 1_000_000  # rows per map task (six small columns)
 # Changed sources holding more of the rows than this: a full recompute is cheaper (measured at 4M
 # rows on 2 cores: ~2-3 us per row for a full run, 15-30 us per affected hash incrementally).
 FULL_FRACTION = 0.1
-__all__ = ["DuplicatesReport", "build_duplicates", "find_duplicates", "group_phashes", "keeper_order"]
+__all__ = ["DUPLICATES", "DuplicatesReport", "build_duplicates", "find_duplicates", "group_phashes", "keeper_order"]
 
 
 @dataclass
@@ -98,45 +108,87 @@ def keeper_order(row: dict) -> tuple:
     return (-row["pixels"], -quality, -(row["num_bytes"] or 0), row["sample_id"])
 
 
-@exclusive("duplicates", partition="corpus")
-def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
-                     rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
-                     full_fraction: float = FULL_FRACTION) -> DuplicatesReport:
-    """Bring `duplicates` up to the latest `phashes` in one commit (none when nothing changed)."""
-    options = storage.lance_storage_options()
-    phashes_uri, uri = storage.lance_uri("phashes"), storage.lance_uri("duplicates")
-    phashes = lance_io.open_table(phashes_uri, options)
+def pin_duplicates(run: StageRun) -> dict[str, Any]:
+    """Which sources changed since the state, and so which way this run goes (`run.state["mode"]`):
+    "unchanged" (no unit, no commit), "full" or "incremental", each planned with its inputs."""
+    storage, options = run.storage, run.storage.lance_storage_options()
+    phashes_uri = storage.lance_uri("phashes")
+    phashes = run.state["phashes"] = lance_io.open_table(phashes_uri, options)
     if phashes is None:
         raise RuntimeError("the phashes table does not exist yet: materialize `phashes` first")
-    table = lance_io.open_table(uri, options)
+    table = run.state["table"] = lance_io.open_table(storage.lance_uri("duplicates"), options)
     state = load_state(storage, CODE_VERSION)
     layout, counted = read_layout(phashes, phashes_uri, options, state.layout if state else None)
     changed = changed_sources(state.layout, layout) if state else sorted(layout.sources())
-    report = DuplicatesReport(0, 0, 0, phashes.version, table.version if table else 0, changed_sources=changed,
-                              phashes_rows=layout.rows(), fragments_counted=counted,
-                              previous_duplicates_version=table.version if table else None)
-    reason = "asked" if full else _full_reason(state, table, layout, changed, full_fraction)
+    run.state.update(layout=layout, counted=counted)
+    run.state["report"] = DuplicatesReport(0, 0, 0, phashes.version, table.version if table else 0,
+                                           changed_sources=changed, phashes_rows=layout.rows(),
+                                           fragments_counted=counted,
+                                           previous_duplicates_version=table.version if table else None)
+    reason = "asked" if run["full"] else _full_reason(state, table, layout, changed, run["full_fraction"])
+    run.state["report"].reason = reason
     if not reason and not changed:
+        run.state["mode"] = "unchanged"
+        run.params["mode"] = "unchanged"
+        return {"phashes": phashes.version, "duplicates": table.version}
+    run.state["mode"] = "full" if reason else "incremental"
+    return plan_all(run, phashes) if reason else plan_changed(run, phashes, table, layout, changed)
+
+
+def regroup(run: StageRun) -> None:
+    if run.state["mode"] == "full":
+        reduce_all(run)
+    elif run.state["mode"] == "incremental":
+        reduce_changed(run)
+
+
+def commit_duplicates(run: StageRun) -> dict[str, int]:
+    """The one commit of the new groups, the table's indexes caught up, then the state; unchanged:
+    no commit (the state remembers fragments rewritten without changing any source's rows)."""
+    storage, options, uri = run.storage, run.storage.lance_storage_options(), run.storage.lance_uri("duplicates")
+    report, table, mode = run.state["report"], run.state["table"], run.state["mode"]
+    phashes, layout = run.state["phashes"], run.state["layout"]
+    if mode == "unchanged":
         report.mode = "unchanged"
         report.groups, report.duplicates = _totals(table)
-        if counted:  # fragments rewritten without changing any source's rows: remember them
+        if run.state["counted"]:
             save_state(storage, State(phashes.version, table.version, report.groups + report.duplicates, layout,
                                       CODE_VERSION))
-        return report
-    report.reason = reason
-    done = (recompute_all(storage, phashes, table, CODE_VERSION, progress, unit_rows, rows_per_bucket) if reason
-            else recompute_changed(storage, phashes, table, layout, changed, CODE_VERSION, progress, unit_rows,
-                                   rows_per_bucket))
-    for name, value in done.items():
+        return {"duplicates": table.version}
+    for name, value in (commit_all(run) if mode == "full" else commit_changed(run)).items():
         setattr(report, name, value)
     maintenance.refresh_table_indexes(uri, "duplicates", options)
     # the changed sources' previous rows are found by `source`: a BITMAP index makes it a lookup
     version = maintenance.refresh_indexes(uri, storage_options=options, bitmap_columns=["source"],
-                                           merge=False).version
+                                           merge_rows=0).version
     report.duplicates_version = version
     report.groups, report.duplicates = _totals(lance_io.require_table(uri, options).checkout_version(version))
     save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout, CODE_VERSION))
-    return report
+    return {"duplicates": version}
+
+
+def report_duplicates(run: StageRun) -> DuplicatesReport:
+    return run.state["report"]
+
+
+DUPLICATES = Stage(
+    "duplicates", reads=("phashes",), writes=("duplicates",), code_version=CODE_VERSION, report_type=DuplicatesReport,
+    settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION},
+    unit_sizes=(UnitSize("unit_rows", "Rows per `duplicates` map task (six small columns)."),
+                UnitSize("rows_per_bucket", "Rows per `duplicates` reduce unit (the manifest pins the bucket count).")),
+    unpinned=("rows_per_bucket", "full", "full_fraction"),  # the manifest pins what they decide: mode and buckets
+    phases=("reduce", "delete"), partition="corpus",
+    pin=pin_duplicates, work=regroup, commit=commit_duplicates, report=report_duplicates,
+)
+
+
+def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
+                     rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
+                     full_fraction: float = FULL_FRACTION) -> DuplicatesReport:
+    """Bring `duplicates` up to the latest `phashes` in one commit (none when nothing changed):
+    `run_partition` of DUPLICATES, under the one lock of the corpus."""
+    return run_partition(DUPLICATES, storage, progress=progress, unit_rows=unit_rows, rows_per_bucket=rows_per_bucket,
+                         full=full, full_fraction=full_fraction)
 
 
 def _full_reason(state: State | None, table: LanceDataset | None, layout: Layout, changed: list[str],

@@ -1,4 +1,5 @@
-"""How a `duplicates` run recomputes groups on Ray (prx_core.stages.duplicates decides which way):
+"""How a `duplicates` run recomputes groups on Ray (prx_core.stages.duplicates decides which way;
+each way is a plan for its `pin`, a `work` and a `commit` step of the stage):
 
 - all of them: map tasks split every `phashes` row of the pinned version by `phash % buckets`,
   one reduce task per bucket groups its rows and writes fragments; one Overwrite commit;
@@ -8,7 +9,7 @@
   previous rows of those groups per `duplicates` fragment; one task per affected fragment
   deletes them; one Update commit. Work follows the changed sources, not the corpus.
 
-Reduces and deletes are work units (prx_core.compute.units): a crashed run resumes from its
+Reduces and deletes are work units (phases `reduce`, `delete`): a crashed run resumes from its
 recorded units (the map outputs, kept in the object store, are recomputed), and until the
 single commit the table is unchanged.
 """
@@ -32,10 +33,10 @@ from prx_core.compute.groupby import (
     hex_ids,
     shuffle,
 )
-from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
-from prx_core.compute.units import COMMITTED, Manifest, Unit, UnitRun, run_units
+from prx_core.compute.units import COMMITTED, Unit, UnitRun
 from prx_core.stages.duplicates_state import Layout
+from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io, schemas
 from prx_core.store.lance_io import sql_literal
 from prx_core.store.lookups import lookup_literals
@@ -76,54 +77,77 @@ def group_phashes(rows: pa.Table) -> pa.Table:
     }, schema=schemas.DUPLICATES)
 
 
-def recompute_all(storage: Storage, phashes: LanceDataset, table: LanceDataset | None, code_version: str,
-                  progress: Throttle | None, unit_rows: int, rows_per_bucket: int) -> dict[str, Any]:
-    """Every group, from every row of the pinned `phashes`; returns the report's fields."""
-    options, uri = storage.lance_storage_options(), storage.lance_uri("duplicates")
-    units = fragment_units(phashes, unit_rows)
-    buckets = bucket_count(sum(u.rows for u in units), rows_per_bucket)
-    run = UnitRun.open(storage, Manifest("duplicates", "all", {"phashes": phashes.version}, code_version,
-                                         {"mode": "full", "unit_rows": unit_rows, "buckets": buckets}))
+def plan_all(run: StageRun, phashes: LanceDataset) -> dict[str, Any]:
+    """A full run's pinned inputs; its map units and bucket count (`run.params`, `run.state`)."""
+    units = run.state["map_units"] = fragment_units(phashes, run["unit_rows"])
+    run.state["buckets"] = bucket_count(sum(u.rows for u in units), run["rows_per_bucket"])
+    run.params.update(mode="full", buckets=run.state["buckets"])
+    return {"phashes": phashes.version}
+
+
+def reduce_all(run: StageRun) -> None:
+    """Every group, from every row of the pinned `phashes`: map tasks split them by hash, one
+    reduce unit per bucket groups its rows and writes fragments."""
+    storage, phashes, units, buckets = run.storage, run.state["phashes"], run.state["map_units"], run.state["buckets"]
     parts = _shuffled(run, buckets, lambda skip: [shuffle(storage.lance_uri("phashes"), phashes.version, units,
-                                                          EVERY_ROW, COLUMNS, "phash", buckets, options, skip=skip)])
-    reduced = run_units(run, _reduce_units(parts), _reduce_all, progress=progress, phase="reduce")
+                                                          EVERY_ROW, COLUMNS, "phash", buckets,
+                                                          storage.lance_storage_options(), skip=skip)])
+    run.units("reduce", _reduce_units(parts), _reduce_all)
+
+
+def commit_all(run: StageRun) -> dict[str, Any]:
+    """One Overwrite commit of the reducers' fragments; returns the report's fields."""
+    options, uri, table = run.storage.lance_storage_options(), run.storage.lance_uri("duplicates"), run.state["table"]
+    reduced, units = run.results["reduce"], run.state["map_units"]
     fragments = lance_io.fragments_from_json(f for s in reduced.summaries for f in s["fragments"])
     _committing(run)
     LanceDataset.commit(uri, LanceOperation.Overwrite(schemas.DUPLICATES, fragments),
                         read_version=table.version if table else None, storage_options=options or None)
-    run.finish()
-    return {"mode": "full", "rows_read": sum(u.rows for u in units), "buckets": buckets, "map_units": len(units),
-            "rows_written": reduced.total("written"), "units": reduced}
+    return {"mode": "full", "rows_read": sum(u.rows for u in units), "buckets": run.state["buckets"],
+            "map_units": len(units), "rows_written": reduced.total("written"), "units": reduced}
 
 
-def recompute_changed(storage: Storage, phashes: LanceDataset, table: LanceDataset, layout: Layout,
-                      changed: list[str], code_version: str, progress: Throttle | None, unit_rows: int,
-                      rows_per_bucket: int) -> dict[str, Any]:
+def plan_changed(run: StageRun, phashes: LanceDataset, table: LanceDataset, layout: Layout,
+                 changed: list[str]) -> dict[str, Any]:
+    """An incremental run's pinned inputs: the changed sources' map units over both tables."""
+    predicate = run.state["predicate"] = f"source IN ({', '.join(sql_literal(s) for s in changed)})"
+    current = run.state["map_units"] = fragment_units(phashes, run["unit_rows"], layout.matched(changed))
+    _, previous = plan_row_units(run.storage.lance_uri("duplicates"), predicate, run["unit_rows"],
+                                 run.storage.lance_storage_options(), version=table.version)
+    run.state["previous_units"] = previous
+    run.state["buckets"] = bucket_count(sum(u.rows for u in current + previous),
+                                        min(run["rows_per_bucket"], KEY_BUCKET_ROWS), KEY_BUCKETS)
+    run.params.update(mode="incremental", buckets=run.state["buckets"])
+    return {"phashes": phashes.version, "duplicates": table.version, "changed": changed}
+
+
+def reduce_changed(run: StageRun) -> None:
     """The groups of the affected hashes: the changed sources' current ones and the groups they
-    had, hash-split to the reducers by map tasks over just those sources' rows of both tables."""
-    options, uri = storage.lance_storage_options(), storage.lance_uri("duplicates")
-    predicate = f"source IN ({', '.join(sql_literal(s) for s in changed)})"
-    current = fragment_units(phashes, unit_rows, layout.matched(changed))
-    _, previous = plan_row_units(uri, predicate, unit_rows, options, version=table.version)
-    buckets = bucket_count(sum(u.rows for u in current + previous), min(rows_per_bucket, KEY_BUCKET_ROWS),
-                           KEY_BUCKETS)
-    run = UnitRun.open(storage, Manifest("duplicates", "all", {"phashes": phashes.version, "duplicates": table.version,
-                                                               "changed": changed}, code_version,
-                                         {"mode": "incremental", "unit_rows": unit_rows, "buckets": buckets}))
+    had, hash-split to the reducers by map tasks over just those sources' rows of both tables;
+    then one unit per affected `duplicates` fragment deletes their previous rows."""
+    storage, options, uri = run.storage, run.storage.lance_storage_options(), run.storage.lance_uri("duplicates")
+    phashes, table, predicate = run.state["phashes"], run.state["table"], run.state["predicate"]
+    buckets = run.state["buckets"]
+    current, previous = run.state["map_units"], run.state["previous_units"]
     parts = _shuffled(run, buckets, lambda skip: [
         shuffle(storage.lance_uri("phashes"), phashes.version, current, predicate, ["phash"], "phash", buckets, options,
                 keys_only=True, skip=skip),
         shuffle(uri, table.version, previous, predicate, ["group_id"], "group_id", buckets, options,
                 keys_only=True, skip=skip)])
-    reduced = run_units(run, _reduce_units(parts), _reduce_changed, progress=progress, phase="reduce")
+    reduced = run.units("reduce", _reduce_units(parts), _reduce_changed)
     targets: dict[int, dict[str, Any]] = {}
     for summary in reduced.summaries:
         for frag_id, delete in summary["deletes"].items():
             target = targets.setdefault(int(frag_id), {"fragment": int(frag_id), "files": [], "rows": 0})
             target["files"].append(delete["path"])
             target["rows"] += delete["rows"]
-    deleted = run_units(run, [Unit(f"d{f:07d}", t["rows"], t) for f, t in sorted(targets.items())], _delete_unit,
-                        progress=progress, phase="delete")
+    run.units("delete", [Unit(f"d{f:07d}", t["rows"], t) for f, t in sorted(targets.items())], _delete_unit)
+
+
+def commit_changed(run: StageRun) -> dict[str, Any]:
+    """One Update commit (none when nothing changed); returns the report's fields."""
+    options, uri, table = run.storage.lance_storage_options(), run.storage.lance_uri("duplicates"), run.state["table"]
+    reduced, deleted = run.results["reduce"], run.results["delete"]
     removed = [s["fragment"] for s in deleted.summaries if s["updated"] is None]
     updated = lance_io.fragments_from_json(s["updated"] for s in deleted.summaries if s["updated"] is not None)
     new = lance_io.fragments_from_json(f for s in reduced.summaries for f in s["fragments"])
@@ -131,24 +155,27 @@ def recompute_changed(storage: Storage, phashes: LanceDataset, table: LanceDatas
         _committing(run)
         op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new)
         LanceDataset.commit(uri, op, read_version=table.version, storage_options=options or None)
-    run.finish()
-    return {"mode": "incremental", "buckets": buckets, "map_units": len(current) + len(previous),
+    current, previous = run.state["map_units"], run.state["previous_units"]
+    return {"mode": "incremental", "buckets": run.state["buckets"], "map_units": len(current) + len(previous),
             "rows_read": sum(u.rows for u in current), "previous_rows_read": sum(u.rows for u in previous),
             "affected_hashes": reduced.total("hashes"), "member_rows": reduced.total("members"),
             "rows_written": reduced.total("written"), "rows_deleted": deleted.total("rows"), "units": reduced}
 
 
-def _committing(run: UnitRun) -> None:
+def _committing(run: StageRun) -> None:
     """Mark the attempt committed BEFORE the commit: if the driver dies right after it, the next
     run (another manifest: its state is stale, so it recomputes all) must not delete the files
-    the table now uses as an abandoned attempt's outputs. Dying before it leaks files instead."""
-    put_atomic(run.storage.filesystem(), f"{run.uri}/{COMMITTED}", b"")
+    the table now uses as an abandoned attempt's outputs. Dying before it leaks files instead.
+    (`run_partition` marks it again when it finishes the attempt.)"""
+    assert run.attempt is not None
+    put_atomic(run.storage.filesystem(), f"{run.attempt.uri}/{COMMITTED}", b"")
 
 
-def _shuffled(run: UnitRun, buckets: int, maps: Any) -> list[list[Any]]:
+def _shuffled(run: StageRun, buckets: int, maps: Any) -> list[list[Any]]:
     """Per bucket, the refs of its map outputs; the maps run only when some bucket is not yet
     reduced (a resumed run recomputes them, empty for the reduced buckets)."""
-    done = {int(u[1:]) for u in run.completed() if u.startswith("b")}
+    assert run.attempt is not None
+    done = {int(u[1:]) for u in run.attempt.completed() if u.startswith("b")}
     if len(done) >= buckets:
         return [[] for _ in range(buckets)]
     outputs = maps(done)

@@ -12,25 +12,25 @@ Three stages report more than their own run (`then`): the ingest settles repeate
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prx_core.compute.parallel import Throttle
 from prx_core.shards.verify import VerifyReport, verify_streams
-from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import BUCKETS
-from prx_core.stages.caption_embeddings import build_caption_embeddings
-from prx_core.stages.captions import build_captions
-from prx_core.stages.duplicates import DuplicatesReport, build_duplicates
+from prx_core.stages.caption_embeddings import CAPTION_EMBEDDINGS
+from prx_core.stages.captions import CAPTIONS
+from prx_core.stages.duplicates import DUPLICATES, DuplicatesReport
 from prx_core.stages.duplicates_check import KeeperCheck, check_one_keeper
-from prx_core.stages.labels import build_labels
-from prx_core.stages.mds_shards import MdsReport, build_mds
+from prx_core.stages.labels import CAPTION_LABELS
+from prx_core.stages.mds_shards import MDS_SHARDS, MdsReport
 from prx_core.stages.phashes import PHASHES
 from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
-from prx_core.stages.samples import SamplesReport, build_samples, rejected_files
-from prx_core.stages.skip_lists import build_skip_lists
-from prx_core.stages.stage import Stage, run_partition
+from prx_core.stages.samples import SAMPLES, SamplesReport, rejected_files
+from prx_core.stages.skip_lists import SKIP_LISTS
+from prx_core.stages.stage import Stage, StageRun, required, run_partition
 from prx_core.store import lance_io, maintenance
 from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.partitions import source_predicate
@@ -55,11 +55,19 @@ class IngestReport:
     rejected_files: list[dict[str, Any]] = field(default_factory=list)
 
 
-def ingest_source(spec: SourceSpec, storage: Storage, *, max_duplicate_rate: float, **build: Any) -> IngestReport:
-    report = build_samples(spec, storage, **build)
-    keys = settle_sample_ids(storage, report, max_duplicate_rate)
+def settle_ingest(report: SamplesReport, run: StageRun) -> IngestReport:
+    """After the ingest's lock: repeated sample ids settled (under their own lock), then fragment
+    health and a few refused files, as the partition now reads."""
+    storage = run.storage
+    keys = settle_sample_ids(storage, report, run["max_duplicate_rate"])
     health = maintenance.fragment_health(storage.lance_uri("samples"), storage_options=storage.lance_storage_options())
-    return IngestReport(report, keys, health, rejected_files(storage, spec.name))
+    return IngestReport(report, keys, health, rejected_files(storage, run.partition))
+
+
+INGEST = dataclasses.replace(  # `samples` as the asset runs it: the ingest, then its settlement
+    SAMPLES, report_type=IngestReport, then=settle_ingest,
+    settings={**SAMPLES.settings, "max_duplicate_rate": required(float)},
+    unpinned=(*SAMPLES.unpinned, "max_duplicate_rate"), reusable=lambda report: report.samples.rows > 0)
 
 
 @dataclass
@@ -79,10 +87,11 @@ class PublishReport:
     buckets_version: int | None
 
 
-def publish_mds(source: str, storage: Storage, captioner_version: str, **build: Any) -> PublishReport:
-    report = build_mds(source, storage, captioner_version, **build)
-    verified = verify_streams([s.uri for s in report.streams], storage.storage_options)
-    expectations, buckets_version = count_expected(storage, source, report)
+def verify_published(report: MdsReport, run: StageRun) -> PublishReport:
+    """`then` of `mds_shards`, after its lock is released: the streams read back, and their counts
+    against `buckets`."""
+    verified = verify_streams([s.uri for s in report.streams], run.storage.storage_options)
+    expectations, buckets_version = count_expected(run.storage, run.partition, report)
     return PublishReport(report, verified, expectations, buckets_version)
 
 
@@ -98,6 +107,10 @@ def count_expected(storage: Storage, source: str, report: MdsReport) -> tuple[li
     return out, None if buckets is None else buckets.version
 
 
+PUBLISH = dataclasses.replace(  # `mds_shards` as the asset runs it: the streams, then read back
+    MDS_SHARDS, report_type=PublishReport, then=verify_published)
+
+
 @dataclass
 class GroupsReport:
     """`duplicates`: the run, its keeper check, and a few rows of the groups for the UI."""
@@ -107,33 +120,28 @@ class GroupsReport:
     sample: list[dict[str, Any]]
 
 
-def group_duplicates(storage: Storage, sample_rows: int = 30, **build: Any) -> GroupsReport:
-    report = build_duplicates(storage, **build)
+def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:
+    """`then` of `duplicates`, after its lock is released: the keeper check of the version it
+    committed, on workers, and `sample_rows` rows of it for the UI."""
+    storage = run.storage
     check = check_one_keeper(storage, report.duplicates_version)
     table = lance_io.open_table(storage.lance_uri("duplicates"), storage.lance_storage_options())
     sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
-        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=sample_rows).to_pylist()
+        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=run["sample_rows"]).to_pylist()
     return GroupsReport(report, check, sample)
 
 
-STAGES: dict[str, Stage] = {stage.name: stage for stage in (BUCKETS, PHASHES)}
-LEGACY: dict[str, Callable[..., Any]] = {  # drivers not yet declared as a Stage
-    "samples": ingest_source,
-    "duplicates": group_duplicates,
-    "captions": build_captions,
-    "caption_labels": build_labels,
-    "caption_embeddings": build_caption_embeddings,
-    "mds_shards": publish_mds,
-    "skip_lists": build_skip_lists,
-}
+GROUPS = dataclasses.replace(  # `duplicates` as the asset runs it: the groups, then their keeper check
+    DUPLICATES, report_type=GroupsReport, then=check_groups, settings={**DUPLICATES.settings, "sample_rows": 30},
+    unpinned=(*DUPLICATES.unpinned, "sample_rows"))
 
 
+STAGES: dict[str, Stage] = {stage.name: stage for stage in (INGEST, BUCKETS, PHASHES, PUBLISH, SKIP_LISTS, GROUPS,
+                                                             CAPTIONS, CAPTION_LABELS, CAPTION_EMBEDDINGS)}
 def run_stage(name: str, kwargs: dict[str, Any], log: Callable[[str], None]) -> Any:
     """Run stage `name` with `kwargs` (storage, source, settings); every `Progress` among them
     reports through `log`."""
-    if name not in STAGES and name not in LEGACY:
-        raise ValueError(f"unknown stage {name!r}; stages: {', '.join([*STAGES, *LEGACY])}")
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     bound = {k: Throttle(log, v.label, unit=v.unit) if isinstance(v, Progress) else v for k, v in kwargs.items()}
-    if name in LEGACY:
-        return LEGACY[name](**bound)
     return run_partition(STAGES[name], **bound)

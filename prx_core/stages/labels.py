@@ -12,7 +12,6 @@ materialization. The llm labeller with transport `vllm` runs the same units thro
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,15 +29,18 @@ from prx_core.stages.contents import (
     FAILED_EXAMPLES,
     UNIT_ROWS,
     captioned_pending,
+    commit_appends,
     model_batches,
+    model_seconds,
+    model_units,
     offending_samples,
-    run_content_stage,
+    pin_contents,
 )
-from prx_core.stages.model_pipeline import run_pipeline_stage
+from prx_core.stages.model_pipeline import pipeline_units
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.upkeep.appends import BatchedAppend
-from prx_core.store.locks import exclusive
 from prx_core.store.storage import Storage
+from prx_core.upkeep.appends import BatchedAppend
 
 LABEL_KEYS = ["content_id", "captioner_version", "labeler_version"]
 
@@ -59,6 +61,7 @@ class LabelsReport:
     gpu_hours: float | None = None  # llm over vllm: engine replicas x GPUs each x labelling time
     commits: int = 0
     units: UnitResults | None = None
+    model_seconds: float = 0.0  # time the labellers spent inside the model, summed over actors
 
 
 def pending_labels(unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
@@ -102,39 +105,71 @@ def write_labels(storage: Storage, labelled: pa.Table, captioner_version: str) -
             "fragments": [f.to_json() for f in written], "distribution": dict(Counter(rows["label"].to_pylist()))}
 
 
-@exclusive("caption_labels")
+def uses_vllm(config: LabelerConfig) -> bool:
+    return config.backend == "llm" and config.transport == "vllm"
+
+
+def pin_labels(run: StageRun) -> dict[str, int]:
+    """The pinned versions and units; the labeller's version and batch size (and the vLLM path) in the manifest."""
+    config: LabelerConfig = run["config"]
+    run.params.update(labeler_version=config.version(), batch_size=config.batch_size)
+    if uses_vllm(config):
+        run.params["path"] = "pipeline"
+    return pin_contents(run, run["appends"] or BatchedAppend(run.storage, "caption_labels"))
+
+
+def label_units(run: StageRun) -> None:
+    """Labeller actors (or `model`, a stand-in of the same output); llm over vllm: one ray.data.llm pipeline."""
+    config: LabelerConfig = run["config"]
+    if uses_vllm(config):  # `replicas` sizes it
+        from prx_core.models import labels_vllm
+
+        pipeline_units(run, prepare=pending_labels, read=read_pending,
+                       write=partial(write_labels, captioner_version=run["captioner_version"]),
+                       pipeline=partial(labels_vllm.label_dataset, config=config))
+    else:
+        model_units(run, label_unit, run["model"] or ModelSpec(partial(LabelBatch, config), actors=run["actors"]))
+
+
+def read_pending(run: UnitRun, todo: pa.Table) -> pa.Table:
+    return todo  # the pending rows (content_id, caption) are the pipeline's input
+
+
+def report_labels(run: StageRun) -> LabelsReport:
+    config: LabelerConfig = run["config"]
+    results, source, appends = run.results["units"], run.partition, run.state["appends"]
+    versions = {**run.inputs, "captions": lance_io.table_version(run.storage.lance_uri("captions"),
+                                                                  run.storage.lance_storage_options())}
+    failed = [d for s in results.summaries for d in s.get("failed_detail") or []]
+    report = LabelsReport(source, results.total("captioned"), results.total("reused"), results.total("labelled"), 0.0,
+                          distribution=results.counts("distribution"), labels_version=appends.version,
+                          failed=results.total("failed"), failures=results.counts("failures"), read_versions=versions,
+                          commits=appends.commits, units=results, model_seconds=model_seconds(results),
+                          offenders=offending_samples(run.storage, source, failed, versions["buckets"]))
+    if uses_vllm(config):
+        report.gpu_hours = results.seconds * config.replicas * config.tensor_parallel_size / 3600
+    report.seconds = run.seconds
+    return report
+
+
+CAPTION_LABELS = Stage(
+    "caption_labels", reads=("samples", "buckets", "captions"), writes=("caption_labels",), code_version="1",
+    report_type=LabelsReport,
+    settings={"captioner_version": required(str), "config": required(LabelerConfig), "actors": 1,
+              "unit_rows": UNIT_ROWS, "appends": None, "model": None},
+    unit_sizes=(UnitSize("unit_rows", "Samples per `caption_labels` unit: minutes of model work, so a crash "
+                                      "loses little."),),
+    unpinned=("config", "actors", "appends", "model"),  # the labeller enters as its version and batch size
+    phases=("units", "prepare"), pin=pin_labels, work=label_units, commit=commit_appends, report=report_labels,
+)
+
+
 def build_labels(
     source: str, storage: Storage, captioner_version: str, config: LabelerConfig, *, actors: int = 1,
     progress: Throttle | None = None, unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
     model: ModelSpec | None = None,
 ) -> LabelsReport:
-    """`model` replaces the configured labeller's actors (a stand-in of the same output, in benchmarks)."""
-    start = time.monotonic()
-    appends = appends or BatchedAppend(storage, "caption_labels")
-    params = {"captioner_version": captioner_version, "labeler_version": config.version(), "batch_size": config.batch_size}
-    code_version = f"{config.version()}-{captioner_version}"
-    vllm = config.backend == "llm" and config.transport == "vllm"
-    if vllm:  # one ray.data.llm pipeline over the units; `replicas` sizes it
-        from prx_core.models import labels_vllm
-
-        results, versions = run_pipeline_stage(
-            storage, source, "caption_labels", code_version, params, prepare=pending_labels,
-            read=lambda run, todo: todo, write=partial(write_labels, captioner_version=captioner_version),
-            pipeline=partial(labels_vllm.label_dataset, config=config), appends=appends, progress=progress,
-            unit_rows=unit_rows)
-    else:
-        model = model or ModelSpec(partial(LabelBatch, config), actors=actors)
-        results, versions, _ = run_content_stage(storage, source, "caption_labels", code_version, params, label_unit,
-                                                 model, progress=progress, unit_rows=unit_rows, appends=appends)
-    versions["captions"] = lance_io.table_version(storage.lance_uri("captions"), storage.lance_storage_options())
-    report = LabelsReport(source, results.total("captioned"), results.total("reused"), results.total("labelled"), 0.0,
-                          distribution=results.counts("distribution"), labels_version=appends.version,
-                          failed=results.total("failed"), failures=results.counts("failures"), read_versions=versions,
-                          commits=appends.commits, units=results,
-                          offenders=offending_samples(storage, source, [d for s in results.summaries
-                                                                       for d in s.get("failed_detail") or []],
-                                                      versions["buckets"]))
-    if vllm:
-        report.gpu_hours = results.seconds * config.replicas * config.tensor_parallel_size / 3600
-    report.seconds = time.monotonic() - start
-    return report
+    """`caption_labels` of one source (`run_partition` of CAPTION_LABELS). `model` replaces the
+    configured labeller's actors (a stand-in of the same output, in benchmarks; in-process only)."""
+    return run_partition(CAPTION_LABELS, storage, source, progress=progress, captioner_version=captioner_version,
+                         config=config, actors=actors, unit_rows=unit_rows, appends=appends, model=model)

@@ -7,55 +7,43 @@ Three passes of work units over the pinned `samples` version; the driver holds u
 2. chunks: each stream is cut at sampled ids into chunks of about `chunk_rows` (the boundaries
    depend on the data only, never on the number of workers); per chunk a worker gathers its
    rows from the route files, sorts them by sample_id, joins their captions, decodes and encodes
-   each image once (`process_image`) and writes the chunk folder (prx_core.shards.mds). A chunk
-   folder is named after what its bytes depend on, so a rerun over the same content reuses it.
+   each image once (`process_image`) and writes the chunk folder (`prx_core.stages.mds_chunks`).
+   A chunk folder is named after what its bytes depend on, so a rerun over the same content reuses it.
 3. index: the driver publishes each stream's index.json (merged from its chunks); per chunk a
    worker writes the `mds_index` rows (position = chunk offset + row) and the chunk's rejects;
    one commit per table.
+Declared as `MDS_SHARDS` and run by `run_partition` (lock, attempt, finish); `build_mds` is the
+typed call.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
-from prx_core.compute.parallel import Throttle, take_rows
+from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.shuffle import hash_values
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import TIERS, Bucket, assign_buckets
-from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
-from prx_core.image.imaging import process_image
-from prx_core.models.captioning import missing_caption_message
-from prx_core.shards.mds import StreamKey, chunk_complete, read_chunk_record, stream_name, stream_uri, write_chunk
+from prx_core.image.decode import DEFAULT_MAX_PIXELS
+from prx_core.shards.mds import StreamKey, read_chunk_record, stream_name, stream_uri
 from prx_core.shards.publish import StreamReport, publish_source
+from prx_core.stages.mds_chunks import ROUTE_SCHEMA, chunk_unit
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.store.locks import exclusive
-from prx_core.store.lookups import caption_errors, caption_texts
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
 
 ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
 CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
 SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
-TAKE_ROWS = 32  # images read from Lance per request
-NO_CAPTION = "no_caption"
-BUCKET_MISMATCH = "bucket_mismatch"
-CHUNK_FORMAT = "mds-chunk-1"  # bump when what a chunk's bytes depend on changes outside its inputs
-ROUTE_SCHEMA = pa.schema([
-    ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
-    ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])
 
 
 @dataclass
@@ -140,93 +128,6 @@ def _label_key(label: str) -> StreamKey:
     return int(tier), int(width), int(height)
 
 
-def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: write one chunk folder of a stream, or reuse the complete folder of the same
-    content (a rerun, a resumed run, another run whose inputs hold the same rows), and report what
-    it holds."""
-    storage, source = run.storage, run.manifest.partition
-    tier, width, height = unit.spec["stream"]
-    rows = chunk_rows(unit, run)
-    captions = caption_texts(storage, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
-                             run.manifest.inputs["captions"])
-    originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
-                          ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
-    name = chunk_name(run, rows, captions, originals)
-    folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
-    reused = chunk_complete(folder, storage.storage_options)
-    if not reused:
-        refused: list[dict] = []
-        write_chunk(render(rows, captions, originals, run, refused), folder, storage.storage_options, refused)
-    record = read_chunk_record(folder, storage.storage_options)
-    stored = record.filter(pc.field("reason").is_null())
-    return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": reused, "name": name,
-            "reasons": dict(Counter(record["reason"].drop_null().to_pylist())),
-            "outputs": [] if reused else [folder]}  # a reused folder may be live: never an orphan
-
-
-def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None]) -> str:
-    """A name derived from everything the chunk's bytes depend on (the code and its settings, each
-    row's id, content and captions): the same content always gets the same folder, other content
-    never does, so a published name is never rewritten with other bytes."""
-    params = run.manifest.params
-    digest = hashlib.sha256(json.dumps([CHUNK_FORMAT, run.manifest.code_version, params["max_tier"], params["max_pixels"],
-                                        run.manifest.partition, rows["tier"][0].as_py() if rows.num_rows else None,
-                                        rows["bucket_width"][0].as_py() if rows.num_rows else None,
-                                        rows["bucket_height"][0].as_py() if rows.num_rows else None]).encode())
-    for sid, cid, key, original in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
-                                       rows["source_key"].to_pylist(), originals):
-        digest.update(json.dumps([sid, cid, key, captions.get(cid), original]).encode())
-    return "c-" + digest.hexdigest()[:24]
-
-
-def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
-    """The chunk's routed rows, gathered from every route file (row groups pruned by their
-    statistics: route files are sorted the same way), sorted by sample_id."""
-    tier, width, height = unit.spec["stream"]
-    fs = run.storage.filesystem()
-    folder = run.scratch_uri("route")
-    paths = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".parquet"))
-    condition = (pc.field("tier") == tier) & (pc.field("bucket_width") == width) & (pc.field("bucket_height") == height)
-    if unit.spec["lo"] is not None:
-        condition &= pc.field("sample_id") >= unit.spec["lo"]
-    if unit.spec["hi"] is not None:
-        condition &= pc.field("sample_id") < unit.spec["hi"]
-    dataset = pads.dataset(paths, schema=ROUTE_SCHEMA, format="parquet", filesystem=fs)
-    return dataset.to_table(filter=condition).sort_by("sample_id")
-
-
-def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None], run: UnitRun,
-           refused: list[dict]) -> Iterator[dict[str, Any]]:
-    """The chunk's MDS rows in order, its captions joined, each image decoded and encoded once;
-    what cannot be stored goes to `refused` with a reason (an uncaptioned one with its stored failure)."""
-    storage, params, source = run.storage, run.manifest.params, run.manifest.partition
-    uncaptioned = [c for c in rows["content_id"].to_pylist() if c not in captions]
-    why = caption_errors(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"]).get
-    for start in range(0, rows.num_rows, TAKE_ROWS):
-        part = rows.slice(start, TAKE_ROWS).to_pylist()
-        images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
-                           ["image"], storage.lance_storage_options())["image"].to_pylist()
-        for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
-            base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
-            caption = captions.get(row["content_id"])
-            if caption is None:
-                refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
-                    params["captioner_version"], why(row["content_id"]))})
-                continue
-            result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"])
-            if isinstance(result, Rejection):
-                refused.append({**base, "reason": result.reason, "message": result.message})
-                continue
-            got = (result.bucket.tier, result.bucket.width, result.bucket.height)
-            if got != (row["tier"], row["bucket_width"], row["bucket_height"]):
-                refused.append({**base, "reason": BUCKET_MISMATCH, "message": f"{result.bucket} != routed {got}"})
-                continue
-            yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
-                   "original_caption": original or "", "width": result.bucket.width,
-                   "height": result.bucket.height, "original_width": result.original_size[0],
-                   "original_height": result.original_size[1]}
-
-
 def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     """Ray task: the chunk's `mds_index` rows (global positions from its offset) and rejects, as
     uncommitted fragments."""
@@ -257,38 +158,64 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": n, **unit_outputs(storage, "mds_index", written, refused_fragments)}
 
 
-@exclusive("mds_shards")
-def build_mds(
-    source: str, storage: Storage, captioner_version: str, max_tier: int = TIERS[-1],
-    max_pixels: int = DEFAULT_MAX_PIXELS, progress: Throttle | None = None,
-    route_rows: int = ROUTE_ROWS, chunk_rows: int = CHUNK_ROWS,
-) -> MdsReport:
-    start = time.monotonic()
-    options = storage.lance_storage_options()
+def pin_inputs(run: StageRun) -> dict[str, int]:
+    """The `samples` version the route units read (planned into row ranges) and the `captions`
+    version the chunks join; refused while there are no captions yet."""
+    storage, options = run.storage, run.storage.lance_storage_options()
     if not lance_io.table_exists(storage.lance_uri("captions"), options):
         raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
-    version, route = plan_row_units(storage.lance_uri("samples"), source_predicate(source), route_rows, options)
-    captions_version = lance_io.table_version(storage.lance_uri("captions"), options)
-    params = {"captioner_version": captioner_version, "max_tier": max_tier, "max_pixels": max_pixels,
-              "route_rows": route_rows, "chunk_rows": chunk_rows,
-              "sample_every": max(1, chunk_rows // SAMPLES_PER_CHUNK)}
-    manifest = Manifest("mds_shards", source, {"samples": version, "captions": captions_version}, "2", params)
-    run = UnitRun.open(storage, manifest)
-    routed = run_units(run, [Unit(f"route-{u.id}", u.rows, u.spec) for u in route], route_unit,
-                       progress=_phase(progress, "route"), phase="route")
-    chunks = plan_chunks(routed, chunk_rows)
-    written = run_units(run, chunks, chunk_unit, progress=progress, phase="chunks")
-    streams = publish_source(storage.root, source, [(tuple(c.spec["stream"]), s["name"], s["rows"], s["rejected"])
-                                                    for c, s in zip(chunks, written.summaries)], storage.storage_options)
+    version, run.state["route"] = plan_row_units(storage.lance_uri("samples"), source_predicate(run.partition),
+                                                 run["route_rows"], options)
+    run.params["sample_every"] = max(1, run["chunk_rows"] // SAMPLES_PER_CHUNK)
+    return {"samples": version, "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
+
+
+def write_streams(run: StageRun) -> None:
+    """Route, write the chunks, publish each stream's index.json (readers see the new streams from
+    here: a chunk folder is never rewritten, so the index units may rerun), then index the chunks."""
+    routed = run.units("route", [Unit(f"route-{u.id}", u.rows, u.spec) for u in run.state["route"]], route_unit)
+    chunks = plan_chunks(routed, run["chunk_rows"])
+    written = run.units("chunks", chunks, chunk_unit)
+    run.state["streams"] = publish_source(
+        run.storage.root, run.partition, [(tuple(c.spec["stream"]), s["name"], s["rows"], s["rejected"])
+                                          for c, s in zip(chunks, written.summaries)], run.storage.storage_options)
     offsets = _offsets(chunks, written)
-    indexed = run_units(run, [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"]})
-                              for c, s in zip(chunks, written.summaries)],
-                        index_unit, progress=_phase(progress, "index"), phase="index")
-    index_version, _ = commit_unit_outputs(storage, "mds_index", source, "mds_shards", indexed.summaries)
-    run.finish()
-    return MdsReport(source, written.total("rows"), streams, written.counts("reasons"), time.monotonic() - start,
-                     {"samples": version, "captions": captions_version}, index_version,
-                     {"route": routed, "chunks": written, "index": indexed})
+    run.units("index", [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"]})
+                        for c, s in zip(chunks, written.summaries)], index_unit)
+
+
+def commit_index(run: StageRun) -> dict[str, int]:
+    version, _ = commit_unit_outputs(run.storage, "mds_index", run.partition, "mds_shards",
+                                     run.results["index"].summaries)
+    return {"mds_index": version}
+
+
+def report_streams(run: StageRun) -> MdsReport:
+    written = run.results["chunks"]
+    return MdsReport(run.partition, written.total("rows"), run.state["streams"], written.counts("reasons"),
+                     run.seconds, dict(run.inputs), run.versions["mds_index"], dict(run.results))
+
+
+MDS_SHARDS = Stage(
+    "mds_shards", reads=("samples", "captions"), writes=("mds_index", "rejects"), code_version="2",
+    report_type=MdsReport,
+    settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
+              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS},
+    # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
+    # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
+    phases=("chunks", "route", "index"),
+    unit_sizes=(UnitSize("route_rows", "Rows per `mds_shards` routing unit (sizes and ids, no pixels)."),
+                UnitSize("chunk_rows", "Target rows per MDS chunk: one worker task and one sub-folder of a stream.")),
+    pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams,
+)
+
+
+def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,
+              **settings: Any) -> MdsReport:
+    """`mds_shards` of one source (`run_partition` of MDS_SHARDS): settings max_tier, max_pixels,
+    route_rows, chunk_rows."""
+    return run_partition(MDS_SHARDS, storage, source, progress=progress, captioner_version=captioner_version,
+                         **settings)
 
 
 def _offsets(chunks: list[Unit], written: UnitResults) -> dict[str, int]:
@@ -299,8 +226,3 @@ def _offsets(chunks: list[Unit], written: UnitResults) -> dict[str, int]:
         offsets[chunk.id] = running[key]
         running[key] += summary["rows"]
     return offsets
-
-
-def _phase(progress: Throttle | None, name: str) -> Throttle | None:
-    return None if progress is None else Throttle(progress.report, f"{progress.label} {name}", progress.seconds,
-                                                   progress.unit)

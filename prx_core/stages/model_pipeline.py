@@ -1,7 +1,8 @@
 """Content units through one Ray Data pipeline: the path of the `ray.data.llm` (vLLM) engines.
 
 vLLM engines are Ray Data actors that live as long as one pipeline runs, so units cannot each
-start their own. The units run in two phases of one attempt (`UnitRun`):
+start their own. `pipeline_units` is the `work` step of `captions` and `caption_labels` on this
+path (their `pin` adds `path: pipeline` to the manifest); the units run in two phases of one attempt:
 1. prepare, as Ray tasks: each unit finds its pending contents (the same worker-side lookups as
    the actor path) and writes them to a scratch file; recorded per unit.
 2. generate: the units with pending contents, not yet generated, stream through one pipeline
@@ -17,17 +18,16 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_core.compute.parallel import Throttle, quiet_ray_data
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
-from prx_core.store.names import validate_source_name
-from prx_core.stages.contents import UNIT_ROWS, plan_content_units
-from prx_core.upkeep.appends import BatchedAppend
+from prx_core.compute.parallel import quiet_ray_data
+from prx_core.compute.units import Unit, UnitResults, UnitRun
+from prx_core.stages.stage import StageRun
 from prx_core.store.storage import Storage
 
 Prepare = Callable[[Unit, UnitRun], tuple[pa.Table, dict[str, Any]]]  # (pending rows, summary)
@@ -60,22 +60,18 @@ def merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
             into[key] = into.get(key, 0) + value
 
 
-def run_pipeline_stage(
-    storage: Storage, source: str, table: str, code_version: str, params: Mapping[str, Any], *,
-    prepare: Prepare, read: Read, pipeline: Callable[..., Any], write: Write, appends: BatchedAppend,
-    progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
-) -> tuple[UnitResults, dict[str, int]]:
+def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Callable[..., Any], write: Write) -> None:
+    """A content stage's `work` on the vLLM path: the prepare phase, then one pipeline over the
+    units with pending contents not yet generated; each completed unit is recorded and handed to
+    the batched appends (`run.state["appends"]`). `run.results["units"]` is every unit's prepare
+    summary merged with its generated one."""
     import ray.data
 
-    validate_source_name(source)
     start = time.monotonic()
-    inputs, units = plan_content_units(storage, source, unit_rows)
-    appends.commit_recorded(UnitRun.recorded(storage, table, source))
-    run = UnitRun.open(storage, Manifest(table, source, inputs, code_version, {**params, "unit_rows": unit_rows,
-                                                                               "path": "pipeline"}))
-    prepared = run_units(run, units, lambda unit, run: prepare_unit(prepare, unit, run), progress=progress,
-                         phase="prepare")
-    done = {k.removeprefix(GENERATED): v for k, v in run.completed().items() if k.startswith(GENERATED)}
+    attempt, units, appends = run.attempt, run.state["units"], run.state["appends"]
+    assert attempt is not None, "units run inside run_partition"
+    prepared = run.units("prepare", units, partial(prepare_unit, prepare))
+    done = {k.removeprefix(GENERATED): v for k, v in attempt.completed().items() if k.startswith(GENERATED)}
     by_id = {u.id: s for u, s in zip(units, prepared.summaries)}
     work = [(unit_id, s) for unit_id, s in by_id.items() if s["todo"] and unit_id not in done]
     skipped = len(done)
@@ -83,26 +79,25 @@ def run_pipeline_stage(
         quiet_ray_data()
         items = [{"unit": unit_id, "scratch": s["scratch"]} for unit_id, s in work]
         wanted = {unit_id: s["todo"] for unit_id, s in work}
+        storage = run.storage
         dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            lambda b: _read_scratch(run, read, b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
-        written = pipeline(dataset, carry=("unit_id",)).map_batches(lambda b: _write_units(storage, write, b), batch_size=None,
-                                                batch_format="pyarrow")
-        partial: dict[str, dict[str, Any]] = {}
+            lambda b: _read_scratch(attempt, read, b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
+        written = pipeline(dataset, carry=("unit_id",)).map_batches(lambda b: _write_units(storage, write, b),
+                                                                    batch_size=None, batch_format="pyarrow")
+        generating: dict[str, dict[str, Any]] = {}
         for record in written.iter_rows():
-            summary = partial.setdefault(record["unit"], {"generated": 0})
+            summary = generating.setdefault(record["unit"], {"generated": 0})
             merge(summary, json.loads(record["summary"]))
             if summary["generated"] == wanted[record["unit"]]:
-                run.record(GENERATED + record["unit"], summary)
+                attempt.record(GENERATED + record["unit"], summary)
                 appends.add({**summary, "retry": by_id[record["unit"]].get("retry", [])})
-                done[record["unit"]] = partial.pop(record["unit"])
-                if progress is not None:
-                    progress(len(done), len(work) + skipped)
-    appends.finish()
-    run.finish()
+                done[record["unit"]] = generating.pop(record["unit"])
+                if run.progress is not None:
+                    run.progress(len(done), len(work) + skipped)
     summaries = [dict(p) for p in prepared.summaries]
     for unit, summary in zip(units, summaries):
         merge(summary, done.get(unit.id, {}))
-    return UnitResults(summaries, len(work), skipped, time.monotonic() - start), inputs
+    run.results["units"] = UnitResults(summaries, len(work), skipped, time.monotonic() - start)
 
 
 def _read_scratch(run: UnitRun, read: Read, item: Mapping[str, str]) -> pa.Table:

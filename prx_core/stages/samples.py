@@ -20,7 +20,6 @@ committed (`EmptySource`), as for a source that listed no file or whose files he
 from __future__ import annotations
 
 import hashlib
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.shuffle import KeyCounts, count_keys
-from prx_core.compute.units import UNIT_SECONDS, Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import UNIT_SECONDS, Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
 from prx_core.sources.catalog import SourceSpec
@@ -42,8 +41,8 @@ from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
-from prx_core.store.locks import exclusive
 from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
@@ -171,46 +170,82 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-@exclusive("samples")
-def build_samples(spec: SourceSpec, storage: Storage, max_pixels: int = DEFAULT_MAX_PIXELS,
-                  progress: Throttle | None = None, unit_bytes: int = UNIT_BYTES,
-                  max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS,
-                  unit_seconds: float = UNIT_SECONDS, allow_empty: bool = False) -> SamplesReport:
-    """Ingest `spec` and replace its rows in `samples` and its `samples`-stage rows in `rejects`;
-    a unit running longer than `unit_seconds` is cancelled and its fragments become rejects.
+def pin_source(run: StageRun) -> dict[str, str]:
+    """The source's listing (its fingerprint) planned into units, after staging each joined table
+    as a key-indexed Lance table (`prx_core.stages.join_tables`) and upgrading the table's schema."""
+    spec: SourceSpec = run["spec"]
+    check_max_chars(run["max_caption_chars"])
+    try:
+        joins = stage_joins(spec, run.storage, run.progress)
+    except JoinStagingError as exc:  # one line: the source, the table, the fix
+        raise SourceRefused(str(exc)) from exc
+    sizes = fragment_sizes(spec, run.storage.storage_options)
+    run.state["units"], run.state["listed"] = group_fragments(sizes, run["unit_bytes"]), len(sizes)
+    run.params["spec"] = spec.to_dict()  # what the workers read (the manifest is JSON)
+    if joins:
+        run.params["joins"] = joins
+    lance_io.upgrade_table(run.storage.lance_uri("samples"), schemas.SAMPLES, run.storage.lance_storage_options())
+    return {"source": source_fingerprint(spec, sizes)}
+
+
+def ingest_units(run: StageRun) -> None:
+    run.units("units", run.state["units"], ingest_unit, time_limit_s=run["unit_seconds"], on_failed=failed_unit)
+
+
+def commit_samples(run: StageRun) -> dict[str, int]:
+    """The source's rows and rejects swapped in one commit each; a run that kept no sample is
+    refused before it (`refuse_nothing`), or its refusal kept for `report_samples` to raise."""
+    results = run.results["units"]
+    if not (run["allow_empty"] or results.total("rows")):
+        run.state["refusal"] = refuse_nothing(run["spec"], run.storage, run.state["listed"], results)
+    pause_point("samples:before_commit")  # fragments written, nothing committed
+    samples_version, rejects_version = commit_unit_outputs(run.storage, "samples", run.partition, "samples",
+                                                           results.summaries)
+    return {"samples": samples_version, "rejects": rejects_version}
+
+
+def report_samples(run: StageRun) -> SamplesReport:
+    if run.state.get("refusal") is not None:  # every sample refused: its rejects are committed for inspection
+        raise SourceRefused(run.state["refusal"])
+    results = run.results["units"]
+    return SamplesReport(
+        source=run.partition, rows=results.total("rows"), bytes=results.total("bytes"),
+        fragments_read=run.state["listed"], seconds=run.seconds, rejected=results.total("rejected"),
+        samples_version=run.versions["samples"], rejects_version=run.versions["rejects"],
+        reasons=results.counts("reasons"), units=results, captions_cleaned=results.total("captions_cleaned"),
+        captions_truncated=results.total("captions_truncated"),
+    )
+
+
+SAMPLES = Stage(
+    "samples", reads=("raw_source",), writes=("samples", "rejects"), code_version="2", report_type=SamplesReport,
+    settings={"spec": required(SourceSpec), "max_pixels": DEFAULT_MAX_PIXELS, "unit_bytes": UNIT_BYTES,
+              "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS, "unit_seconds": UNIT_SECONDS, "allow_empty": False},
+    unit_sizes=(
+        UnitSize("unit_bytes", "Source bytes per ingest unit; one unit writes ~one Lance fragment, so this sets "
+                               "fragment size (~1M rows at 64 KB per image)."),
+        UnitSize("unit_seconds", "Time limit of one ingest unit, retries included: a unit still running (a hang, "
+                                 "a worker killed out of memory again and again) is cancelled and its source files "
+                                 "become unreadable_fragment rejects."),
+    ),
+    unpinned=("unit_seconds", "allow_empty"),
+    pin=pin_source, work=ingest_units, commit=commit_samples, report=report_samples,
+    reusable=lambda report: report.rows > 0,  # the listing and settings as last committed: nothing to re-ingest
+)
+
+
+def build_samples(spec: SourceSpec, storage: Storage, progress: Throttle | None = None,
+                  **settings: Any) -> SamplesReport:
+    """Ingest `spec` (`run_partition` of SAMPLES): its rows in `samples` and its `samples`-stage rows
+    in `rejects` replaced; settings max_pixels, unit_bytes, max_caption_chars, unit_seconds (a unit
+    running longer is cancelled, its fragments become rejects) and allow_empty.
 
     Unless `allow_empty`, a source that yields no sample raises `SourceRefused` (one line: why and
     the fix). Every sample refused: the rejects are committed, then it raises (the partition holds
     0 samples and its rejects), except that a partition holding samples is left whole (`EmptySource`,
     nothing committed). No file listed, or no row at all: nothing is committed; `EmptySource` when
     the partition holds rows. A run refused before its commit stays recorded for a rerun."""
-    check_max_chars(max_caption_chars)
-    start = time.monotonic()
-    try:  # each joined table as a key-indexed Lance table, before any unit (prx_core.stages.join_tables)
-        joins = stage_joins(spec, storage, progress)
-    except JoinStagingError as exc:  # one line: the source, the table, the fix
-        raise SourceRefused(str(exc)) from exc
-    sizes = fragment_sizes(spec, storage.storage_options)
-    units = group_fragments(sizes, unit_bytes)
-    manifest = Manifest("samples", spec.name, {"source": source_fingerprint(spec, sizes)}, "2",
-                        {"spec": spec.to_dict(), "max_pixels": max_pixels, "unit_bytes": unit_bytes,
-                         "max_caption_chars": max_caption_chars, **({"joins": joins} if joins else {})})
-    lance_io.upgrade_table(storage.lance_uri("samples"), schemas.SAMPLES, storage.lance_storage_options())
-    run = UnitRun.open(storage, manifest)
-    results = run_units(run, units, ingest_unit, progress=progress, time_limit_s=unit_seconds, on_failed=failed_unit)
-    refusal = None if allow_empty or results.total("rows") else refuse_nothing(spec, storage, len(sizes), results)
-    pause_point("samples:before_commit")  # fragments written, nothing committed
-    samples_version, rejects_version = commit_unit_outputs(storage, "samples", spec.name, "samples", results.summaries)
-    run.finish()
-    if refusal is not None:  # every sample refused: its rejects are committed for inspection, the run fails
-        raise SourceRefused(refusal)
-    reasons = results.counts("reasons")
-    return SamplesReport(
-        source=spec.name, rows=results.total("rows"), bytes=results.total("bytes"), fragments_read=len(sizes),
-        seconds=time.monotonic() - start, rejected=results.total("rejected"), samples_version=samples_version,
-        rejects_version=rejects_version, reasons=reasons, units=results,
-        captions_cleaned=results.total("captions_cleaned"), captions_truncated=results.total("captions_truncated"),
-    )
+    return run_partition(SAMPLES, storage, progress=progress, spec=spec, **settings)
 
 
 def refuse_nothing(spec: SourceSpec, storage: Storage, listed: int, results: UnitResults) -> str:

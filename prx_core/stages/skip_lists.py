@@ -8,7 +8,8 @@ stream and per chunk. Per chunk (the chunk's own record lists its samples in str
 worker looks up the chunk's losing duplicates by sample_id and its labels by content_id (batched
 IN-list lookups on the shared tables), matches opt-outs, and writes the chunk's skipped
 positions to scratch; per stream a worker concatenates them in chunk order and writes the
-stream's skip-lists, bound to the digest of the index.json they were computed for.
+stream's skip-lists, bound to the digest of the index.json they were computed for. Declared as
+`SKIP_LISTS` and run by `run_partition`; `build_skip_lists` is the typed call.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prx_core.compute.parallel import Throttle
-from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
+from prx_core.stages.stage import Stage, StageRun, required, run_partition
 from prx_core.store import lance_io
-from prx_core.store.locks import exclusive
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.storage import Storage, join_uri
 
@@ -199,19 +200,22 @@ def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
     return plans
 
 
-@exclusive("skip_lists")
-def build_skip_lists(
-    source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,
-    progress: Throttle | None = None,
-) -> SkipReport:
-    options = storage.lance_storage_options()
-    streams = plan_streams(storage, source)
+def pin_streams(run: StageRun) -> dict[str, Any]:
+    """The published streams (their index digests), the `duplicates` and `caption_labels` versions
+    and the recorded opt-outs (a new opt-out is a new attempt); the policy enters the manifest as
+    its fields and version; the chunk and stream units are planned from the streams' indexes."""
+    storage, options = run.storage, run.storage.lance_storage_options()
+    streams = run.state["streams"] = plan_streams(storage, run.partition)
+    policy: SkipPolicy = run.params.pop("policy")
+    run.params.update({**asdict(policy), "policy_version": policy.version()})
     versions = {t: lance_io.table_version(storage.lance_uri(t), options) for t in ("duplicates", "caption_labels")}
-    inputs = {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
-              "opt_out_records": opt_out_records(storage, source)}  # a new opt-out is a new attempt
-    params = {**asdict(policy), "policy_version": policy.version(), "captioner_version": captioner_version,
-              "labeler_version": labeler_version}
-    run = UnitRun.open(storage, Manifest("skip_lists", source, inputs, "3", params))  # 3: completion records
+    run.state["chunks"], run.state["stream_units"] = plan_units(streams)
+    return {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
+            "opt_out_records": opt_out_records(storage, run.partition)}
+
+
+def plan_units(streams: list[dict[str, Any]]) -> tuple[list[Unit], list[Unit]]:
+    """One unit per chunk (with its first position in the stream), one per stream."""
     chunk_units, stream_units = [], []
     for plan in streams:
         offset = 0
@@ -221,11 +225,41 @@ def build_skip_lists(
             offset += count
         spec = {**{k: plan[k] for k in ("stream", "label", "digest")}, "chunks": list(plan["chunks"]), "size": offset}
         stream_units.append(Unit(f"stream-{plan['label'].replace('/', '-')}", offset, spec))
-    chunks = run_units(run, chunk_units, skip_chunk_unit, progress=progress, phase="chunks")
-    written = run_units(run, stream_units, skip_stream_unit, phase="streams")
-    remove_stale_streams(storage.filesystem(), storage.root, source, {tuple(p["stream"]) for p in streams})
-    run.finish()
-    report = [StreamSkips(p["label"], s["rows"], s["skipped"], s["by_reason"]) for p, s in zip(streams, written.summaries)]
-    files = [f for s in written.summaries for f in s["files"]]
-    read = {k: v for k, v in versions.items() if v is not None}
-    return SkipReport(source, report, files, read, {"chunks": chunks, "streams": written})
+    return chunk_units, stream_units
+
+
+def write_skips(run: StageRun) -> None:
+    run.units("chunks", run.state["chunks"], skip_chunk_unit)
+    run.units("streams", run.state["stream_units"], skip_stream_unit, progress=False)
+
+
+def remove_stale(run: StageRun) -> dict[str, int | None]:
+    """The lists are written in place: what is left to make them the source's is removing the
+    lists of streams no longer published. No table is written."""
+    remove_stale_streams(run.storage.filesystem(), run.storage.root, run.partition,
+                         {tuple(p["stream"]) for p in run.state["streams"]})
+    return {}
+
+
+def report_skips(run: StageRun) -> SkipReport:
+    written = run.results["streams"]
+    streams = [StreamSkips(p["label"], s["rows"], s["skipped"], s["by_reason"])
+               for p, s in zip(run.state["streams"], written.summaries)]
+    read = {k: run.inputs[k] for k in ("duplicates", "caption_labels") if run.inputs[k] is not None}
+    return SkipReport(run.partition, streams, [f for s in written.summaries for f in s["files"]], read,
+                      dict(run.results))
+
+
+SKIP_LISTS = Stage(
+    "skip_lists", reads=("duplicates", "caption_labels"), writes=(),  # the lists are files under skiplists/
+    code_version="3", report_type=SkipReport,  # 3: completion records
+    settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
+    phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,
+)
+
+
+def build_skip_lists(source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,
+                     progress: Throttle | None = None) -> SkipReport:
+    """`skip_lists` of one source (`run_partition` of SKIP_LISTS)."""
+    return run_partition(SKIP_LISTS, storage, source, progress=progress, captioner_version=captioner_version,
+                         labeler_version=labeler_version, policy=policy)

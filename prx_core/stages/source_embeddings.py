@@ -7,6 +7,7 @@ Ray workers in three phases of one attempt: `lengths` (per unit: rows of each ve
 many are usable, an order-independent digest), `stored` (the same over the partition's current
 rows in `source_embeddings`), then, only when the two digests differ, `write` (fragments of the
 usable vectors of the chosen width). A rerun on unchanged input writes and commits nothing.
+`caption_embeddings` runs it (`write_source_embeddings`) on the `samples` version it pinned.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import xxhash
 
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
-from prx_core.compute.units import Manifest, Unit, UnitRun, run_units
-from prx_core.store.names import validate_source_name
+from prx_core.compute.units import Unit, UnitRun
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, unit_outputs
 from prx_core.store.storage import Storage
@@ -126,53 +127,89 @@ def table_dim(uri: str, options: dict[str, str] | None) -> int | None:
     return None if table is None else table.schema.field("embedding").type.list_size
 
 
-def write_source_embeddings(source: str, storage: Storage, samples_version: int,
-                            progress: Throttle | None = None) -> SourceEmbeddings:
-    """Replace the source's rows of `source_embeddings` unless identical or of another width."""
-    validate_source_name(source)
-    options = storage.lance_storage_options()
-    samples_uri, uri = storage.lance_uri("samples"), storage.lance_uri("source_embeddings")
-    _, sample_units = plan_row_units(samples_uri, source_predicate(source), UNIT_ROWS, options, samples_version)
-    width = table_dim(uri, options)
-    inputs = {"samples": samples_version, "source_embeddings": lance_io.table_version(uri, options)}
-    run = UnitRun.open(storage, Manifest("source_embeddings", source, inputs, "1", {"unit_rows": UNIT_ROWS}))
-    wanted = run_units(run, _units("lengths", "samples", sample_units), lengths_unit, progress=progress, phase="lengths")
-    stats = merged_lengths(wanted.summaries)
-    total = wanted.total("rows")
+def pin_source_embeddings(run: StageRun) -> dict[str, int | None]:
+    """The given `samples` version (the one `caption_embeddings` pinned) planned into units, and
+    the table's version and width."""
+    options = run.storage.lance_storage_options()
+    uri = run.storage.lance_uri("source_embeddings")
+    _, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
+                                           run["unit_rows"], options, run["samples_version"])
+    run.state["width"] = table_dim(uri, options)
+    return {"samples": run["samples_version"], "source_embeddings": lance_io.table_version(uri, options)}
+
+
+def measure_and_write(run: StageRun) -> None:
+    """`lengths` of the source's vectors; unless the width mismatches, `stored` (the partition's
+    current rows) and, when the two differ, `write` (`run.state["replace"]`: the commit is due)."""
+    units, width, source = run.state["units"], run.state["width"], run.partition
+    wanted = run.units("lengths", _units("lengths", "samples", units), lengths_unit)
+    stats, total = merged_lengths(wanted.summaries), run.state.setdefault("total", wanted.total("rows"))
     dim = max(stats, key=lambda d: (stats[d][0], -d)) if stats else None  # most common, then narrowest
-    report = SourceEmbeddings(dim=dim, skipped=total - (stats[dim][1] if dim else 0))
+    report = run.state["report"] = SourceEmbeddings(dim=dim, skipped=total - (stats[dim][1] if dim else 0))
     if dim is not None and width is not None and dim != width:
-        return _mismatch(report, source, dim, width, total, run)
+        _mismatch(report, source, dim, width, total)
+        return
     if width is None and dim is None:
-        run.finish()
-        return report
-    width = width or dim
+        return
+    width = run.state["width"] = width or dim
     have = [0, 0, 0]
-    if inputs["source_embeddings"] is not None:
-        _, stored_units = plan_row_units(uri, source_predicate(source), UNIT_ROWS, options, inputs["source_embeddings"])
-        stored = run_units(run, _units("stored", "source_embeddings", stored_units), lengths_unit, phase="stored")
+    if run.inputs["source_embeddings"] is not None:
+        options = run.storage.lance_storage_options()
+        _, stored_units = plan_row_units(run.storage.lance_uri("source_embeddings"), source_predicate(source),
+                                         run["unit_rows"], options, run.inputs["source_embeddings"])
+        stored = run.units("stored", _units("stored", "source_embeddings", stored_units), lengths_unit, progress=False)
         have = merged_lengths(stored.summaries).get(width, have)
     want = stats.get(width, [0, 0, 0])
-    if (have[1], have[2]) != (want[1], want[2]):
-        written = run_units(run, _units("write", "samples", sample_units, dim=width), write_unit, progress=progress,
-                            phase="write") if dim else None
-        fragments = lance_io.fragments_from_json(f for s in (written.summaries if written else []) for f in s["fragments"])
+    run.state["replace"] = (have[1], have[2]) != (want[1], want[2])
+    if run.state["replace"] and dim:
+        run.units("write", _units("write", "samples", units, dim=width), write_unit)
+
+
+def commit_source_embeddings(run: StageRun) -> dict[str, int | None]:
+    """Replace the source's rows in one commit when they changed (a source of another width is not written)."""
+    uri, options = run.storage.lance_uri("source_embeddings"), run.storage.lance_storage_options()
+    if run.state.get("replace"):
+        width, report = run.state["width"], run.state["report"]
+        written = run.results.get("write")
+        summaries = written.summaries if written else []
+        fragments = lance_io.fragments_from_json(f for s in summaries for f in s["fragments"])
         try:
-            lance_io.replace_rows(uri, source_predicate(source), fragments, schemas.source_embeddings_schema(width), options)
+            lance_io.replace_rows(uri, source_predicate(run.partition), fragments,
+                                  schemas.source_embeddings_schema(width), options)
             report.written = True
         except ValueError:  # another source created the table first, with another width
             if (raced := table_dim(uri, options)) in (None, width):
                 raise
-            return _mismatch(report, source, width, raced, total, run)
-    run.finish()
-    if lance_io.table_exists(uri, options):
-        report.rows = lance_io.require_table(uri, options).count_rows(source_predicate(source))
+            _mismatch(report, run.partition, width, raced, run.state["total"])
+    return {"source_embeddings": lance_io.table_version(uri, options)}
+
+
+def report_source_embeddings(run: StageRun) -> SourceEmbeddings:
+    report: SourceEmbeddings = run.state["report"]
+    uri, options = run.storage.lance_uri("source_embeddings"), run.storage.lance_storage_options()
+    if run.state.get("width") is not None and report.mismatch is None and lance_io.table_exists(uri, options):
+        report.rows = lance_io.require_table(uri, options).count_rows(source_predicate(run.partition))
     return report
 
 
-def _mismatch(report: SourceEmbeddings, source: str, dim: int, width: int, total: int, run: UnitRun) -> SourceEmbeddings:
+def _mismatch(report: SourceEmbeddings, source: str, dim: int, width: int, total: int) -> None:
     report.mismatch = (f"source {source} has {dim}-d embeddings but source_embeddings holds {width}-d "
                        "vectors: nothing written for this source")
     report.skipped = total
-    run.finish()
-    return report
+
+
+SOURCE_EMBEDDINGS = Stage(
+    "source_embeddings", reads=("samples",), writes=("source_embeddings",), code_version="1",
+    report_type=SourceEmbeddings, settings={"samples_version": required(int), "unit_rows": UNIT_ROWS},
+    unit_sizes=(UnitSize("unit_rows", "Rows per `source_embeddings` unit (vectors of ~2 KB)."),),
+    unpinned=("samples_version",),  # pinned as the `samples` input
+    phases=("lengths", "stored", "write"), pin=pin_source_embeddings, work=measure_and_write,
+    commit=commit_source_embeddings, report=report_source_embeddings,
+)
+
+
+def write_source_embeddings(source: str, storage: Storage, samples_version: int,
+                            progress: Throttle | None = None) -> SourceEmbeddings:
+    """Replace the source's rows of `source_embeddings` unless identical or of another width
+    (`run_partition` of SOURCE_EMBEDDINGS)."""
+    return run_partition(SOURCE_EMBEDDINGS, storage, source, progress=progress, samples_version=samples_version)

@@ -22,6 +22,7 @@ from typing import Any
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.unit_results import condense_report
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.stages.unchanged import committed_report, record_committed
 from prx_core.store.locks import partition_lock
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import Storage
@@ -74,6 +75,9 @@ class Stage:
     unpinned: tuple[str, ...] = ()
     partition: str | None = None  # the one partition (and lock) of an unpartitioned stage
     then: Callable[[Any, StageRun], Any] | None = None
+    # `reusable(report)`: whether a run's final report may stand for a later run of the same manifest
+    # while its outputs are still there (nothing run or committed then: prx_core.stages.unchanged)
+    reusable: Callable[[Any], bool] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {k: v for k, v in self.settings.items() if not isinstance(v, Required)}
@@ -134,12 +138,18 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         run.params = {k: v for k, v in run.settings.items() if k not in stage.unpinned}
         run.inputs = stage.pin(run)
         manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params)
+        if stage.reusable and (done := committed_report(storage, stage.name, partition, manifest.digest(),
+                                                        stage.report_type)) is not None:
+            return done
         run.attempt = UnitRun.open(storage, manifest)
         stage.work(run)
         run.versions = stage.commit(run)
         run.attempt.finish()
         report = condense_report(stage.report(run), storage, stage.name, partition, run.attempt.token)
-    return report if stage.then is None else stage.then(report, run)
+    final = report if stage.then is None else stage.then(report, run)
+    if stage.reusable and stage.reusable(final):
+        record_committed(storage, stage.name, partition, manifest.digest(), run.versions, final)
+    return final
 
 
 def bind_settings(stage: Stage, given: Mapping[str, Any]) -> dict[str, Any]:

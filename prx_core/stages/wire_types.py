@@ -52,12 +52,7 @@ for _cls in ARGUMENTS + REPORTS:
 
 
 def report_type(stage: str) -> type:
-    """The class `stage` returns (its entry point's return annotation): the only report accepted."""
-    if stage in entry.STAGES:
-        return entry.STAGES[stage].report_type
-    if stage not in entry.LEGACY:
-        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join([*entry.STAGES, *entry.LEGACY])}")
-    returned: Any = typing.get_type_hints(inspect.unwrap(entry.LEGACY[stage])).get("return")
-    if not isinstance(returned, type):
-        raise TypeError(f"stage {stage!r} must annotate the one report class it returns, not {returned!r}")
-    return returned
+    """The class `stage` reports (its declaration's `report_type`): the only report accepted."""
+    if stage not in entry.STAGES:
+        raise ValueError(f"unknown stage {stage!r}; stages: {', '.join(entry.STAGES)}")
+    return entry.STAGES[stage].report_type

@@ -5,6 +5,7 @@ reference; a rerun without change commits nothing; a run killed mid-reduce resum
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_a_full_run_equals_the_reference(storage: Storage, unit_rows: int, rows_
     assert report.buckets == max(1, -(-total // rows_per_bucket)) and report.map_units >= 7
     assert report.units.units == report.buckets and report.fragments_counted == 7
     assert report.duplicate_rate == pytest.approx(report.duplicates / total)
-    assert not os.listdir(os.path.join(storage.root, RUNS, "duplicates", "all"))  # the attempt is forgotten
+    assert not os.listdir(os.path.join(storage.root, RUNS, "duplicates", "corpus"))  # the attempt is forgotten
     check = check_one_keeper(storage, unit_rows=unit_rows, rows_per_bucket=rows_per_bucket)
     assert check.passed and (check.groups, check.rows) == (report.groups, len(want))
 
@@ -237,7 +238,10 @@ def test_a_killed_run_leaves_the_table_and_resumes(storage: Storage, ray_cluster
     os.remove(storage.uri(*STATE))  # a full run of 7 buckets
     kill_at("duplicates:reduce:3", KILL_SCRIPT, storage.root, ray_cluster.get_runtime_context().gcs_address)
     assert lance_io.table_version(storage.lance_uri("duplicates")) == first.duplicates_version  # no commit
-    recorded = len(recorded_units(storage.root, "duplicates", "all"))
+    recorded = len(recorded_units(storage.root, "duplicates", "corpus"))
+    (attempt,) = Path(storage.root, RUNS, "duplicates", "corpus").iterdir()
+    params = json.loads((attempt / "run.json").read_text())["manifest"]["params"]
+    assert sorted(params) == ["buckets", "mode", "unit_rows"] and params["mode"] == "full"  # what the settings decided
     report = build_duplicates(storage, unit_rows=5, rows_per_bucket=10)
     assert report.units.skipped == recorded >= 3 and report.units.ran == report.buckets - recorded
     assert table(storage) == reference(storage)

@@ -16,6 +16,7 @@ from crash import kill_at, recorded_units
 from streaming.base.util import clean_stale_shared_memory
 from test_row_stages import make_samples
 
+from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import RUNS
 from prx_core.image.imaging import process_image
 from prx_core.shards.mds import list_streams
@@ -23,7 +24,8 @@ from prx_core.shards.mds_read import read_stream_rows
 from prx_core.shards.publish import write_source_streams
 from prx_core.shards.retention import prune_streams
 from prx_core.shards.verify import verify_streams
-from prx_core.stages.mds_shards import NO_CAPTION, build_mds
+from prx_core.stages.mds_chunks import NO_CAPTION
+from prx_core.stages.mds_shards import build_mds
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -102,14 +104,20 @@ def test_chunked_streams_equal_the_single_process_reference(storage: Storage, tm
 
 
 def test_a_rerun_reuses_complete_chunks_and_changes_no_byte(storage: Storage) -> None:
-    build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
+    lines: list[str] = []
+    build_mds("photos", storage, CAPTIONER, progress=Throttle(lines.append, "mds[photos]", unit="chunks"),
+              route_rows=5, chunk_rows=3)
+    assert {line.split(": ")[0] for line in lines} == {"mds[photos]", "mds[photos] route", "mds[photos] index"}
+    assert any(line.startswith("mds[photos]: ") and " chunks" in line for line in lines)  # the chunks, plainly
     before = {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()}
     again = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
-    assert all(s["reused"] for s in again.units["chunks"].summaries)
+    chunks = again.units["chunks"]
+    assert chunks.total("reused") == chunks.units > 0
     assert {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()} == before
     make_samples(storage, "photos", 40, 3)  # re-ingested: a new samples version, the same content
     third = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
-    assert all(s["reused"] for s in third.units["chunks"].summaries)  # content-named chunks: nothing rewritten
+    chunks = third.units["chunks"]
+    assert chunks.total("reused") == chunks.units > 0  # content-named chunks: nothing rewritten
     assert {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()} == before
 
 

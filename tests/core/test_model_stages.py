@@ -5,6 +5,7 @@ SIGKILL that runs only the units not recorded and appends what they wrote exactl
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -137,6 +138,9 @@ def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once
     time.sleep(2)  # the dead driver's actor goes with it; a unit it was finishing may still record
     recorded = len(recorded_units(storage.root, "captions", "a"))
     assert recorded >= 3
+    (attempt,) = Path(storage.root, RUNS, "captions", "a").iterdir()
+    manifest = json.loads((attempt / "run.json").read_text())["manifest"]  # the captioner by its version only:
+    assert manifest["params"] == {"captioner_version": CONFIG.version(), "unit_rows": 2}  # no config, actors, appends
     committed = len(caption_rows(storage)) if lance_io.table_exists(storage.lance_uri("captions")) else 0
     assert committed >= 2  # the first append (after 2 units) survived the crash
 

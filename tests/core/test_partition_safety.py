@@ -29,10 +29,8 @@ from prx_core.sources.catalog import SourceSpec, validate_source_name
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.caption_embeddings import build_caption_embeddings
 from prx_core.stages.captions import build_captions
-from prx_core.stages.contents import run_content_stage
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards import build_mds
-from prx_core.stages.model_pipeline import run_pipeline_stage
 from prx_core.stages.phashes import build_phashes
 from prx_core.stages.samples import build_samples
 from prx_core.stages.skip_lists import build_skip_lists
@@ -96,9 +94,6 @@ STAGES: dict[str, Callable[[str, Storage], Any]] = {
     "mds_shards": lambda name, storage: build_mds(name, storage, "cap-v1"),
     "skip_lists": lambda name, storage: build_skip_lists(name, storage, "cap-v1", "lab-v1", None),
     "source_embeddings": lambda name, storage: write_source_embeddings(name, storage, 1),
-    "content_stage": lambda name, storage: run_content_stage(storage, name, "captions", "1", {}, None, None),
-    "pipeline_stage": lambda name, storage: run_pipeline_stage(storage, name, "captions", "1", {}, prepare=None,
-                                                               read=None, pipeline=None, write=None, appends=None),
 }
 
 

@@ -69,6 +69,22 @@ def test_a_changed_source_starts_a_new_attempt(demo_dir: Path, tmp_path: Path) -
     assert after.rows < before.rows
 
 
+
+def test_an_unchanged_source_is_not_ingested_again(demo_dir: Path, tmp_path: Path) -> None:
+    """The weekly refresh of a source whose files did not change: a listing, then nothing run or
+    committed; its report is the last committed one, every unit counted as skipped."""
+    spec = load_catalog(demo_dir / "sources.yaml").get("crawl_wds")
+    storage = Storage(str(tmp_path / "corpus"))
+    first = build_samples(spec, storage, unit_bytes=1)
+    version = lance_io.table_version(storage.lance_uri("samples"))
+    again = build_samples(spec, storage, unit_bytes=1)
+    assert (again.rows, again.units.units, again.units.ran) == (first.rows, first.units.units, 0)
+    assert again.units.skipped == first.units.units and lance_io.table_version(storage.lance_uri("samples")) == version
+    resized = build_samples(spec, storage)  # another manifest (unit size): ingested again, the same rows
+    assert resized.units.ran == resized.units.units == 1 and resized.rows == first.rows
+    shutil.rmtree(storage.lance_uri("samples"))  # its output gone: the same manifest does the work again
+    assert build_samples(spec, storage).units.ran == 1
+
 def test_group_fragments_is_stable_and_bounded() -> None:
     sizes = [(f"f{i}", s) for i, s in enumerate([5, 5, 5, 20, 1, 1])]
     units = group_fragments(sizes, 10)

@@ -11,6 +11,7 @@ import pytest
 from test_mds_stage import CAPTIONER, add_captions
 from test_row_stages import make_samples
 
+from prx_core.compute.parallel import Throttle
 from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.skiplists import index_digest, read_skip_lists
 from prx_core.stages.mds_shards import build_mds
@@ -69,7 +70,10 @@ def test_skip_lists_equal_the_reference_and_bind_to_their_stream(storage: Storag
         stream = f"{storage.root}/mds/photos/{skip.tier}/{skip.width}x{skip.height}"
         assert skip.index_digest == index_digest(stream) and skip.policy_version == policy.version()
     assert report.skipped == sum(s.skipped for s in report.streams) > 0
-    narrower = build_skip_lists("photos", storage, CAPTIONER, LABELER, SkipPolicy(duplicates=False, labels=("nsfw",)))
+    lines: list[str] = []
+    narrower = build_skip_lists("photos", storage, CAPTIONER, LABELER, SkipPolicy(duplicates=False, labels=("nsfw",)),
+                                progress=Throttle(lines.append, "skip[photos]", unit="chunks"))
+    assert lines and {line.split(": ")[0] for line in lines} == {"skip[photos]"}  # the chunks; streams are quick
     assert {s.reason for s in read_skip_lists(storage.root, "photos")} == {"nsfw"}  # stale reasons removed
     assert narrower.skipped < report.skipped
 

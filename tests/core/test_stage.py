@@ -80,3 +80,4 @@ def test_only_the_latest_details_are_kept(storage: Storage, monkeypatch: pytest.
     uris = [build_buckets("photos", storage, unit_rows=unit_rows).units.detail_uri for unit_rows in (1, 2, 3)]
     kept = sorted(p.name for p in Path(storage.uri("_reports", "buckets", "photos")).iterdir())
     assert kept == sorted(Path(u).name for u in uris[1:])
+

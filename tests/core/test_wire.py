@@ -10,6 +10,7 @@ import json
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamC
 from prx_core.stages.mds_shards import MdsReport
 from prx_core.stages.sample_keys import KeyResolution
 from prx_core.stages.samples import SamplesReport
+from prx_core.stages.stage import Stage, StageRun, required
 from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.storage import Storage
 
@@ -135,12 +137,15 @@ def carried() -> dict[str, type]:
     """What `run_stage` can take or return: every stage's parameters and return, the build functions
     its `**build` keywords reach, and `Progress` (a stage's `progress` argument on the wire)."""
     from prx_core.stages import duplicates, mds_shards, samples
+    from prx_core.stages import caption_embeddings, captions, labels
 
     found: dict[str, type] = {}
     for stage in entry.STAGES.values():  # a declared stage: its settings' types and its report
         for hint in [*stage.setting_types().values(), stage.report_type]:
             dataclasses_in(hint, found)
-    functions = [*entry.LEGACY.values(), samples.build_samples, mds_shards.build_mds, duplicates.build_duplicates]
+    functions = [samples.build_samples, mds_shards.build_mds, duplicates.build_duplicates]
+    functions += [captions.build_captions, labels.build_labels,  # typed wrappers: `model=` (a ModelSpec) in-process
+                  caption_embeddings.build_caption_embeddings]
     for fn in functions:
         for hint in typing.get_type_hints(inspect.unwrap(fn)).values():
             dataclasses_in(hint, found)
@@ -177,7 +182,7 @@ def example(hint: Any) -> Any:
     return {bool: True, int: 3, float: 0.5, str: "s"}[hint]
 
 
-@pytest.mark.parametrize("stage", sorted([*entry.STAGES, *entry.LEGACY]))
+@pytest.mark.parametrize("stage", sorted(entry.STAGES))
 def test_every_stage_report_roundtrips_and_opens_signed(stage: str) -> None:
     report_type = wire_types.report_type(stage)
     report = example(report_type)
@@ -236,18 +241,19 @@ def test_values_json_cannot_carry_are_refused(value: object) -> None:
         wire.encode(value)
 
 
-def test_run_stage_binds_progress_to_the_log(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_stage_binds_progress_to_the_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     lines: list[str] = []
-    seen: dict[str, object] = {}
 
-    def stage(progress: Throttle, rows: int) -> int:
-        seen["progress"] = progress
-        progress(1, 1, rows=rows, total_rows=rows)
-        return rows
+    def work(run: StageRun) -> None:
+        assert isinstance(run.progress, Throttle)
+        run.progress(1, 1, rows=run["rows"], total_rows=run["rows"])
 
-    monkeypatch.setitem(entry.LEGACY, "toy", stage)
-    assert entry.run_stage("toy", {"progress": Progress("toy[web]", unit="chunks"), "rows": 5}, lines.append) == 5
-    assert isinstance(seen["progress"], Throttle)
+    toy = Stage("toy", reads=(), writes=(), code_version="1", report_type=int, settings={"rows": required(int)},
+                pin=lambda run: {}, work=work, commit=lambda run: {}, report=lambda run: run["rows"])
+    monkeypatch.setitem(entry.STAGES, "toy", toy)
+    kwargs = {"storage": Storage(str(tmp_path)), "source": "web", "progress": Progress("toy[web]", unit="chunks"),
+              "rows": 5}
+    assert entry.run_stage("toy", kwargs, lines.append) == 5
     assert lines and lines[0].startswith("toy[web]: 1/1 chunks")
 
 

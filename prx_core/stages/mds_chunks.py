@@ -1,0 +1,120 @@
+"""The chunks of `mds_shards`: one Ray task per chunk of a stream gathers its routed rows, joins
+their captions, decodes and encodes each image once (`process_image`) and writes the chunk folder
+(`prx_core.shards.mds`), named after everything its bytes depend on, so a rerun over the same
+content reuses the complete folder instead of rewriting it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from prx_core.compute.parallel import take_rows
+from prx_core.compute.units import Unit, UnitRun
+from prx_core.image.decode import Rejection
+from prx_core.image.imaging import process_image
+from prx_core.models.captioning import missing_caption_message
+from prx_core.shards.mds import chunk_complete, read_chunk_record, stream_uri, write_chunk
+from prx_core.store.lookups import caption_errors, caption_texts
+from prx_core.store.storage import join_uri
+
+TAKE_ROWS = 32  # images read from Lance per request
+NO_CAPTION = "no_caption"
+BUCKET_MISMATCH = "bucket_mismatch"
+CHUNK_FORMAT = "mds-chunk-1"  # bump when what a chunk's bytes depend on changes outside its inputs
+ROUTE_SCHEMA = pa.schema([
+    ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
+    ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])  # what `route` writes
+
+
+def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: write one chunk folder of a stream, or reuse the complete folder of the same
+    content (a rerun, a resumed run, another run whose inputs hold the same rows), and report what
+    it holds."""
+    storage, source = run.storage, run.manifest.partition
+    tier, width, height = unit.spec["stream"]
+    rows = chunk_rows(unit, run)
+    captions = caption_texts(storage, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
+                             run.manifest.inputs["captions"])
+    originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
+                          ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
+    name = chunk_name(run, rows, captions, originals)
+    folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
+    reused = chunk_complete(folder, storage.storage_options)
+    if not reused:
+        refused: list[dict] = []
+        write_chunk(render(rows, captions, originals, run, refused), folder, storage.storage_options, refused)
+    record = read_chunk_record(folder, storage.storage_options)
+    stored = record.filter(pc.field("reason").is_null())
+    return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": int(reused), "name": name,
+            "reasons": dict(Counter(record["reason"].drop_null().to_pylist())),
+            "outputs": [] if reused else [folder]}  # a reused folder may be live: never an orphan
+
+
+def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None]) -> str:
+    """A name derived from everything the chunk's bytes depend on (the code and its settings, each
+    row's id, content and captions): the same content always gets the same folder, other content
+    never does, so a published name is never rewritten with other bytes."""
+    params = run.manifest.params
+    digest = hashlib.sha256(json.dumps([CHUNK_FORMAT, run.manifest.code_version, params["max_tier"], params["max_pixels"],
+                                        run.manifest.partition, rows["tier"][0].as_py() if rows.num_rows else None,
+                                        rows["bucket_width"][0].as_py() if rows.num_rows else None,
+                                        rows["bucket_height"][0].as_py() if rows.num_rows else None]).encode())
+    for sid, cid, key, original in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
+                                       rows["source_key"].to_pylist(), originals):
+        digest.update(json.dumps([sid, cid, key, captions.get(cid), original]).encode())
+    return "c-" + digest.hexdigest()[:24]
+
+
+def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
+    """The chunk's routed rows, gathered from every route file (row groups pruned by their
+    statistics: route files are sorted the same way), sorted by sample_id."""
+    tier, width, height = unit.spec["stream"]
+    fs = run.storage.filesystem()
+    folder = run.scratch_uri("route")
+    paths = sorted(p for p in fs.ls(folder, detail=False) if p.endswith(".parquet"))
+    condition = (pc.field("tier") == tier) & (pc.field("bucket_width") == width) & (pc.field("bucket_height") == height)
+    if unit.spec["lo"] is not None:
+        condition &= pc.field("sample_id") >= unit.spec["lo"]
+    if unit.spec["hi"] is not None:
+        condition &= pc.field("sample_id") < unit.spec["hi"]
+    dataset = pads.dataset(paths, schema=ROUTE_SCHEMA, format="parquet", filesystem=fs)
+    return dataset.to_table(filter=condition).sort_by("sample_id")
+
+
+def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None], run: UnitRun,
+           refused: list[dict]) -> Iterator[dict[str, Any]]:
+    """The chunk's MDS rows in order, its captions joined, each image decoded and encoded once;
+    what cannot be stored goes to `refused` with a reason (an uncaptioned one with its stored failure)."""
+    storage, params, source = run.storage, run.manifest.params, run.manifest.partition
+    uncaptioned = [c for c in rows["content_id"].to_pylist() if c not in captions]
+    why = caption_errors(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"]).get
+    for start in range(0, rows.num_rows, TAKE_ROWS):
+        part = rows.slice(start, TAKE_ROWS).to_pylist()
+        images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
+                           ["image"], storage.lance_storage_options())["image"].to_pylist()
+        for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
+            base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
+            caption = captions.get(row["content_id"])
+            if caption is None:
+                refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
+                    params["captioner_version"], why(row["content_id"]))})
+                continue
+            result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"])
+            if isinstance(result, Rejection):
+                refused.append({**base, "reason": result.reason, "message": result.message})
+                continue
+            got = (result.bucket.tier, result.bucket.width, result.bucket.height)
+            if got != (row["tier"], row["bucket_width"], row["bucket_height"]):
+                refused.append({**base, "reason": BUCKET_MISMATCH, "message": f"{result.bucket} != routed {got}"})
+                continue
+            yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
+                   "original_caption": original or "", "width": result.bucket.width,
+                   "height": result.bucket.height, "original_width": result.original_size[0],
+                   "original_height": result.original_size[1]}

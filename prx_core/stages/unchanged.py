@@ -1,0 +1,58 @@
+"""A rerun that has nothing to do: the manifest last committed, its outputs still there.
+
+A stage declared `reusable` records, after each committed run whose report it says may stand
+again (samples: one that kept rows), its manifest digest, the Lance versions it wrote and its report (`<root>/_reports/<asset>/<partition>/latest.json`).
+When the next run pins the same manifest (same inputs, code version and settings) and each table
+it wrote still exists at that version or later, it returns that report, every unit counted as
+skipped, and runs and commits nothing: the weekly refresh of an unchanged 100M-image source is a
+listing, not 40 TB re-ingested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from prx_core.compute import wire
+from prx_core.compute.unit_results import REPORTS, map_unit_results
+from prx_core.store import lance_io
+from prx_core.store.storage import Storage, put_atomic
+
+LATEST = "latest.json"
+
+
+def latest_uri(storage: Storage, asset: str, partition: str) -> str:
+    return storage.uri(REPORTS, asset, partition, LATEST)
+
+
+def record_committed(storage: Storage, asset: str, partition: str, digest: str, versions: Mapping[str, int | None],
+                     report: Any) -> None:
+    payload = {"digest": digest, "versions": {k: v for k, v in versions.items() if v is not None},
+               "report": wire.encode(report)}
+    put_atomic(storage.filesystem(), latest_uri(storage, asset, partition), json.dumps(payload).encode())
+
+
+def committed_report(storage: Storage, asset: str, partition: str, digest: str, report_type: type) -> Any | None:
+    """The report of the last committed run of `digest`, its units all skipped, if every table it
+    wrote is still at that version or later; None when there is work to do."""
+    from prx_core.stages import wire_types  # noqa: F401  (registers the report classes for decoding)
+
+    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
+    fs.invalidate_cache()
+    if not fs.exists(uri):
+        return None
+    try:
+        payload = json.loads(fs.cat_file(uri))
+        report = wire.decode(payload["report"])
+    except (ValueError, KeyError, wire.WireError):  # an older layout or a damaged record: do the work
+        return None
+    if payload.get("digest") != digest or not isinstance(report, report_type):
+        return None
+    options = storage.lance_storage_options()
+    for table, version in payload["versions"].items():
+        current = lance_io.table_version(storage.lance_uri(table), options)
+        if current is None or current < version:  # dropped or restored to before the commit
+            return None
+    return map_unit_results(report, lambda r, _: dataclasses.replace(r, ran=0, skipped=r.units, seconds=0.0))
