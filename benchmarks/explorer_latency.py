@@ -11,7 +11,7 @@ For each table size, one in-process run:
    one open dataset, and record from `explain_plan` whether it used the index, whether any part
    ran flat (unindexed fragments) and whether the filter used a scalar index; also recall@k
    against the exact neighbours and the hits of every planted word;
-4. `prx_core.store.compaction.compact_table`, then the same measurements again.
+4. `prx_core.upkeep.compaction.compact_table`, then the same measurements again.
 
 Last, outside `refresh_indexes`: a BITMAP index on `source`, and the two filtered classes again
 (phase `bitmap`): what a scalar index on the explorer's filter columns would buy.
@@ -38,7 +38,8 @@ from benchmarks.explorer_data import PLANTED, K, make_workload, write_table
 from benchmarks.explorer_queries import measure_phase, query_classes
 from benchmarks.image_path import _cpu_name
 from prx_core.store.lance_io import require_table
-from prx_core.store.maintenance import compact_table, fragment_health, refresh_indexes
+from prx_core.store.maintenance import fragment_health, refresh_indexes
+from prx_core.upkeep.compaction import compact_table
 
 
 def peak_rss_mb() -> float:

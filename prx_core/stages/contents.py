@@ -25,10 +25,10 @@ from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io
-from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
+from prx_core.upkeep.appends import BatchedAppend
 
 UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
 FAILED_EXAMPLES = 100  # offending contents a stage reports (per unit and in all) for its coverage check

@@ -8,10 +8,6 @@ dataclass they can carry is missing here. `ModelSpec` (a factory function) never
 
 from __future__ import annotations
 
-import inspect
-import typing
-from typing import Any
-
 from prx_core.compute import wire
 from prx_core.compute.unit_results import UnitResults
 from prx_core.models.caption_base import CaptionerConfig
