@@ -355,6 +355,12 @@ def format_table(results: dict[str, Any]) -> str:
             lines.append(f"| {stage} | {e['rows']} | {e['seconds']:.1f} | {e['rows_per_s']:.0f} | {e['driver_peak_rss_mb']:.0f} | "
                          f"{e['worker_peak_rss_mb']:.0f} | {e['lance_versions']} | {e['lance_fragments']:+d} | {counts or '-'} | "
                          f"{e['load_avg_1m']:.1f} |")
+        mds = size["stages"].get("mds_shards", {}).get("extra", {})
+        if mds.get("verify_bytes_published"):
+            lines.append(f"\nmds_shards read-back (in its seconds): {mds['verify_bytes_read'] / 1e6:.1f} MB of "
+                         f"{mds['verify_bytes_published'] / 1e6:.1f} MB published "
+                         f"({mds['verify_bytes_read'] / mds['verify_bytes_published']:.1%}) in {mds['verify_seconds']:.1f} s, "
+                         f"{mds['verify_problems']} problems")
         graph = size["graph_images_per_s"]
         lines.append(f"\ngraph ({', '.join(size['graph_stages'])}): " + (f"{graph:.1f} images/s" if graph else "incomplete")
                      + f"; process_image {size['process_image_images_per_s']:.1f} images/s on one core x {size['cores']} = "

@@ -100,9 +100,17 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         from prx_core.image.decode import DEFAULT_MAX_PIXELS
         from prx_core.stages.mds_shards import build_mds
 
+        from prx_core.shards.verify import verify_streams
+
         r = build_mds(spec.name, storage, captioner, max_pixels=job.get("max_pixels", DEFAULT_MAX_PIXELS),
                       route_rows=units["route_rows"], chunk_rows=units["chunk_rows"])
-        return r.written, r.units, {"streams": len(r.streams), "rejects": r.rejects}
+        began = time.monotonic()  # the budgeted read-back the asset runs after publishing (PUBLISH's then-step)
+        verified = verify_streams([s.uri for s in r.streams], storage.storage_options)
+        return r.written, r.units, {"streams": len(r.streams), "rejects": r.rejects,
+                                    "verify_seconds": round(time.monotonic() - began, 3),
+                                    "verify_bytes_read": verified.bytes_read,
+                                    "verify_bytes_published": verified.bytes_published,
+                                    "verify_problems": len(verified.problems)}
     if stage == "skip_lists":
         from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 

@@ -140,6 +140,9 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params)
         if stage.reusable and (done := committed_report(storage, stage.name, partition, manifest.digest(),
                                                         stage.report_type)) is not None:
+            if progress is not None:
+                progress.report(f"{progress.label}: unchanged since its last commit (same inputs, code and "
+                                "settings): nothing to run")
             return done
         run.attempt = UnitRun.open(storage, manifest)
         stage.work(run)

@@ -63,6 +63,8 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
             assert 50 < entry["worker_peak_rss_mb"] < 4096 and entry["worker_peak_rss_mb_units"] > 50, stage
         assert size["stages"]["samples"]["tables"]["samples"]["fragments"] == [0, n]  # one fragment per unit
         assert unit_counts(size["stages"]["mds_shards"]) == {"route": n, "chunks": 2 * n, "index": 2 * n}
+        mds = size["stages"]["mds_shards"]["extra"]  # the budgeted read-back: a few samples per shard at most
+        assert mds["verify_problems"] == 0 and 0 < mds["verify_bytes_read"] <= mds["verify_bytes_published"]
         assert unit_counts(size["stages"]["skip_lists"]) == {"chunks": 2 * n, "streams": 2}
         assert size["stages"]["duplicates"]["extra"]["duplicates"] == 0  # every pHash differs
         incremental = size["stages"]["duplicates_incremental"]["extra"]  # the copies' groups only, not the table

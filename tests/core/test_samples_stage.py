@@ -10,6 +10,7 @@ from pathlib import Path
 import lance
 import pytest
 
+from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import load_catalog
 from prx_core.stages.samples import EmptySource, SourceRefused, build_samples, count_sample_ids, group_fragments, rejected_files
@@ -77,7 +78,10 @@ def test_an_unchanged_source_is_not_ingested_again(demo_dir: Path, tmp_path: Pat
     storage = Storage(str(tmp_path / "corpus"))
     first = build_samples(spec, storage, unit_bytes=1)
     version = lance_io.table_version(storage.lance_uri("samples"))
-    again = build_samples(spec, storage, unit_bytes=1)
+    lines: list[str] = []
+    again = build_samples(spec, storage, unit_bytes=1, progress=Throttle(lines.append, "samples[crawl_wds]"))
+    assert lines == ["samples[crawl_wds]: unchanged since its last commit (same inputs, code and settings): "
+                     "nothing to run"]
     assert (again.rows, again.units.units, again.units.ran) == (first.rows, first.units.units, 0)
     assert again.units.skipped == first.units.units and lance_io.table_version(storage.lance_uri("samples")) == version
     resized = build_samples(spec, storage)  # another manifest (unit size): ingested again, the same rows
