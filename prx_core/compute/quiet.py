@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ LANCE_FORK_WARNING = "lance is not fork-safe"
 RAY_TOKEN_NOTICE = "Token authentication is enabled for this Ray cluster"
 GCS_KILL_LINE = "Failed to kill actor"
 NOISE = (LANCE_FORK_WARNING, RAY_TOKEN_NOTICE, GCS_KILL_LINE)  # what a quiet build never prints
+STARTUP_TIMEOUT = "timed out during startup"  # ray._private.node: its raylet missed a fixed 30 s
+START_ATTEMPTS = 3
 
 
 TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -95,5 +98,14 @@ def start_ray(address: str | None = None, **options: Any) -> None:
     defaults: dict[str, Any] = {"logging_level": "warning"}
     if not address:
         defaults.update(include_dashboard=False, configure_logging=False)
-    with quiet_ray_start(local=not address):
-        ray.init(**({"address": address} if address else {}), **{**defaults, **options})
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            with quiet_ray_start(local=not address):
+                ray.init(**({"address": address} if address else {}), **{**defaults, **options})
+            return
+        except Exception as exc:  # Ray raises a bare Exception when its raylet misses its fixed 30 s
+            if address or attempt == START_ATTEMPTS or STARTUP_TIMEOUT not in str(exc):
+                raise
+            ray.shutdown()  # a loaded machine: the embedded Ray gets another start, not a failed build
+            print(f"Ray's node did not start within its 30 s (attempt {attempt} of {START_ATTEMPTS}, the machine is "
+                  "busy): starting it again", file=sys.stderr)

@@ -631,6 +631,7 @@ def copy_root(built: Built, dest: Path) -> Path:
 
 def test_sigkill_during_samples_loses_and_duplicates_nothing(ok_build: Built, tmp_path: Path) -> None:
     root = copy_root(ok_build, tmp_path)
+    (root / "_reports" / "samples" / "web_images" / "latest.json").unlink()  # unchanged: force the re-ingest (runbook)
     samples_uri = table_uri(root, "samples")
     version_before = lance.dataset(samples_uri).version
     rows_before = table_snapshot(root, "samples")
