@@ -60,14 +60,28 @@ install_python() {
         return
     fi
     say "installing Python dependencies (first run: several minutes; torch is large)"
-    local free_gb
-    free_gb=$(df -Pk "$VENV" | awk 'NR==2 {print int($4 / 1048576)}')
-    [ "${free_gb:-0}" -ge 10 ] || warn "only ${free_gb} GB free under $VENV: the install needs about 9 GB (torch's CUDA wheels)"
+    # About 8.5 GB lands in the venv (4 GB of it torch's CUDA wheels, which PyPI's x86_64 torch and
+    # torchvision need even on a CPU). Refuse early, in one line, rather than die mid-install.
+    local free_gb need_gb=9
+    free_gb=$(df -Pk "$ROOT" | awk 'NR==2 {print int($4 / 1048576)}')
+    if [ "${free_gb:-0}" -lt "$need_gb" ]; then
+        printf '\033[1;31m[setup] ERROR:\033[0m only %s GB free under %s; the Python install needs about %s GB: free disk space there (or clone onto a bigger disk) and rerun\n' \
+            "${free_gb:-0}" "$ROOT" "$need_gb" >&2
+        exit 1
+    fi
     pip_q install -q --upgrade pip setuptools wheel
     local start=$SECONDS
     # The lock (make lock) is resolved ahead of time: pip's own resolver backtracks for many
     # minutes over s3fs/aiobotocore/botocore here. The project itself goes in without deps.
-    pip_q install -q --no-deps -r "$lock"  # complete by construction (make lock); see the Makefile
+    # In two batches without pip's cache: the CUDA wheels first, so that the downloaded archives
+    # of one batch and the unpacked other are never on disk together (peak ~ the venv's size).
+    local heavy rest
+    heavy="$(mktemp)"; rest="$(mktemp)"
+    grep -E '^(nvidia-|cuda-|triton==|torch==|torchvision==)' "$lock" >"$heavy"
+    grep -vE '^(nvidia-|cuda-|triton==|torch==|torchvision==)' "$lock" >"$rest"
+    pip_q install -q --no-cache-dir --no-deps -r "$heavy"
+    pip_q install -q --no-cache-dir --no-deps -r "$rest"  # complete by construction (make lock); see the Makefile
+    rm -f "$heavy" "$rest"
     pip_q install -q --no-deps -e "$ROOT$extras"
     say "dependencies installed in $((SECONDS - start)) s"
     rm -f "$VENV/.prx-pillow"   # a fresh resolve may have put stock Pillow back
