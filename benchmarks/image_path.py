@@ -1,10 +1,11 @@
 """Image-path benchmark: the naive path a user would write vs `process_image` vs the floor.
 
-All three run in this process, on one core, over the same corpus of real-photo JPEGs (0.2 to
+All four run in this process, on one core, over the same corpus of real-photo JPEGs (0.2 to
 15 megapixels, derived from the offline photos), so the ratios compare like with like:
 
 - naive: open, convert, pHash of the full image (imagehash), decode again, crop, Lanczos, q92
 - fused: `prx_core.image.imaging.process_image` (one decode, DCT-scaled where it pays)
+- render: `process_image(facts=False)`, what `mds_shards` runs (ingest stored the pHash and quality)
 - floor: decode at the same DCT scale, cut the bucket's pixels out without resampling, q92
 """
 
@@ -91,6 +92,13 @@ def floor_path(data: bytes, max_tier: int) -> bytes:
 
 def fused_path(data: bytes, max_tier: int) -> bytes:
     result = process_image(data, max_tier=max_tier)
+    assert isinstance(result, Processed), result
+    return result.jpeg
+
+
+def render_path(data: bytes, max_tier: int) -> bytes:
+    """mds_shards' path: `process_image` without the pHash and quality that ingest stored."""
+    result = process_image(data, max_tier=max_tier, facts=False)
     assert isinstance(result, Processed), result
     return result.jpeg
 
@@ -222,7 +230,7 @@ def run(quick: bool = True, max_tiers: tuple[int, ...] = (TIERS[-1], 1024), imag
 def _run(quick: bool, max_tiers: tuple[int, ...], images: int | None) -> dict:
     corpus = build_corpus(images or (200 if quick else 400))
     reference = reference_corpus(4 if images else 12)
-    paths = (("naive", naive_path), ("fused", fused_path), ("floor", floor_path))
+    paths = (("naive", naive_path), ("fused", fused_path), ("render", render_path), ("floor", floor_path))
     results: dict = {
         "images": len(corpus),
         "corpus_megapixels_mean": float(np.mean([s.megapixels for s in corpus])),
@@ -239,6 +247,7 @@ def _run(quick: bool, max_tiers: tuple[int, ...], images: int | None) -> dict:
         results[f"fused_over_naive{suffix}"] = results[f"fused_ips{suffix}"] / results[f"naive_ips{suffix}"]
         results[f"floor_over_fused{suffix}"] = results[f"floor_ips{suffix}"] / results[f"fused_ips{suffix}"]
         results[f"floor_over_naive{suffix}"] = results[f"floor_ips{suffix}"] / results[f"naive_ips{suffix}"]
+        results[f"render_over_fused{suffix}"] = results[f"render_ips{suffix}"] / results[f"fused_ips{suffix}"]
         results[f"stage_ms{suffix}"] = stage_ms(corpus[: len(corpus) // 2], max_tier)
         results[f"reference_ms{suffix}"] = {
             name: 1000 / time_path(fn, reference, max_tier)["ips"] for name, fn in paths
@@ -269,7 +278,7 @@ def _cpu_name() -> str:
 
 def format_table(r: dict) -> str:
     rows = ["| path | images/s | MP/s |", "|---|---|---|"]
-    for name in ("naive", "fused", "floor"):
+    for name in ("naive", "fused", "render", "floor"):
         rows.append(f"| {name} | {r[f'{name}_ips']:.1f} | {r[f'{name}_mps']:.1f} |")
     lines = [
         f"{r['images']} JPEGs, {r['corpus_megapixels_range'][0]:.1f}-{r['corpus_megapixels_range'][1]:.1f} MP "
@@ -278,6 +287,7 @@ def format_table(r: dict) -> str:
         *rows,
         "",
         f"- fused / naive: {r['fused_over_naive']:.2f}x (target >= 3.5x); floor / fused: {r['floor_over_fused']:.2f} (target <= 1.25)",
+        f"- render (mds_shards: fused without pHash and quality) / fused: {r['render_over_fused']:.2f}x",
     ]
     if "fused_ips_max1024" in r:
         lines.append(

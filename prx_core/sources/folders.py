@@ -66,31 +66,6 @@ def folder_leaf_keys(names: Iterable[str]) -> dict[str, str]:
     return keys
 
 
-def list_folders(fs: Any, uri: str) -> list[tuple[str, int]]:
-    """Every folder under `uri` (itself included) holding image files, with the bytes of its images;
-    one listing per folder, so memory holds one folder's entries at a time. Symbolically linked
-    directories are not walked: each is listed as a fragment of its own, which reads as one
-    `symlink` reject (the loss stays visible)."""
-    prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
-    out, todo = [], [uri]
-    while todo:
-        folder = todo.pop()
-        images = 0
-        for entry in fs.ls(folder, detail=True):
-            name = prefix + entry["name"] if prefix and not entry["name"].startswith(prefix) else entry["name"]
-            is_image = extension(name) in IMAGE_EXTENSIONS
-            if entry.get("islink") and not is_image and extension(name) not in CAPTION_EXTENSIONS:
-                if not prefix and os.path.isdir(name):  # a stat, nothing under it is read
-                    out.append((name, 1))
-            elif entry["type"] == "directory" and not entry.get("islink"):
-                todo.append(name)
-            elif is_image:
-                images += int(entry.get("size") or 0) or 1
-        if images:
-            out.append((folder, images))
-    return sorted(out)
-
-
 def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
     """Image files of one folder with sidecar `<stem>.txt` (or `.caption`) captions; key = the
     folder's path relative to the source root, then `folder_leaf_keys`."""
@@ -105,6 +80,7 @@ def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] |
         return
     entries = {posixpath.basename(e["name"].rstrip("/")): e for e in fs.ls(folder, detail=True)
                if not (e["type"] == "directory" and not e.get("islink"))}
+    fs.invalidate_cache(folder)  # a worker's s3fs would keep every folder it ever read
     keys = folder_leaf_keys(entries)
     captions = FolderCaptions(fs, remote, spec.uri, spec.caption_column, rel, entries, set(keys))
     for name, leaf in keys.items():

@@ -20,7 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.sources.catalog import CatalogError, SourceSpec
-from prx_core.sources.folders import list_folders, read_folder, relative_folder
+from prx_core.sources.folder_walk import fingerprint_lines, fragments_of, list_folders, walk_folders
+from prx_core.sources.folders import read_folder, relative_folder
 from prx_core.sources.hf_datasets import is_data_file, read_huggingface
 from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
 from prx_core.sources.tables import lance_options, read_lance, read_parquet, table_key_prefix
@@ -39,8 +40,8 @@ def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[tuple[str, int]]:
     """(fragment id, bytes) in id order: parquet files, tar shards (`.tar`, `.tar.gz`, `.tgz`), Lance
     fragments, a Hugging Face dataset's `.arrow`/`.parquet` files, or the folders of an image folder
-    (each folder's files are listed by the worker that reads it, so the driver holds one entry per
-    folder, never one per image). A folder holding none of its format's files but others is a
+    (walked in parallel, each folder reduced where it is listed: `prx_core.sources.folder_walk`;
+    the driver holds one entry per folder, never one per image). A folder holding none of its format's files but others is a
     `CatalogError` naming what it holds and the format it looks like."""
     if spec.format == "lance":
         import lance
@@ -58,7 +59,7 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
     if spec.format == "huggingface":
         return _data_sizes(spec, fs, is_data_file, ".arrow or .parquet file")
     if spec.format == "imagefolder":
-        return list_folders(fs, spec.uri)
+        return list_folders(spec.uri, storage_options)
     raise ValueError(f"unknown source format {spec.format!r}")
 
 
@@ -114,18 +115,26 @@ def describe_files(fmt: str, paths: list[str]) -> str:
 def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the source is right now, without reading its contents: fragments, files, bytes and a
     fingerprint (names and sizes, or the Lance version) that changes when the source does."""
-    fragments = list_fragments(spec, storage_options)
-    if spec.format == "lance":
+    if spec.format == "imagefolder":  # one walk, one record per folder: never a whole-tree find
+        if not filesystem_for(spec.uri, storage_options).exists(spec.uri):
+            raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
+        folders = walk_folders(spec.uri, storage_options)
+        fragments = len(fragments_of(folders))
+        entries = fingerprint_lines(folders)
+        files, size = sum(f.files for f in folders), sum(f.bytes for f in folders)
+    elif spec.format == "lance":
         import lance
 
+        fragments = len(list_fragments(spec, storage_options))
         dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         entries = [f"lance@{dataset.version}"]
         files, size = len(dataset.get_fragments()), 0
-    else:
+    else:  # data files: one per fragment, thousands at most
+        fragments = len(list_fragments(spec, storage_options))
         fs = filesystem_for(spec.uri, storage_options)
         details = fs.find(spec.uri, detail=True) if not fs.isfile(spec.uri) else {spec.uri: fs.info(spec.uri)}
         entries = sorted(f"{name}\t{info.get('size', 0)}" for name, info in details.items())
         entries = [printable_name(e) for e in entries]  # a non-UTF-8 file name must not fail the hash
         files, size = len(entries), sum(int(info.get("size") or 0) for info in details.values())
     digest = hashlib.sha256("\n".join([spec.format, *entries]).encode()).hexdigest()[:16]
-    return {"fragments": len(fragments), "files": files, "bytes": size, "fingerprint": digest}
+    return {"fragments": fragments, "files": files, "bytes": size, "fingerprint": digest}

@@ -1,5 +1,6 @@
 """The chunks of `mds_shards`: one Ray task per chunk of a stream gathers its routed rows, joins
-their captions, decodes and encodes each image once (`process_image`) and writes the chunk folder
+their captions, decodes and encodes each image once (`process_image`, without the pHash and quality ingest
+stored) and writes the chunk folder
 (`prx_core.shards.mds`), named after everything its bytes depend on, so a rerun over the same
 content reuses the complete folder instead of rewriting it."""
 
@@ -106,7 +107,7 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
                 refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
                     params["captioner_version"], why(row["content_id"]))})
                 continue
-            result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"])
+            result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"], facts=False)
             if isinstance(result, Rejection):
                 refused.append({**base, "reason": result.reason, "message": result.message})
                 continue

@@ -60,6 +60,26 @@ def test_bytes_identical_to_the_reference_encode(photo: Image.Image) -> None:
     assert process_image(data).jpeg == result.jpeg  # deterministic
 
 
+@pytest.mark.parametrize("size,fmt", [((1700, 1100), "JPEG"), ((800, 1200), "PNG"), ((3600, 2400), "JPEG")])
+def test_without_facts_the_same_image_is_rendered_and_nothing_else_computed(
+        photo: Image.Image, size: tuple[int, int], fmt: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mds_shards' path: the pHash and source quality ingest stored are not computed again (they
+    would raise here), and the stored bytes, bucket and sizes are those of the full transform."""
+    data = syn.encode(photo.resize(size), fmt, quality=90) if fmt == "JPEG" else syn.encode(photo.resize(size), fmt)
+    full = process_image(data, max_tier=1024)
+
+    def never(*_args: object) -> None:
+        raise AssertionError("computed on the render path")
+
+    monkeypatch.setattr("prx_core.image.imaging.phash", never)
+    monkeypatch.setattr("prx_core.image.imaging.estimate_jpeg_quality", never)
+    rendered = process_image(data, max_tier=1024, facts=False)
+    assert isinstance(rendered, Processed), rendered
+    assert (rendered.jpeg, rendered.bucket, rendered.original_size) == (full.jpeg, full.bucket, full.original_size)
+    assert rendered.phash is None and rendered.source_quality is None
+    assert isinstance(process_image(data), Rejection)  # the full path does call them
+
+
 def test_draft_used_when_the_tier_is_capped(photo: Image.Image) -> None:
     data = syn.encode(photo.resize((3600, 2400)), "JPEG", quality=90)
     full = process_image(data)
