@@ -1,7 +1,7 @@
 """Hash-partitioned group-bys on Ray: the plumbing of a global stage that must see every row with
 the same key together (all copies of one pHash across every source) on a table of any size.
 
-Map tasks (one per row unit) read a few columns of their rows and split them by `key % buckets`
+Map tasks (one per group of row units, `row_units.map_groups`) read a few columns of their rows and split them by `key % buckets`
 into `buckets` parts kept in the Ray object store (`num_returns=buckets`); one reduce task per
 bucket concatenates its parts. The driver holds one object reference per (unit, bucket) and the
 reducers' small summaries, never rows. Keys are uint64 columns, or 16-hex-digit strings read as
@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from prx_core.compute.parallel import imap_tasks
-from prx_core.compute.row_units import read_row_unit
+from prx_core.compute.row_units import map_groups, read_row_units
 from prx_core.compute.units import Unit
 from prx_core.store.lance_io import StorageOptions
 
@@ -89,22 +89,24 @@ def split(table: pa.Table, keys: np.ndarray, buckets: int) -> list[pa.Table]:
 def shuffle(uri: str, version: int, units: Sequence[Unit], predicate: str, columns: list[str], key: str,
             buckets: int, storage_options: StorageOptions = None, keys_only: bool = False,
             skip: Iterable[int] = ()) -> list[list[Any]]:
-    """Map: one Ray task per unit splits its rows (or, `keys_only`, its distinct keys) by bucket;
-    returns, per bucket, the object refs of its parts. Buckets in `skip` (reduced by an earlier
+    """Map: one Ray task per group of units (`map_groups`: parts big enough to stay out of the
+    driver's memory) splits its rows (or, `keys_only`, its distinct keys) by bucket; returns, per
+    bucket, the object refs of its parts. Buckets in `skip` (reduced by an earlier
     attempt) get empty parts."""
     import ray
 
-    task = ray.remote(_split_unit).options(num_returns=buckets)
+    task = ray.remote(_split_units).options(num_returns=buckets)
     skipped = sorted(set(skip))
-    refs = [task.remote(uri, version, dict(u.spec), predicate, columns, key, buckets, storage_options, keys_only,
-                        skipped) for u in units]
+    groups = map_groups(units, buckets, 8 if keys_only else 8 * len(columns))  # >= 8 bytes a value
+    refs = [task.remote(uri, version, specs, predicate, columns, key, buckets, storage_options, keys_only, skipped)
+            for specs in groups]
     refs = [[r] for r in refs] if buckets == 1 else refs
     return [[parts[b] for parts in refs] for b in range(buckets)]
 
 
-def _split_unit(uri: str, version: int, spec: dict, predicate: str, columns: list[str], key: str, buckets: int,
-                storage_options: StorageOptions, keys_only: bool, skip: list[int]) -> Any:
-    rows = read_row_unit(uri, version, spec, columns, predicate, storage_options)
+def _split_units(uri: str, version: int, specs: list[dict], predicate: str, columns: list[str], key: str,
+                 buckets: int, storage_options: StorageOptions, keys_only: bool, skip: list[int]) -> Any:
+    rows = read_row_units(uri, version, specs, columns, predicate, storage_options)
     keys = key_values(rows[key])
     if keys_only:
         keys = np.unique(keys)

@@ -8,13 +8,18 @@ case: writers and compaction keep partitions apart) is read without a filter.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
 from prx_core.compute.units import Unit
 from prx_core.store import lance_io
 from prx_core.store.lance_io import StorageOptions
+
+# A shuffle's map task returns one part per bucket. Ray keeps a return under 100 KiB inline, in
+# its owner's memory: the driver's. Units of one 168k-row fragment split 256 ways make ~46 KB
+# parts, ~70 GB in the driver at 1B rows; map tasks are sized so that each part is over this.
+PART_BYTES = 256 << 10
 
 
 def plan_row_units(uri: str, predicate: str, rows_per_unit: int, storage_options: StorageOptions = None,
@@ -61,3 +66,33 @@ def read_row_unit(uri: str, version: int, spec: dict, columns: list[str], predic
 
     schema = lance.dataset(uri, version=version, storage_options=storage_options or None).schema
     return pa.schema([schema.field(c) for c in columns]).empty_table()
+
+
+def map_groups(units: Sequence[Unit], buckets: int, row_bytes: int, part_bytes: int | None = None) -> list[list[dict]]:
+    """The units' specs grouped into a shuffle's map tasks, consecutive units closing a group once
+    it holds `buckets * part_bytes / row_bytes` rows, so that each of its parts is at least
+    `part_bytes` (`row_bytes` is a lower bound on a row's size) and a task holds ~`buckets *
+    part_bytes` (64 MiB at 256 buckets; a short tail joins the last group). 1B rows make ~250
+    tasks, ~64k parts."""
+    want = -(-buckets * (PART_BYTES if part_bytes is None else part_bytes) // max(row_bytes, 1))
+    groups: list[list[dict]] = []
+    current: list[dict] = []
+    rows = 0
+    for unit in units:
+        current.append(dict(unit.spec))
+        rows += unit.rows
+        if rows >= want:
+            groups.append(current)
+            current, rows = [], 0
+    if current and groups and rows < want:  # a short tail joins the last group: no small parts
+        groups[-1].extend(current)
+    elif current:
+        groups.append(current)
+    return groups
+
+
+def read_row_units(uri: str, version: int, specs: Sequence[dict], columns: list[str], predicate: str,
+                   storage_options: StorageOptions = None, with_row_address: bool = False) -> pa.Table:
+    """A map task's rows: its units' (`map_groups`) in order, as one table."""
+    return pa.concat_tables([read_row_unit(uri, version, spec, columns, predicate, storage_options, with_row_address)
+                             for spec in specs])

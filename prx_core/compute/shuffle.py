@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from prx_core.compute.row_units import read_row_unit
+from prx_core.compute.row_units import map_groups, read_row_unit, read_row_units
 from prx_core.compute.units import Unit
 
 BUCKETS = 16
@@ -52,7 +52,8 @@ def count_keys(uri: str, version: int, predicate: str, column: str, units: Seque
     if not units:
         return KeyCounts(0, 0)
     split = ray.remote(_split).options(num_returns=buckets)
-    parts = [split.remote(uri, version, dict(u.spec), predicate, column, storage_options, buckets) for u in units]
+    parts = [split.remote(uri, version, specs, predicate, column, storage_options, buckets)
+             for specs in map_groups(units, buckets, 8)]  # 8-byte hashes
     if buckets == 1:
         parts = [[p] for p in parts]
     reduced = ray.get([ray.remote(_reduce).remote(*[p[b] for p in parts]) for b in range(buckets)])
@@ -67,9 +68,10 @@ def count_keys(uri: str, version: int, predicate: str, column: str, units: Seque
     return KeyCounts(rows, distinct, examples)
 
 
-def _split(uri: str, version: int, spec: dict, predicate: str, column: str,
+def _split(uri: str, version: int, specs: list[dict], predicate: str, column: str,
            storage_options: dict[str, str] | None, buckets: int) -> tuple[np.ndarray, ...] | np.ndarray:
-    hashes = hash_values(read_row_unit(uri, version, spec, [column], predicate, storage_options)[column].combine_chunks())
+    hashes = hash_values(read_row_units(uri, version, specs, [column], predicate, storage_options)[column]
+                         .combine_chunks())
     out = tuple(hashes[hashes % np.uint64(buckets) == b] for b in range(buckets))
     return out if buckets > 1 else out[0]
 

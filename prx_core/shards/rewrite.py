@@ -38,6 +38,7 @@ from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder,
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, source_predicate
 from prx_core.store.storage import Storage, join_uri
+from prx_core.upkeep.indexing import index_table
 
 REWRITE_FORMAT = "rewrite-1"  # bump when what a rewritten chunk's bytes depend on changes
 Lists = dict[str, tuple[np.ndarray, pa.Array]]  # reason -> (sorted positions, aligned sample ids)
@@ -231,7 +232,7 @@ def _replace_index_rows(storage: Storage, source: str, key: StreamKey, uri: str,
             offset += n
 
     fragments = lance_io.write_fragments(table, batches(), schemas.MDS_INDEX, options) if names else []
-    return commit_partition(storage, "mds_index", predicate, fragments)
+    return commit_partition(storage, "mds_index", predicate, fragments, index_table)
 
 
 def remove_superseded_now(storage: Storage, uri: str, names: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
+from prx_core.upkeep.indexing import index_table
 
 UNIT_ROWS = 1_000_000  # sizes only: a unit of a million rows takes seconds and writes one fragment
 COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height"]
@@ -98,7 +99,8 @@ def bucket_units(run: StageRun) -> None:
 
 
 def commit_buckets(run: StageRun) -> dict[str, int]:
-    version, _ = commit_unit_outputs(run.storage, "buckets", run.partition, "buckets", run.results["units"].summaries)
+    version, _ = commit_unit_outputs(run.storage, "buckets", run.partition, "buckets", run.results["units"].summaries,
+                                     index=index_table)
     return {"buckets": version}
 
 

@@ -37,6 +37,7 @@ from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
+from prx_core.upkeep.indexing import index_table
 
 EMBEDDING_KEYS = ["content_id", "captioner_version", "embedder_version"]
 VECTOR_COLUMN = "embedding"
@@ -160,7 +161,7 @@ def index_tables(storage: Storage) -> tuple[dict[str, IndexReport], dict[str, Ve
     for table in TABLES:
         uri = storage.lance_uri(table)
         if lance_io.table_exists(uri, options):
-            indexes[table] = maintenance.refresh_table_indexes(uri, table, options)
+            indexes[table] = index_table(uri, table, options)
             coverage[table] = maintenance.vector_index_coverage(uri, VECTOR_COLUMN, options)
     return indexes, coverage
 

@@ -45,8 +45,9 @@ from prx_core.stages.duplicates_state import (
     untouched_since,
 )
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
-from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
+from prx_core.upkeep.indexing import index_columns, index_table
 
 CODE_VERSION = "2"  # part of the state: another version recomputes everything
 UNIT_ROWS = 1_000_000  # rows per map task (six small columns)
@@ -157,10 +158,9 @@ def commit_duplicates(run: StageRun) -> dict[str, int]:
         return {"duplicates": table.version}
     for name, value in (commit_all(run) if mode == "full" else commit_changed(run)).items():
         setattr(report, name, value)
-    maintenance.refresh_table_indexes(uri, "duplicates", options)
+    index_table(uri, "duplicates", options)  # on a worker: 20-40 GB of index delta at 1B rows
     # the changed sources' previous rows are found by `source`: a BITMAP index makes it a lookup
-    version = maintenance.refresh_indexes(uri, storage_options=options, bitmap_columns=["source"],
-                                           merge_rows=0).version
+    version = index_columns(uri, options, bitmap_columns=["source"], merge_rows=0).version
     report.duplicates_version = version
     report.groups, report.duplicates = _totals(lance_io.require_table(uri, options).checkout_version(version))
     save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout, CODE_VERSION))

@@ -40,6 +40,7 @@ from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_parti
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
+from prx_core.upkeep.indexing import index_table
 
 ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
 CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
@@ -186,7 +187,7 @@ def write_streams(run: StageRun) -> None:
 
 def commit_index(run: StageRun) -> dict[str, int]:
     version, _ = commit_unit_outputs(run.storage, "mds_index", run.partition, "mds_shards",
-                                     run.results["index"].summaries)
+                                     run.results["index"].summaries, index=index_table)
     return {"mds_index": version}
 
 

@@ -25,6 +25,7 @@ from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage
+from prx_core.upkeep.indexing import index_table
 
 TAKE_ROWS = 64  # images read at once for rows ingested without a hash: bounded worker memory
 UNIT_ROWS = 1_000_000  # ingest's hashes are copied, no pixel is decoded: a million rows take seconds
@@ -101,7 +102,8 @@ def phash_units(run: StageRun) -> None:
 
 
 def commit_phashes(run: StageRun) -> dict[str, int]:
-    version, _ = commit_unit_outputs(run.storage, "phashes", run.partition, "phashes", run.results["units"].summaries)
+    version, _ = commit_unit_outputs(run.storage, "phashes", run.partition, "phashes", run.results["units"].summaries,
+                                     index=index_table)
     return {"phashes": version}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.row_units import map_groups, plan_row_units, read_row_unit, read_row_units
 from prx_core.compute.shuffle import BUCKETS, hash_values
 from prx_core.stages.samples import SamplesReport
 from prx_core.store import lance_io, schemas
@@ -60,7 +60,7 @@ def resolve_duplicate_ids(storage: Storage, source: str, version: int, limit: in
     if not units:
         return KeyResolution(0, 0, True, samples_version=version)
     split = ray.remote(_split).options(num_returns=BUCKETS)
-    parts = [split.remote(uri, version, dict(u.spec), predicate, options) for u in units]
+    parts = [split.remote(uri, version, specs, predicate, options) for specs in map_groups(units, BUCKETS, 8)]
     reduced = ray.get([ray.remote(_reduce).remote(limit + 1, *[p[b] for p in parts]) for b in range(BUCKETS)])
     rows, excess = sum(r[0] for r in reduced), sum(r[1] for r in reduced)
     wanted = np.concatenate([r[2] for r in reduced])
@@ -98,9 +98,9 @@ def losing_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _split(uri: str, version: int, spec: dict, predicate: str,
+def _split(uri: str, version: int, specs: list[dict], predicate: str,
            storage_options: dict[str, str] | None) -> tuple[np.ndarray, ...]:
-    hashes = hash_values(read_row_unit(uri, version, spec, ["sample_id"], predicate, storage_options)["sample_id"]
+    hashes = hash_values(read_row_units(uri, version, specs, ["sample_id"], predicate, storage_options)["sample_id"]
                          .combine_chunks())
     return tuple(hashes[hashes % np.uint64(BUCKETS) == b] for b in range(BUCKETS))
 

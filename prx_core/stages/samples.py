@@ -53,6 +53,7 @@ from prx_core.store.partitions import (
     write_rejects,
 )
 from prx_core.store.storage import Storage
+from prx_core.upkeep.indexing import index_table
 
 UNREADABLE_FRAGMENT = "unreadable_fragment"
 UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an hour of one core
@@ -200,7 +201,7 @@ def commit_samples(run: StageRun) -> dict[str, int]:
         run.state["refusal"] = refuse_nothing(run["spec"], run.storage, run.state["listed"], results)
     pause_point("samples:before_commit")  # fragments written, nothing committed
     samples_version, rejects_version = commit_unit_outputs(run.storage, "samples", run.partition, "samples",
-                                                           results.summaries)
+                                                           results.summaries, index=index_table)
     return {"samples": samples_version, "rejects": rejects_version}
 
 

@@ -28,10 +28,13 @@ import pyarrow.parquet as pq
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
+from prx_core.shards.rewrite import current_record
+from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.stages.stage import Stage, StageRun, required, run_partition
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
+from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage, join_uri
 
 SKIP_LABELS = ("text", "nsfw")
@@ -210,8 +213,31 @@ def pin_streams(run: StageRun) -> dict[str, Any]:
     run.params.update({**asdict(policy), "policy_version": policy.version()})
     versions = {t: lance_io.table_version(storage.lance_uri(t), options) for t in ("duplicates", "caption_labels")}
     run.state["chunks"], run.state["stream_units"] = plan_units(streams)
-    return {**versions, "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
+    return {**versions, "losers": losers_digest(storage, run.partition, versions["duplicates"]),
+            "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
             "opt_out_records": opt_out_records(storage, run.partition)}
+
+
+def lists_in_place(run: StageRun, report: SkipReport) -> bool:
+    """Every pinned stream still has the completion record of its current index and this policy,
+    and the lists it counts (what the training loader checks)."""
+    for plan in run.state["streams"]:
+        try:
+            record = current_record(run.storage, run.partition, tuple(plan["stream"]), plan["uri"])
+        except UnfilteredStream:
+            return False
+        if record.get("policy_version") != run.params["policy_version"]:
+            return False
+    return True
+
+
+def losers_digest(storage: Storage, source: str, version: int | None) -> str | None:
+    """The source's losing duplicates at `version`, digested (order-free, streamed): a `duplicates`
+    run that changed no loser of this source leaves it, and so the source's lists, as they were."""
+    if version is None:
+        return None
+    return lance_io.partition_digest(storage.lance_uri("duplicates"), f"{source_predicate(source)} AND NOT keeper",
+                                     ["sample_id"], storage.lance_storage_options(), version)
 
 
 def plan_units(streams: list[dict[str, Any]]) -> tuple[list[Unit], list[Unit]]:
@@ -255,6 +281,9 @@ SKIP_LISTS = Stage(
     code_version="3", report_type=SkipReport,  # 3: completion records
     settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
     phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,
+    # every `duplicates` run makes every source's lists stale in Dagster: a source whose losers, streams,
+    # labels and opt-outs are what its last lists were computed from reruns as a no-op
+    reusable=lambda report: True, volatile=("duplicates",), present=lists_in_place,
 )
 
 

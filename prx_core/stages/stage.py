@@ -78,6 +78,12 @@ class Stage:
     # `reusable(report)`: whether a run's final report may stand for a later run of the same manifest
     # while its outputs are still there (nothing run or committed then: prx_core.stages.unchanged)
     reusable: Callable[[Any], bool] | None = None
+    # pinned inputs the reuse check leaves out: a shared table's version that changes with every other
+    # partition's run, whose content for this partition another pinned input digests
+    volatile: tuple[str, ...] = ()
+    # `present(run, report)`: whether the files a reused report describes are still in place (tables are
+    # checked by version); a reuse needs both
+    present: Callable[[StageRun, Any], bool] | None = None
 
     def defaults(self) -> dict[str, Any]:
         return {k: v for k, v in self.settings.items() if not isinstance(v, Required)}
@@ -138,8 +144,9 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         run.params = {k: v for k, v in run.settings.items() if k not in stage.unpinned}
         run.inputs = stage.pin(run)
         manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params)
-        if stage.reusable and (done := committed_report(storage, stage.name, partition, manifest.digest(),
-                                                        stage.report_type)) is not None:
+        reuse = reuse_digest(stage, manifest)
+        done = committed_report(storage, stage.name, partition, reuse, stage.report_type) if stage.reusable else None
+        if done is not None and (stage.present is None or stage.present(run, done)):
             if progress is not None:
                 progress.report(f"{progress.label}: unchanged since its last commit (same inputs, code and "
                                 "settings): nothing to run")
@@ -151,8 +158,16 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         report = condense_report(stage.report(run), storage, stage.name, partition, run.attempt.token)
     final = report if stage.then is None else stage.then(report, run)
     if stage.reusable and stage.reusable(final):
-        record_committed(storage, stage.name, partition, manifest.digest(), run.versions, final)
+        record_committed(storage, stage.name, partition, reuse, run.versions, final)
     return final
+
+
+def reuse_digest(stage: Stage, manifest: Manifest) -> str:
+    """The manifest's digest without the stage's volatile inputs: what a reusable run is keyed by."""
+    if not stage.volatile:
+        return manifest.digest()
+    inputs = {k: v for k, v in manifest.inputs.items() if k not in stage.volatile}
+    return Manifest(manifest.asset, manifest.partition, inputs, manifest.code_version, manifest.params).digest()
 
 
 def bind_settings(stage: Stage, given: Mapping[str, Any]) -> dict[str, Any]:

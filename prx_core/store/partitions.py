@@ -3,7 +3,7 @@ and the `rejects` row every stage writes for a sample it refuses."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -24,20 +24,27 @@ def rejects_predicate(source: str, stage: str) -> str:
     return f"{source_predicate(source)} AND stage = {lance_io.sql_literal(stage)}"
 
 
-def write_partition(storage: Storage, table: str, predicate: str, rows: pa.Table) -> int:
+# Builds a committed table's delta indexes: (uri, table, storage options) -> report. In the
+# process by default; the stages pass `prx_core.upkeep.indexing.index_table`, a Ray task.
+Indexer = Callable[[str, str, lance_io.StorageOptions], maintenance.IndexReport]
+
+
+def write_partition(storage: Storage, table: str, predicate: str, rows: pa.Table,
+                    index: Indexer = maintenance.refresh_table_indexes) -> int:
     """Replace one partition of a per-source table with rows held by the caller (small tables)."""
     fragments = lance_io.write_fragments(storage.lance_uri(table), rows, schemas.TABLES[table],
                                          storage.lance_storage_options())
-    return commit_partition(storage, table, predicate, fragments)
+    return commit_partition(storage, table, predicate, fragments, index)
 
 
-def commit_partition(storage: Storage, table: str, predicate: str, fragments: Sequence[FragmentMetadata]) -> int:
+def commit_partition(storage: Storage, table: str, predicate: str, fragments: Sequence[FragmentMetadata],
+                     index: Indexer = maintenance.refresh_table_indexes) -> int:
     """Replace one partition of a per-source table by fragments written elsewhere (by workers), in
-    one commit, and index the new fragments (a delta segment: merging the whole index is
-    compact_corpus's job); returns the version readers see."""
+    one commit, and index the new fragments with `index` (a delta segment: merging the whole
+    index is compact_corpus's job); returns the version readers see."""
     uri, options = storage.lance_uri(table), storage.lance_storage_options()
     lance_io.replace_rows(uri, predicate, fragments, schemas.TABLES[table], options)
-    return maintenance.refresh_table_indexes(uri, table, options).version
+    return index(uri, table, options).version
 
 
 def write_rejects(storage: Storage, rows: pa.Table) -> list[FragmentMetadata]:
@@ -76,11 +83,11 @@ def unit_outputs(storage: Storage, table: str, written: Sequence[FragmentMetadat
             + lance_io.fragment_files(storage.lance_uri("rejects"), refused)}
 
 
-def commit_unit_outputs(storage: Storage, table: str, source: str, stage: str,
-                        summaries: Sequence[dict[str, Any]]) -> tuple[int, int]:
+def commit_unit_outputs(storage: Storage, table: str, source: str, stage: str, summaries: Sequence[dict[str, Any]],
+                        index: Indexer = maintenance.refresh_table_indexes) -> tuple[int, int]:
     """Replace the partition of `table` and the stage's rejects of `source` by what the units
     wrote (`unit_outputs`), one commit each; returns both versions readers see."""
     fragments = lance_io.fragments_from_json(f for s in summaries for f in s["fragments"])
     refused = lance_io.fragments_from_json(f for s in summaries for f in s["rejects_fragments"])
-    return (commit_partition(storage, table, source_predicate(source), fragments),
-            commit_partition(storage, "rejects", rejects_predicate(source, stage), refused))
+    return (commit_partition(storage, table, source_predicate(source), fragments, index),
+            commit_partition(storage, "rejects", rejects_predicate(source, stage), refused, index))

@@ -131,7 +131,7 @@ def partition_predicate(columns: Sequence[str], key: Key) -> str:
     return " AND ".join(f"{c} IS NULL" if v is None else f"{c} = {sql_literal(str(v))}" for c, v in zip(columns, key))
 
 
-def rewrite_partition(uri: str, version: int, fragment_ids: list[int], predicate: str, target_rows: int,
+def rewrite_partition(uri: str, version: int, fragment_ids: list[int], predicate: str | None, target_rows: int,
                       storage_options: StorageOptions, target_bytes: int | None = None) -> list[dict]:
     """Ray task: one partition's rows of the given fragments, rewritten into new fragments of up to
     `target_rows` rows and `target_bytes` (no commit); the rows, image bytes included, never pass

@@ -35,6 +35,9 @@ def unit_counts(entry: dict) -> dict[str, int]:
     return {phase: u["units"] for phase, u in entry["units"].items()}
 
 
+TABLE_OF = {"captions_model": "captions", "caption_labels": "caption_labels", "caption_embeddings": "caption_embeddings"}
+
+
 def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -> None:
     out, cache = tmp_path / "scale.json", tmp_path / "cache"
     args = ["bench-scale", "--rows", f"{SMALL},{LARGE}", "--unit-rows", str(UNIT), "--stages", ",".join(STAGES),
@@ -73,8 +76,11 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
                                                 "buckets": 0}
         for stage in ("captions_model", "caption_labels", "caption_embeddings"):  # stand-in models, batched appends
             extra = size["stages"][stage]["extra"]
-            assert 0 < extra["model_busy_fraction"] <= 1 and extra["commits"] == 1 and extra["reused"] == 0, stage
-        assert size["stages"]["captions"]["tables"]["captions"]["versions"] <= 3  # append, full-text and BTREE index
+            # one append, then its unit fragments merged into fragments of up to 1M rows
+            assert 0 < extra["model_busy_fraction"] <= 1 and extra["commits"] == 2 and extra["reused"] == 0, stage
+            before, after = size["stages"][stage]["tables"][TABLE_OF[stage]]["fragments"]
+            assert after - before == 1, (stage, before, after)
+        assert size["stages"]["captions"]["tables"]["captions"]["versions"] <= 4  # append, merge, FTS and BTREE index
         assert size["graph_stages"] == ["samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists"]
         assert 0 < size["graph_images_per_s"] < size["stages"]["samples"]["rows_per_s"]
 

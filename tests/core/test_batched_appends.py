@@ -12,7 +12,7 @@ import pytest
 from prx_core.store import lance_io, schemas
 from prx_core.store.maintenance import _unindexed_fragments
 from prx_core.store.storage import Storage
-from prx_core.upkeep.appends import BatchedAppend
+from prx_core.upkeep.appends import BatchedAppend, append_fragments
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -46,3 +46,35 @@ def test_indexes_are_caught_up_every_few_appends(tmp_path: Path) -> None:
     assert table.count_rows("content_id IN ('c004-1', 'c007-2')") == 2
     appends.finish()
     assert unindexed(storage) == 0
+
+
+def test_a_runs_unit_fragments_are_merged_and_no_other_writers(tmp_path: Path) -> None:
+    """Hazard 7: a fragment per unit would leave a shared table with ~244k fragments at 1B rows;
+    every `index_every` appends the run's own fragments are merged (on a worker), another
+    writer's fragment appended in between is left as it is, and every row stays once."""
+    storage = Storage(str(tmp_path / "corpus"))
+    uri = storage.lance_uri("caption_labels")
+    appends = BatchedAppend(storage, "caption_labels", every_units=1, index_every=3, merge_rows=5)
+    for unit in range(8):
+        appends.add(unit_summary(storage, unit))
+        if unit == 4:  # another source's run appends to the shared table meanwhile
+            other = lance_io.fragments_from_json(unit_summary(storage, 100)["fragments"])
+            append_fragments(uri, other, schemas.CAPTION_LABELS)
+    appends.finish()
+    ds = lance_io.require_table(uri)
+    rows = sorted(ds.to_table(columns=["content_id"])["content_id"].to_pylist())
+    assert rows == sorted([f"c{u:03d}-{i}" for u in [*range(8), 100] for i in range(3)])
+    sizes = sorted(f.count_rows() for f in ds.get_fragments())
+    # units 0-2 -> 9 rows in fragments of <= 5 (5 + 4), units 3-5 idem, units 6-7 at finish (5 + 1); the other's 3
+    assert sizes == [1, 3, 4, 4, 5, 5, 5] and appends.merges == 3
+    assert unindexed(storage) == 0
+
+
+def test_merging_can_be_turned_off(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "corpus"))
+    appends = BatchedAppend(storage, "caption_labels", every_units=1, index_every=2, merge_rows=0)
+    for unit in range(4):
+        appends.add(unit_summary(storage, unit))
+    appends.finish()
+    assert len(lance_io.require_table(storage.lance_uri("caption_labels")).get_fragments()) == 4
+    assert appends.merges == 0

@@ -113,3 +113,33 @@ def test_every_stream_gets_a_completion_record_also_with_nothing_to_skip(storage
         assert record["counts"] == {} and record["reasons_applied"] == [] and record["policy_version"] == nothing.version()
     dataset = CorpusDataset(storage.root, tier, batch_size=1, shuffle=False)
     assert len([s["sample_id"] for s in dataset]) > 0
+
+
+def test_a_duplicates_run_that_changed_no_loser_of_the_source_leaves_its_lists_as_they_are(storage: Storage) -> None:
+    """Issue 24, hazard 9: every `duplicates` run makes every source's lists stale in Dagster; a
+    source whose losers did not change reruns as a no-op, one whose losers changed is recomputed,
+    and lists deleted behind the stage's back are written again."""
+    from prx_core.shards.skiplists import source_folder
+
+    policy = SkipPolicy()
+    first = build_skip_lists("photos", storage, CAPTIONER, LABELER, policy)
+    assert first.units["chunks"].ran > 0
+    duplicates = lance_io.read_table(storage.lance_uri("duplicates"))
+    other = pa.Table.from_pylist([{"sample_id": "web/x", "source": "web", "group_id": "h", "group_size": 2,
+                                   "keeper": False, "keeper_sample_id": "web/y", "pixels": 1}],
+                                 schema=schemas.DUPLICATES)
+    lance_io.overwrite(storage.lance_uri("duplicates"), pa.concat_tables([duplicates, other]))  # another source's
+    lines: list[str] = []
+    again = build_skip_lists("photos", storage, CAPTIONER, LABELER, policy, progress=Throttle(lines.append, "skip"))
+    assert again.units["chunks"].ran == 0 and again.skipped == first.skipped
+    assert any("nothing to run" in line for line in lines), lines
+
+    flipped = duplicates.to_pylist()
+    flipped[2]["keeper"] = False  # one more of this source's rows loses (its label is "visual": not skipped yet)
+    lance_io.overwrite(storage.lance_uri("duplicates"), pa.Table.from_pylist(flipped, schema=schemas.DUPLICATES))
+    changed = build_skip_lists("photos", storage, CAPTIONER, LABELER, policy)
+    assert changed.units["chunks"].ran > 0 and changed.skipped == first.skipped + 1
+
+    storage.filesystem().rm(source_folder(storage.root, "photos"), recursive=True)
+    rewritten = build_skip_lists("photos", storage, CAPTIONER, LABELER, policy)
+    assert rewritten.units["chunks"].ran > 0 and read_skip_lists(storage.root, "photos")
