@@ -32,7 +32,7 @@ from prx_core.compute.parallel import run_on_worker
 from prx_core.store import fencing, lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.compaction import rewrite_partition
-from prx_core.upkeep.indexing import index_table, on_cluster
+from prx_core.upkeep.indexing import MAINTENANCE_CPUS, index_table, on_cluster
 
 EVERY_UNITS = 64
 EVERY_SECONDS = 300.0
@@ -142,8 +142,8 @@ def merge_fragments(uri: str, paths: Collection[str], target_rows: int,
     if len(ids) < 2:
         return None
     args = (uri, ds.version, ids, None, target_rows, storage_options)
-    new = lance_io.fragments_from_json(run_on_worker(rewrite_partition, *args) if on_cluster()
-                                       else rewrite_partition(*args))
+    new = lance_io.fragments_from_json(run_on_worker(rewrite_partition, *args, num_cpus=MAINTENANCE_CPUS)
+                                       if on_cluster() else rewrite_partition(*args))
     fencing.ensure_held()
     try:
         merged = LanceDataset.commit(uri, LanceOperation.Update(removed_fragment_ids=ids, new_fragments=new),

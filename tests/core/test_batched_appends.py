@@ -78,3 +78,36 @@ def test_merging_can_be_turned_off(tmp_path: Path) -> None:
     appends.finish()
     assert len(lance_io.require_table(storage.lance_uri("caption_labels")).get_fragments()) == 4
     assert appends.merges == 0
+
+
+def test_merging_and_indexing_go_on_while_actors_hold_every_cpu(tmp_path: Path, ray_cluster) -> None:
+    """A stage's CPU model actors take every CPU of the cluster for the whole phase; the merges and
+    index catch-ups of its batched appends happen during it, so they must not wait for a CPU (the
+    actors would wait for the driver, which would wait for them)."""
+    import threading
+
+    @ray_cluster.remote(num_cpus=ray_cluster.cluster_resources()["CPU"])
+    class Hog:
+        def ping(self) -> bool:
+            return True
+
+    hog = Hog.remote()
+    assert ray_cluster.get(hog.ping.remote())  # every CPU is held from here on
+    storage = Storage(str(tmp_path / "corpus"))
+    appends = BatchedAppend(storage, "caption_labels", every_units=1, index_every=2, merge_rows=100)
+    done = threading.Event()
+
+    def append_all() -> None:
+        for unit in range(4):
+            appends.add(unit_summary(storage, unit))
+        appends.finish()
+        done.set()
+
+    worker = threading.Thread(target=append_all, daemon=True)
+    worker.start()
+    try:
+        assert done.wait(180), "a merge or an index catch-up waited for a CPU the actors hold"
+    finally:
+        ray_cluster.kill(hog)
+    assert appends.merges == 2 and unindexed(storage) == 0
+    assert len(lance_io.require_table(storage.lance_uri("caption_labels")).get_fragments()) == 2
