@@ -296,3 +296,9 @@ def image_folder_source(folder: Path, name: str, count: int = 3, captions: bool 
     catalog.write_text(yaml.safe_dump({"sources": [{"name": name, "format": "imagefolder", "uri": "images"}]}))
     return catalog
 
+
+
+def force_rerun(root: Path | str, asset: str, source: str) -> None:
+    """Make a reusable stage (`samples`, `skip_lists`) really run again on unchanged inputs, the
+    way docs/operations.md says: remove the record of its last commit."""
+    (Path(root) / "_reports" / asset / source / "latest.json").unlink()

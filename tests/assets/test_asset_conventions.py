@@ -12,7 +12,7 @@ import dagster as dg
 import numpy as np
 import pytest
 import yaml
-from conftest import fresh_instance, make_settings, materialize, read, version_of
+from conftest import force_rerun, fresh_instance, make_settings, materialize, read, version_of
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -159,6 +159,7 @@ def test_an_idempotent_rerun_leaves_everything_downstream_fresh(small) -> None:
     before = {a: latest_data_version(instance, a, "clean") for a in rerun}
     assert [stale_status(small, a, "clean") for a in ("captions", "mds_shards")] == [StaleStatus.FRESH] * 2
     versions = {a: version_of(root, a) for a in rerun}
+    force_rerun(root, "samples", "clean")  # a real rewrite, not the unchanged-source no-op
     assert materialize(small["resources"], rerun, "clean", instance).success
     assert all(version_of(root, a) > versions[a] for a in rerun), versions
     assert {a: latest_data_version(instance, a, "clean") for a in rerun} == before

@@ -17,6 +17,7 @@ from conftest import (
     commits_since,
     copy_corpus,
     data_version,
+    force_rerun,
     fresh_instance,
     image_folder_source,
     make_settings,
@@ -151,6 +152,7 @@ def test_rerun_of_one_partition_is_one_commit_and_idempotent(corpus: Corpus, tmp
     rejects_before = read(root, "rejects", filter="source = 'web_images' AND stage = 'samples'").sort_by("sample_id")
 
     resources = resources_for(corpus, root)
+    force_rerun(root, "samples", "web_images")  # unchanged, it would be a no-op: this is about the rewrite
     result = materialize(resources, ["samples"], "web_images", fresh_instance(corpus.catalog))
     assert result.success
     meta = materialized(result)["samples"]
