@@ -14,8 +14,11 @@ def settled_counts(attempt: Path, prefix: str, limit: float = 300.0) -> tuple[in
     for twice the longest unit seen (its started -> done interval), at least 3 s.
     """
     def marks(folder: str, suffix: str = "") -> dict[str, float]:
+        # pathlib's glob matches dot files: the hidden temp file of a record whose writer was killed
+        # mid-write (`put_atomic`) is no record, and the rerun rightly does not count it
         path = attempt / folder
-        return {p.name.removesuffix(suffix): p.stat().st_mtime for p in path.glob(f"{prefix}*")} if path.is_dir() else {}
+        return {p.name.removesuffix(suffix): p.stat().st_mtime for p in path.glob(f"{prefix}*")
+                if not p.name.startswith(".")} if path.is_dir() else {}
 
     deadline, last, quiet_since = time.monotonic() + limit, None, time.monotonic()
     while True:
