@@ -180,6 +180,12 @@ def fragments_from_json(fragments: Iterable[dict]) -> list[FragmentMetadata]:
     return [FragmentMetadata.from_json(json.dumps(f)) for f in fragments]
 
 
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether a failed commit lost a race to another writer: pylance raises `CommitConflictError`,
+    or a plain OSError naming the conflict."""
+    return isinstance(exc, CommitConflictError) or (isinstance(exc, OSError) and "onflict" in str(exc))
+
+
 def backoff(attempt: int) -> None:
     """Sleep before retry `attempt`: exponential, capped at 2 s, jittered so racing writers part."""
     time.sleep(min(0.05 * 2 ** attempt, 2.0) * (0.5 + random.random()))

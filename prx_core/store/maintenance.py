@@ -14,9 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 from lance import LanceDataset
-from lance.commit import CommitConflictError
 
-from prx_core.store.lance_io import StorageOptions, require_table
+from prx_core.store.lance_io import StorageOptions, is_commit_conflict, require_table
 from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
@@ -180,8 +179,8 @@ def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions 
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
                                bitmap_columns=PARTITION_COLUMNS.get(table, ()),
                                btree_columns=BTREE_COLUMNS.get(table, ()), merge_rows=merge_rows)
-    except OSError as exc:  # CommitConflictError is one; pylance also reports conflicts as plain OSError
-        if not isinstance(exc, CommitConflictError) and "onflict" not in str(exc):
+    except OSError as exc:  # CommitConflictError is one
+        if not is_commit_conflict(exc):
             raise
         version = require_table(uri, storage_options).version
         return IndexReport([], [], [], [f"index refresh lost a commit race, caught up later: {exc}"[:300]], version)

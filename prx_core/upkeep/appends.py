@@ -28,11 +28,10 @@ from typing import Any
 
 from lance.fragment import FragmentMetadata
 
-from prx_core.compute.parallel import run_on_worker
 from prx_core.store import fencing, lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.compaction import rewrite_partition
-from prx_core.upkeep.indexing import MAINTENANCE_CPUS, index_table, on_cluster
+from prx_core.upkeep.indexing import index_table, on_worker
 
 EVERY_UNITS = 64
 EVERY_SECONDS = 300.0
@@ -137,19 +136,18 @@ def merge_fragments(uri: str, paths: Collection[str], target_rows: int,
     new version, or None when there was nothing to merge or a concurrent commit won."""
     from lance import LanceDataset, LanceOperation
 
-    ds = lance_io.require_table(uri, storage_options)
-    ids = [f.fragment_id for f in ds.get_fragments() if {d.path for d in f.data_files()} <= set(paths)]
+    ds, ours = lance_io.require_table(uri, storage_options), set(paths)
+    ids = [f.fragment_id for f in ds.get_fragments() if {d.path for d in f.data_files()} <= ours]
     if len(ids) < 2:
         return None
-    args = (uri, ds.version, ids, None, target_rows, storage_options)
-    new = lance_io.fragments_from_json(run_on_worker(rewrite_partition, *args, num_cpus=MAINTENANCE_CPUS)
-                                       if on_cluster() else rewrite_partition(*args))
+    new = lance_io.fragments_from_json(on_worker(rewrite_partition, uri, ds.version, ids, None, target_rows,
+                                                 storage_options))
     fencing.ensure_held()
     try:
         merged = LanceDataset.commit(uri, LanceOperation.Update(removed_fragment_ids=ids, new_fragments=new),
                                      read_version=ds.version, storage_options=storage_options or None)
-    except OSError as exc:  # CommitConflictError is one: another writer touched these fragments
-        if "onflict" not in str(exc) and type(exc).__name__ != "CommitConflictError":
+    except OSError as exc:  # another writer touched these fragments
+        if not lance_io.is_commit_conflict(exc):
             raise
         return None
     return merged.version

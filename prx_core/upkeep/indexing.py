@@ -11,6 +11,8 @@ would wait for the actors, which wait for the driver, which waits for the task.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from prx_core.compute.parallel import run_on_worker
 from prx_core.store.lance_io import StorageOptions
@@ -24,18 +26,21 @@ def on_cluster() -> bool:
     return ray is not None and ray.is_initialized()
 
 
+def on_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` as a Ray task asking for no CPU when a cluster is up, else in this process."""
+    if not on_cluster():
+        return fn(*args)
+    return run_on_worker(fn, *args, num_cpus=MAINTENANCE_CPUS)
+
+
 def index_table(uri: str, table: str, storage_options: StorageOptions = None) -> IndexReport:
     """`refresh_table_indexes` on a worker when a cluster is up (`commit_partition`'s `index`)."""
-    if not on_cluster():
-        return refresh_table_indexes(uri, table, storage_options)
-    return run_on_worker(refresh_table_indexes, uri, table, storage_options, num_cpus=MAINTENANCE_CPUS)
+    return on_worker(refresh_table_indexes, uri, table, storage_options)
 
 
 def index_columns(uri: str, storage_options: StorageOptions = None, **columns: object) -> IndexReport:
     """`refresh_indexes` (indexes named by column) on a worker when a cluster is up."""
-    if not on_cluster():
-        return refresh_indexes(uri, storage_options=storage_options, **columns)
-    return run_on_worker(_refresh_columns, uri, storage_options, columns, num_cpus=MAINTENANCE_CPUS)
+    return on_worker(_refresh_columns, uri, storage_options, columns)
 
 
 def _refresh_columns(uri: str, storage_options: StorageOptions, columns: dict) -> IndexReport:
