@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -100,6 +101,12 @@ def imap_tasks(fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *, num_
     finally:
         for ref in pending:  # a failure raised, or the caller stopped reading
             ray.cancel(ref)
+
+
+def on_cluster() -> bool:
+    """Whether this process is connected to a Ray cluster (never imports Ray just to ask)."""
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
 
 
 def run_on_worker(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0) -> Any:

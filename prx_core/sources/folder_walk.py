@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from prx_core.compute.parallel import chunk, imap_tasks
+from prx_core.compute.parallel import chunk, imap_tasks, on_cluster
 from prx_core.sources.folders import extension
 from prx_core.sources.records import CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, printable_name
 from prx_core.store.storage import filesystem_for, is_remote
@@ -58,8 +57,7 @@ def walk_folders(uri: str, storage_options: dict[str, Any] | None, batch: int = 
 def list_level(uri: str, storage_options: dict[str, Any] | None, batches: list[list[str]],
                threads: int) -> Iterator[tuple[list[FolderEntry], list[str]]]:
     """`list_batch` over `batches`, on the Ray cluster when one is up, else on threads."""
-    ray = sys.modules.get("ray")  # never imported just to ask
-    if ray is not None and ray.is_initialized() and len(batches) > 1:
+    if on_cluster() and len(batches) > 1:
         calls = [(uri, storage_options, folders) for folders in batches]
         for _, result in imap_tasks(list_batch, calls, num_cpus=WALK_CPUS):
             yield result

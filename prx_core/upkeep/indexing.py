@@ -10,20 +10,14 @@ would wait for the actors, which wait for the driver, which waits for the task.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from prx_core.compute.parallel import run_on_worker
+from prx_core.compute.parallel import on_cluster, run_on_worker
 from prx_core.store.lance_io import StorageOptions
 from prx_core.store.maintenance import IndexReport, refresh_indexes, refresh_table_indexes
 
 MAINTENANCE_CPUS = 0.0  # schedulable beside actors that hold every CPU; brief oversubscription
-
-
-def on_cluster() -> bool:
-    ray = sys.modules.get("ray")  # never imported just to ask
-    return ray is not None and ray.is_initialized()
 
 
 def on_worker(fn: Callable[..., Any], *args: Any) -> Any:
