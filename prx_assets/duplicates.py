@@ -16,7 +16,8 @@ from prx_resources.ray import run_stage
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
                             description="Every group has exactly one keeper, and it has the most pixels. Exact, no "
                                         "threshold: groups are computed, so a bad group is a pipeline bug, and "
-                                        "skip_lists would drop both copies or none.")]
+                                        "skip_lists would drop both copies or none. After an incremental run, the "
+                                        "groups it wrote (scope: changed) when the version before passed; else all.")]
 SAMPLE_ROWS = 30
 DESCRIPTION = ("Groups of samples with an identical pHash (Hamming 0) across all sources, one keeper each: the "
                "highest resolution, ties to the smallest sample_id; skip_lists skips the others. Incremental: after a "
@@ -45,7 +46,8 @@ def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray:
                                  rows_deleted=report.rows_deleted, buckets=report.buckets, map_units=report.map_units),
                   **lance_versions(phashes=report.phashes_version, duplicates=report.duplicates_version)},
         check_results=[dg.AssetCheckResult(check_name="duplicates_one_keeper", passed=check.passed,
-                                           metadata={"groups": check.groups, "rows_checked": check.rows,
+                                           metadata={"scope": check.scope, "groups": check.groups,
+                                                     "rows_checked": check.rows,
                                                      "bad_groups": check.bad_groups,
                                                      "bad_examples": str(check.examples)})],
         # the groups are a function of every source's hashes: their versions, the code, what it grouped

@@ -23,7 +23,7 @@ from prx_core.stages.buckets import BUCKETS
 from prx_core.stages.caption_embeddings import CAPTION_EMBEDDINGS
 from prx_core.stages.captions import CAPTIONS
 from prx_core.stages.duplicates import DUPLICATES, DuplicatesReport
-from prx_core.stages.duplicates_check import KeeperCheck, check_one_keeper
+from prx_core.stages.duplicates_check import KeeperCheck, check_keepers
 from prx_core.stages.labels import CAPTION_LABELS
 from prx_core.stages.mds_shards import MDS_SHARDS, MdsReport
 from prx_core.stages.phashes import PHASHES
@@ -122,9 +122,10 @@ class GroupsReport:
 
 def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:
     """`then` of `duplicates`, after its lock is released: the keeper check of the version it
-    committed, on workers, and `sample_rows` rows of it for the UI."""
+    committed (of the groups it changed, when it could: duplicates_check), on workers, and
+    `sample_rows` rows of it for the UI."""
     storage = run.storage
-    check = check_one_keeper(storage, report.duplicates_version)
+    check = check_keepers(storage, report, run["unit_rows"], run["rows_per_bucket"])
     table = lance_io.open_table(storage.lance_uri("duplicates"), storage.lance_storage_options())
     sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
         columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=run["sample_rows"]).to_pylist()
