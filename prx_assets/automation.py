@@ -14,7 +14,7 @@ from dagster_ray import RayResource
 from pydantic import Field
 
 from prx_assets.common import SOURCES
-from prx_assets.settings import PER_SOURCE, Settings, SettingsError, load_settings
+from prx_assets.settings import CPU_STAGES, GPU_CHAIN, PER_SOURCE, THEN_TAG, Settings, SettingsError, load_settings
 from prx_core.compute.parallel import run_on_worker
 from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io
@@ -28,13 +28,15 @@ from prx_resources import CatalogResource, StorageResource
 # and parallel inside Ray, so steps in parallel processes would gain nothing.
 refresh_source_job = dg.define_asset_job(
     "refresh_source", selection=dg.AssetSelection.assets(*PER_SOURCE), executor_def=dg.in_process_executor,
-    description="Re-ingest one source end to end; duplicates and skip_lists follow by automation.",
+    description="Re-ingest one source: the weekly schedule runs its CPU stages, then queues the GPU chain after "
+                "them (caption_after_ingest); duplicates and skip_lists follow by automation.",
 )
 # Named jobs for the Jobs page, so runs launched there say what they are (not `__ASSET_JOB`).
 build_source_job = dg.define_asset_job(
     "build_source", selection=dg.AssetSelection.assets(*PER_SOURCE), executor_def=dg.in_process_executor,
-    description="Every per-source asset of one source partition (raw_source to mds_shards): a new source's first "
-                "build; the global duplicates and the source's skip_lists follow by automation.",
+    description="Every per-source asset of one source partition (raw_source to mds_shards) in one run: a new source's "
+                "first build. For a backfill over many sources use ingest_source (its runs never hold a run slot "
+                "waiting for the GPU); the global duplicates and the source's skip_lists follow by automation.",
 )
 # Unpartitioned: one run recomputes the corpus-wide duplicate groups. skip_lists (per source) is not in it,
 # or each run of a backfill over sources would recompute the groups again; it follows by automation (eager).
@@ -102,15 +104,19 @@ def condition_sensor(status: str = "running") -> dg.AutomationConditionSensorDef
 
 
 def refresh_schedule(cron: str, assets: Sequence[str] = PER_SOURCE) -> dg.ScheduleDefinition:
-    """weekly_source_refresh on `cron`, each run materializing `assets` of refresh_source."""
-    selection = None if set(assets) == set(PER_SOURCE) else [dg.AssetKey(a) for a in assets]
+    """weekly_source_refresh on `cron`: per source, a refresh_source run of the CPU stages among
+    `assets`, whose success queues the GPU chain among them (prx_assets.backfill); `assets` of
+    the GPU chain only: one run of them."""
+    cpu, gpu = [a for a in assets if a in CPU_STAGES], [a for a in assets if a in GPU_CHAIN]
+    selection = [dg.AssetKey(a) for a in cpu or gpu]
+    tags = {THEN_TAG: ",".join(gpu)} if cpu and gpu else {}
 
     @dg.schedule(name="weekly_source_refresh", job=refresh_source_job, cron_schedule=cron,
                  default_status=dg.DefaultScheduleStatus.STOPPED)
     def weekly_source_refresh(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest]:
         """One run per source partition every week: a scheduled per-source backfill."""
         when = f"{context.scheduled_execution_time:%Y%m%dT%H%M}"  # one run per source and tick
-        return [dg.RunRequest(partition_key=name, run_key=f"{name}-{when}", asset_selection=selection)
+        return [dg.RunRequest(partition_key=name, run_key=f"{name}-{when}", asset_selection=selection, tags=tags)
                 for name in context.instance.get_dynamic_partitions(SOURCES.name)]
 
     return weekly_source_refresh

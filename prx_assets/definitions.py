@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from prx_assets import automation
+from prx_assets import automation, backfill
 from prx_assets.buckets import buckets_asset
 from prx_assets.caption_embeddings import caption_embeddings_asset
 from prx_assets.caption_labels import caption_labels_asset
@@ -73,9 +73,9 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     return dg.Definitions(
         assets=build_assets(resources),
         jobs=[automation.build_source_job, automation.refresh_source_job, automation.dedup_corpus_job,
-              automation.compact_corpus],
+              automation.compact_corpus, backfill.ingest_source_job, backfill.caption_source_job],
         schedules=[automation.weekly_source_refresh, automation.compact_schedule],
-        sensors=[automation.sources_sensor, automation.automation_condition_sensor],
+        sensors=[automation.sources_sensor, automation.automation_condition_sensor, backfill.caption_after_ingest],
         resources=resources,
     )
 

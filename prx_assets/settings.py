@@ -27,6 +27,11 @@ SECTIONS = ("storage", "captioner", "labeler", "embedder", "skip_policy", "explo
 PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
               "mds_shards"]
 ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
+# A per-source backfill runs in two runs (prx_assets.backfill): the CPU stages, then the chain whose
+# root is `captions` (pool gpu), so a run waiting for the GPU waits in the queue, never in a run slot.
+CPU_STAGES = PER_SOURCE[:4]
+GPU_CHAIN = PER_SOURCE[4:]
+THEN_TAG = "prx/then"  # on a CPU run: the GPU-chain assets to queue for its partition once it succeeded
 
 
 class SettingsError(CatalogError):
