@@ -17,6 +17,7 @@ from typing import Any
 import dagster as dg
 import pyarrow as pa
 
+from prx_assets.settings import UNSTORED
 from prx_core.compute.units import UnitResults
 from prx_core.shards.mds import MDS_COLUMNS
 from prx_core.sources.catalog import NAME_PATTERN, Catalog, CatalogError, SourceSpec
@@ -102,7 +103,8 @@ def with_conventions(assets: Sequence[dg.AssetsDefinition], resources: Mapping[s
     raw_kinds = source_kinds(catalog)
 
     def apply(spec: dg.AssetSpec) -> dg.AssetSpec:
-        kinds = (set(spec.kinds) | raw_kinds) if spec.key.path == ["raw_source"] else set(spec.kinds) | {stored_kind}
+        name = spec.key.to_user_string()
+        kinds = set(spec.kinds) | (raw_kinds if name == "raw_source" else set() if name in UNSTORED else {stored_kind})
         return spec.replace_attributes(owners=list(storage.owners), kinds=kinds)
 
     return [asset.map_asset_specs(apply) for asset in assets]

@@ -16,6 +16,7 @@ from prx_assets.caption_embeddings import caption_embeddings_asset
 from prx_assets.caption_labels import caption_labels_asset
 from prx_assets.captions import captions_asset
 from prx_assets.common import with_conventions
+from prx_assets.corpus_plan import corpus_plan
 from prx_assets.duplicates import duplicates
 from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
@@ -64,7 +65,7 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
     return with_conventions([
         raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
         captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
-        mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy),
+        mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy), corpus_plan,
     ], resources)  # owners, and kinds true for the configured root and the catalog's formats
 
 

@@ -41,7 +41,7 @@ def graph_of(root: str, sources: Path, config: dict | None = None):
 def test_every_asset_has_a_description_owners_and_true_kinds(demo_dir: Path, tmp_path: Path) -> None:
     sources = demo_dir / "sources.yaml"
     local = graph_of(str(tmp_path / "corpus"), sources)
-    assert {k.to_user_string() for k in local.get_all_asset_keys()} == set(ALL_ASSETS)
+    assert {k.to_user_string() for k in local.get_all_asset_keys()} == set(ALL_ASSETS) | {"corpus_plan"}
     for key in local.get_all_asset_keys():
         node = local.get(key)
         assert node.description and len(node.description) > 40, key
@@ -52,13 +52,14 @@ def test_every_asset_has_a_description_owners_and_true_kinds(demo_dir: Path, tmp
     formats = {s.format for s in load_catalog(sources).sources}
     assert formats == {"imagefolder", "parquet", "webdataset", "huggingface"}  # the demo: four formats
     assert kinds["raw_source"] == {"filesystem", "images", "parquet", "webdataset", "huggingface"}
+    assert kinds["corpus_plan"] == {"ray"}  # it writes nothing under the root
 
     on_s3 = graph_of("s3://prx-corpus/prx", sources, {"storage": {"owners": ["team:ml-data", "data@example.com"]}})
     for key in on_s3.get_all_asset_keys():
         node, name = on_s3.get(key), key.to_user_string()
         assert node.owners == ["team:ml-data", "data@example.com"], name
         # the corpus is on S3; the demo's sources stay on the local disk
-        where = {"filesystem"} if name == "raw_source" else {"s3"}
+        where = {"filesystem"} if name == "raw_source" else set() if name == "corpus_plan" else {"s3"}
         assert node.kinds & {"s3", "filesystem"} == where, (name, node.kinds)
 
 

@@ -1,0 +1,66 @@
+"""`prx-corpus plan`: what a build of the catalog's sources will cost, before it starts.
+
+Reads a sample of each source's images (no table is written, no Dagster run is made), measures
+what the stages will do to them on this machine, and scales it by each source's size
+(prx_core.stages.plan, plan_estimates): rows, MDS samples, streams and the small ones, bytes,
+GPU-hours, core-hours, and the wall time for `--cpus` cores and `--gpus` GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    """Registers `plan` on the `prx-corpus` subcommands (`sub`, from add_subparsers)."""
+    plan = sub.add_parser("plan", help="estimate what building the sources will cost (rows, streams, bytes, GPU- "
+                                       "and core-hours, wall time) from a sample of their images")
+    plan.add_argument("--sources", required=True, help="the sources.yaml catalog")
+    plan.add_argument("--source", action="append", default=[], help="only this source (repeatable)")
+    plan.add_argument("--config", help="PRX_CONFIG settings (captioner, labeler, training batch, storage options)")
+    plan.add_argument("--sample", type=int, default=1_000, help="images read per source (default 1000)")
+    plan.add_argument("--cpus", type=int, default=64, help="cluster cores, for the wall time (default 64)")
+    plan.add_argument("--gpus", type=int, default=8, help="cluster GPUs, for the wall time (default 8)")
+    plan.add_argument("--caption-rate", type=float, default=None,
+                      help="VLM captions per second per GPU (default 20, an H200's)")
+    plan.add_argument("--json", help="also write the plan as JSON to this file")
+    plan.set_defaults(func=run_plan)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from prx_assets.settings import SettingsError, load_settings
+    from prx_core.sources.catalog import load_catalog
+    from prx_core.stages.plan_estimates import CAPTION_RATE, format_plan, plan_corpus
+
+    if args.sample < 1:
+        raise SettingsError(f"--sample: must be at least 1, got {args.sample}")
+    if args.config:
+        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
+    settings = load_settings()
+    catalog = load_catalog(os.path.abspath(args.sources))
+    unknown = sorted(set(args.source) - set(catalog.names))
+    if unknown:
+        raise SettingsError(f"--source: {', '.join(unknown)} not in {args.sources} (sources: {', '.join(catalog.names)})")
+    models = plan_models(settings, args.caption_rate or CAPTION_RATE)
+    specs = [s for s in catalog.sources if not args.source or s.name in args.source]
+    plan = plan_corpus(specs, models, args.sample, args.cpus, args.gpus,
+                       settings.section("storage").get("storage_options") or {}, echo=lambda line: print(line, flush=True))
+    print(format_plan(plan))
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(plan.to_json(), out, indent=1, default=str)
+        print(f"plan written to {args.json}")
+    return 0
+
+
+def plan_models(settings: Any, caption_rate: float) -> Any:
+    """The models a build would run, from the settings' captioner, labeler and training sections."""
+    from prx_assets.corpus_plan import models_of
+    from prx_resources.models import CaptionerResource, LabelerResource
+    from prx_resources.training import TrainingResource
+
+    return models_of(CaptionerResource(**settings.section("captioner")), LabelerResource(**settings.section("labeler")),
+                     TrainingResource(**settings.section("training")), caption_rate)

@@ -1,0 +1,55 @@
+"""Asset `corpus_plan` (global, never automatic): what building every catalog source will cost,
+from a sample of each (`prx-corpus plan` in the UI). Materialize it before a backfill; it writes
+nothing under the root, its metadata is the plan."""
+
+
+import dagster as dg
+from dagster_ray import RayResource
+from pydantic import Field
+
+from prx_assets.common import GROUP, OWNERS, md_table
+from prx_core.stages.plan_estimates import CAPTION_RATE, Models, format_plan, plan_corpus
+from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, TrainingResource
+
+DESCRIPTION = ("What a build of every catalog source will cost, estimated from a sample of each (1,000 images by "
+               "default) read on Ray workers: rows, rejects, MDS samples and streams (and those smaller than one "
+               "global batch), bytes per table, GPU-hours, core-hours and the wall time for a cluster. Never "
+               "automatic; materialize it before a backfill. Writes nothing.")
+
+
+class PlanConfig(dg.Config):
+    sample: int = Field(default=1_000, ge=1, description="Images read per source.")
+    cpus: int = Field(default=64, ge=1, description="Cluster cores, for the wall time.")
+    gpus: int = Field(default=8, ge=0, description="Cluster GPUs, for the wall time.")
+    caption_rate: float = Field(default=CAPTION_RATE, gt=0, description="VLM captions per second per GPU.")
+
+
+def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: TrainingResource,
+              caption_rate: float = CAPTION_RATE) -> Models:
+    """The models a build would run, as the resources configure them."""
+    return Models(vlm_captions=captioner.backend != "source", gpu_labels=labeler.uses_gpus(), caption_rate=caption_rate,
+                  batch_size=training.global_batch_size)
+
+
+@dg.asset(group_name=GROUP, kinds={"ray"}, description=DESCRIPTION, owners=OWNERS)
+def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: CatalogResource,
+                storage: StorageResource, captioner: CaptionerResource, labeler: LabelerResource,
+                training: TrainingResource, ray: RayResource) -> dg.MaterializeResult:
+    models = models_of(captioner, labeler, training, config.caption_rate)
+    plan = plan_corpus(list(catalog.load().sources), models, config.sample, config.cpus, config.gpus,
+                       storage.storage().storage_options, echo=context.log.info)
+    totals = plan.totals()
+    rows = [{"source": p.source, "rows": p.rows, "rejected": p.rejected, "mds_samples": p.mds_samples,
+             "streams": len(p.streams), "small_streams": len(p.small_streams), "mds_gb": round(p.mds_bytes / 1e9, 3),
+             "gpu_hours": round(sum(p.gpu_hours.values()), 3), "core_hours": round(sum(p.core_hours.values()), 3)}
+            for p in plan.sources]
+    context.log.info(format_plan(plan))
+    return dg.MaterializeResult(metadata={
+        "plan": md_table(rows), "sources": len(plan.sources), "dagster/row_count": int(totals["rows"]),
+        "mds_samples": int(totals["mds_samples"]), "gpu_hours": dg.MetadataValue.float(round(totals["gpu_hours"], 3)),
+        "core_hours": dg.MetadataValue.float(round(totals["core_hours"], 3)),
+        "wall_hours": dg.MetadataValue.float(round(totals["wall_hours"], 3)) if totals["wall_hours"] != float("inf")
+        else dg.MetadataValue.text("no GPU given"),
+        "mds_bytes": int(totals["mds_bytes"]), "stored_bytes": int(totals["storage_bytes"]),
+        "cluster": f"{config.cpus} cores, {config.gpus} GPUs", "notes": "\n".join(
+            f"{p.source}: {n}" for p in plan.sources for n in p.notes) or "-"})

@@ -1,0 +1,185 @@
+"""The arithmetic of `prx-corpus plan`: a source's sample (prx_core.stages.plan) scaled to its
+size, then rows, MDS streams and bytes, storage, GPU-hours, core-hours and wall time.
+
+Rates that a sample of 1,000 images cannot measure are constants, each from a measurement: the
+per-row costs of the stages beyond their image work (bench-scale at 100,000 rows,
+docs/benchmarks.md: `samples` 3.5 core-ms per image of which the validating decode measured
+here is ~2.7, `mds_shards` 9.0 of which the render is ~6.5, the other stages whole), a VLM's
+captions per second per GPU (the source team's 20 images/s per H200, `caption_rate`), and a
+labeller's 200 captions/s per GPU (vLLM) or 23 per core (MiniLM, measured here).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prx_core.shards.mds import SIZE_LIMIT
+from prx_core.sources.catalog import SourceSpec
+from prx_core.stages.plan import SAMPLE, SampleStats, SourceSize, sample_source
+from prx_core.upkeep.compaction import TARGET_BYTES
+
+ROW_MS = {"samples": 0.8, "buckets": 0.05, "phashes": 0.04, "captions": 0.33, "mds_shards": 2.5,
+          "skip_lists": 0.25, "compact_corpus": 0.7}  # core-ms per row beyond the measured image work
+CAPTION_RATE = 20.0  # VLM captions per second per GPU (H200)
+LABEL_RATE_GPU, LABEL_RATE_CORE = 200.0, 23.0  # captions labelled per second
+VLM_CAPTION_BYTES = 1_000  # a 100-200 word caption
+MDS_SAMPLE_OVERHEAD = 100  # bytes per MDS sample beside image and captions (ints, ids, offsets)
+TABLE_ROW_BYTES = {"samples": 400, "rejects": 300, "buckets": 120, "phashes": 110, "captions": 1_200,
+                   "caption_labels": 120, "caption_embeddings": 1_650, "mds_index": 150}  # without image bytes
+FRAGMENT_ROWS = 1_000_000
+
+
+@dataclass
+class Models:
+    """The models a build would run: whether captions and labels take GPUs, and their rates."""
+
+    vlm_captions: bool = False  # a VLM re-captions (not the `source` captioner)
+    gpu_labels: bool = False  # labels by an LLM on vLLM (else MiniLM on CPUs)
+    caption_rate: float = CAPTION_RATE
+    batch_size: int = 256  # training.global_batch_size: a stream smaller than one batch is unusable
+
+
+@dataclass
+class SourcePlan:
+    source: str
+    format: str
+    sampled: int
+    fragments: int
+    bytes: int
+    rows: int
+    rows_from: str
+    rejected: int
+    dropped: dict[str, int]
+    bucketed: int
+    captioned_share: float  # of records read: a non-empty source caption
+    mean_caption_words: float
+    mds_samples: int  # what mds_shards writes: bucketed, and with a caption when captions are the source's
+    contents: int  # distinct bucketed contents: what a VLM captions
+    streams: dict[str, int]  # "<tier>/<w>x<h>" -> samples
+    small_streams: list[str]  # fewer samples than one global batch
+    mds_bytes: int
+    mds_shards: int
+    storage_bytes: dict[str, int]
+    table_fragments: dict[str, int]
+    gpu_hours: dict[str, float]
+    core_hours: dict[str, float]
+    image_ms: dict[str, float]  # measured per image on this machine: validate (samples), render (mds)
+    notes: list[str] = field(default_factory=list)
+
+
+def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models: Models,
+             source_name_bytes: int = 16) -> SourcePlan:
+    """The source's plan: every count is the sample's share times the rows."""
+    n = max(stats.read, 1)
+    rows = size.rows if size.rows is not None else round(size.bytes * stats.read / max(stats.record_bytes, 1))
+    scale = rows / n
+    written = [b for b in stats.bucketed if models.vlm_captions or b.captioned]
+    streams: dict[str, int] = {}
+    for b in written:
+        streams[b.bucket] = streams.get(b.bucket, 0) + 1
+    streams = {k: round(v * scale) for k, v in sorted(streams.items())}
+    caption_bytes = (lambda b: VLM_CAPTION_BYTES + b.caption_bytes) if models.vlm_captions else (lambda b: 2 * b.caption_bytes)
+    per_sample = (sum(b.jpeg_bytes + caption_bytes(b) for b in written) / len(written) if written else 0.0) \
+        + MDS_SAMPLE_OVERHEAD + 2 * source_name_bytes
+    mds_samples = round(len(written) * scale)
+    shards = sum(math.ceil(count * per_sample / SIZE_LIMIT) for count in streams.values())
+    bucketed = round(len(stats.bucketed) * scale)
+    contents = round(len({b.content for b in stats.bucketed}) * scale)
+    rejected = round(sum(stats.rejected.values()) * scale)
+    ingested = rows - rejected
+    image_bytes = stats.record_bytes / n
+    storage = {"samples": round(ingested * (image_bytes + TABLE_ROW_BYTES["samples"])),
+               "rejects": rejected * TABLE_ROW_BYTES["rejects"], "mds": round(mds_samples * per_sample)}
+    storage.update({t: ingested * TABLE_ROW_BYTES[t] for t in ("buckets", "phashes")})
+    storage.update({t: contents * TABLE_ROW_BYTES[t] for t in ("captions", "caption_labels", "caption_embeddings")})
+    storage["mds_index"] = mds_samples * TABLE_ROW_BYTES["mds_index"]
+    fragments = {t: max(1, math.ceil(ingested / FRAGMENT_ROWS)) for t in ("buckets", "phashes", "mds_index")}
+    fragments["samples"] = max(1, math.ceil(ingested / FRAGMENT_ROWS), math.ceil(storage["samples"] / TARGET_BYTES))
+    validate_ms = 1000 * stats.inspect_s / max(stats.decoded, 1)
+    render_ms = 1000 * stats.render_s / max(len(stats.bucketed), 1)
+    core_ms = {"samples": rows * (validate_ms + ROW_MS["samples"]), "mds_shards": mds_samples * (render_ms + ROW_MS["mds_shards"]),
+               **{s: ingested * ROW_MS[s] for s in ("buckets", "phashes", "skip_lists", "compact_corpus")},
+               "captions": bucketed * ROW_MS["captions"]}
+    gpu = {"captions": contents / models.caption_rate / 3600 if models.vlm_captions else 0.0,
+           "caption_labels": contents / LABEL_RATE_GPU / 3600 if models.gpu_labels else 0.0}
+    if not models.gpu_labels:
+        core_ms["caption_labels"] = contents * 1000 / LABEL_RATE_CORE
+    notes = [] if stats.read else ["no record could be read: every estimate is 0"]
+    if size.rows is None:
+        notes.append(f"rows estimated from {size.bytes:,} listed bytes at {image_bytes:,.0f} bytes per sampled record")
+    return SourcePlan(
+        source=source, format=fmt, sampled=stats.read, fragments=size.fragments, bytes=size.bytes, rows=rows,
+        rows_from=size.rows_from, rejected=rejected, dropped={k: round(v * scale) for k, v in sorted(stats.dropped.items())},
+        bucketed=bucketed, captioned_share=stats.captions / n, mean_caption_words=stats.caption_words / max(stats.captions, 1),
+        mds_samples=mds_samples, contents=contents, streams=streams,
+        small_streams=[k for k, v in streams.items() if v < models.batch_size], mds_bytes=storage["mds"], mds_shards=shards,
+        storage_bytes=storage, table_fragments=fragments, gpu_hours=gpu,
+        core_hours={k: v / 3_600_000 for k, v in core_ms.items()},
+        image_ms={"validate": round(validate_ms, 2), "render": round(render_ms, 2)}, notes=notes)
+
+
+@dataclass
+class CorpusPlan:
+    sources: list[SourcePlan]
+    cpus: int
+    gpus: int
+
+    def totals(self) -> dict[str, float]:
+        core = sum(sum(p.core_hours.values()) for p in self.sources)
+        gpu = sum(sum(p.gpu_hours.values()) for p in self.sources)
+        return {"rows": sum(p.rows for p in self.sources), "mds_samples": sum(p.mds_samples for p in self.sources),
+                "storage_bytes": sum(sum(p.storage_bytes.values()) for p in self.sources),
+                "mds_bytes": sum(p.mds_bytes for p in self.sources), "core_hours": core, "gpu_hours": gpu,
+                # the CPU stages and the GPU stages of a source run one after the other
+                "wall_hours": core / max(self.cpus, 1) + (gpu / self.gpus if self.gpus else (math.inf if gpu else 0.0))}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cpus": self.cpus, "gpus": self.gpus, "sources": [asdict(p) for p in self.sources], "totals": self.totals()}
+
+
+def plan_corpus(specs: list[SourceSpec], models: Models, sample: int = SAMPLE, cpus: int = 64, gpus: int = 8,
+                storage_options: dict[str, Any] | None = None, echo: Any = None) -> CorpusPlan:
+    """Each source sampled and estimated in turn (`echo`, if given, hears which one)."""
+    plans = []
+    for spec in specs:
+        if echo is not None:
+            echo(f"sampling {spec.name} ({spec.format}, {spec.uri}) ...")
+        stats, size = sample_source(spec, sample, storage_options)
+        plans.append(estimate(spec.name, spec.format, stats, size, models, source_name_bytes=len(spec.name)))
+        if spec.url_column:
+            plans[-1].notes.append("a URL table: its images are fetched at ingest, so none was measured here")
+    return CorpusPlan(plans, cpus, gpus)
+
+
+def format_plan(plan: CorpusPlan) -> str:
+    """The printed plan: one row per source, then the totals and each source's notes."""
+    lines = ["| source | rows | rejected | below floor / aspect | MDS samples | streams (small) | MDS | stored | "
+             "GPU-h | core-h | validate / render ms |", "|" + "---|" * 11]
+    for p in plan.sources:
+        dropped = f"{p.dropped.get('below_floor', 0):,} / {p.dropped.get('aspect_ratio', 0):,}"
+        lines.append(f"| {p.source} | {p.rows:,} | {p.rejected:,} | {dropped} | {p.mds_samples:,} | "
+                     f"{len(p.streams)} ({len(p.small_streams)}) | {size(p.mds_bytes)} | {size(sum(p.storage_bytes.values()))} | "
+                     f"{sum(p.gpu_hours.values()):.3g} | {sum(p.core_hours.values()):.3g} | "
+                     f"{p.image_ms['validate']:.1f} / {p.image_ms['render']:.1f} |")
+    t = plan.totals()
+    wall = "no GPU given (--gpus)" if math.isinf(t["wall_hours"]) else f"{t['wall_hours']:.3g} h"
+    lines += ["", f"total: {t['rows']:,.0f} rows, {t['mds_samples']:,.0f} MDS samples, {size(t['mds_bytes'])} of MDS, "
+              f"{size(t['storage_bytes'])} stored, {t['gpu_hours']:.3g} GPU-hours, {t['core_hours']:.3g} core-hours; "
+              f"wall time on {plan.cpus} cores and {plan.gpus} GPUs: {wall}"]
+    for p in plan.sources:
+        lines += [f"{p.source}: {note}" for note in p.notes]
+        if p.small_streams:
+            lines.append(f"{p.source}: {len(p.small_streams)} of {len(p.streams)} streams hold fewer samples than one "
+                         f"global batch: {', '.join(p.small_streams[:6])}{' ...' if len(p.small_streams) > 6 else ''}")
+    return "\n".join(lines)
+
+
+def size(n: float) -> str:
+    """Bytes for people: 812 kB, 3.4 GB, 1.2 PB."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"

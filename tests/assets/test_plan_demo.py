@@ -1,0 +1,72 @@
+"""`prx-corpus plan` on the demo sources against what the build of them produced: rows, MDS
+samples, streams and MDS bytes within 10% per source (the demo is smaller than the default
+sample, so the plan reads all of it; the sampled case is tests/core/test_plan.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import SOURCES, Corpus
+
+from prx_assets.cli import main
+from prx_core.stages.plan import sample_source
+from prx_core.stages.plan_estimates import Models, estimate
+from prx_core.store.partitions import source_predicate
+
+
+def built(corpus: Corpus, source: str) -> dict[str, int]:
+    """What the build wrote for `source`: rows read, MDS samples, streams, MDS shard bytes."""
+    where = source_predicate(source)
+    index = corpus.table("mds_index", ["tier", "bucket"], filter=where).to_pylist()
+    shards = [p for p in (corpus.root / "mds" / source).rglob("*.mds*") if p.is_file()]
+    return {"rows": corpus.table("samples", ["sample_id"], filter=where).num_rows
+            + corpus.table("rejects", ["sample_id"], filter=f"{where} AND stage = 'samples'").num_rows,
+            "mds_samples": len(index), "streams": len({(r["tier"], r["bucket"]) for r in index}),
+            "mds_bytes": sum(p.stat().st_size for p in shards)}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_the_plan_of_a_demo_source_is_within_10_percent_of_its_build(corpus: Corpus, source: str) -> None:
+    spec = next(s for s in corpus.catalog.sources if s.name == source)
+    stats, size = sample_source(spec)
+    plan = estimate(source, spec.format, stats, size, Models(), source_name_bytes=len(source))
+    want = built(corpus, source)
+    got = {"rows": plan.rows, "mds_samples": plan.mds_samples, "streams": len(plan.streams), "mds_bytes": plan.mds_bytes}
+    for key, value in want.items():
+        assert value > 0 and abs(got[key] - value) <= 0.1 * value, (source, key, got, want)
+
+
+def test_the_command_prints_every_source_and_writes_json(corpus: Corpus, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--sources", str(corpus.sources), "--sample", "40", "--gpus", "2", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(f"| {s} |" in printed for s in SOURCES) and "wall time on 64 cores and 2 GPUs" in printed
+    import json
+
+    plan = json.loads(out.read_text())
+    assert [p["source"] for p in plan["sources"]] == list(SOURCES)
+    assert all(p["sampled"] <= 40 + 20 for p in plan["sources"])  # the quota per fragment, rounded up
+    assert plan["totals"]["rows"] == sum(p["rows"] for p in plan["sources"])
+
+
+def test_a_bad_request_names_the_fix(corpus: Corpus, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--sources", str(corpus.sources), "--source", "nope"]) == 2
+    assert "--source: nope not in" in capsys.readouterr().err
+
+
+def test_the_corpus_plan_asset_shows_the_plan(corpus: Corpus) -> None:
+    import dagster as dg
+
+    from prx_assets.corpus_plan import corpus_plan
+
+    result = dg.materialize([corpus_plan], resources=corpus.resources, instance=dg.DagsterInstance.ephemeral(),
+                            run_config={"ops": {"corpus_plan": {"config": {"sample": 30, "gpus": 0}}}})
+    assert result.success
+    (event,) = result.get_asset_materialization_events()
+    meta = event.materialization.metadata
+    table = meta["plan"].value
+    assert all(f"| {s} |" in table for s in SOURCES) and meta["sources"].value == len(SOURCES)
+    assert meta["dagster/row_count"].value >= 300 and meta["cluster"].value == "64 cores, 0 GPUs"
+    assert meta["gpu_hours"].value == 0.0 and meta["wall_hours"].value > 0  # source captions: no GPU needed
