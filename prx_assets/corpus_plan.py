@@ -31,6 +31,11 @@ def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: 
                   batch_size=training.global_batch_size)
 
 
+def digits(hours: float) -> float:
+    """Four significant digits: a demo's 0.0039 hours is not 0."""
+    return float(f"{hours:.4g}")
+
+
 @dg.asset(group_name=GROUP, kinds={"ray"}, description=DESCRIPTION, owners=OWNERS)
 def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: CatalogResource,
                 storage: StorageResource, captioner: CaptionerResource, labeler: LabelerResource,
@@ -41,14 +46,14 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
     totals = plan.totals()
     rows = [{"source": p.source, "rows": p.rows, "rejected": p.rejected, "mds_samples": p.mds_samples,
              "streams": len(p.streams), "small_streams": len(p.small_streams), "mds_gb": round(p.mds_bytes / 1e9, 3),
-             "gpu_hours": round(sum(p.gpu_hours.values()), 3), "core_hours": round(sum(p.core_hours.values()), 3)}
+             "gpu_hours": digits(sum(p.gpu_hours.values())), "core_hours": digits(sum(p.core_hours.values()))}
             for p in plan.sources]
     context.log.info(format_plan(plan))
     return dg.MaterializeResult(metadata={
         "plan": md_table(rows), "sources": len(plan.sources), "dagster/row_count": int(totals["rows"]),
-        "mds_samples": int(totals["mds_samples"]), "gpu_hours": dg.MetadataValue.float(round(totals["gpu_hours"], 3)),
-        "core_hours": dg.MetadataValue.float(round(totals["core_hours"], 3)),
-        "wall_hours": dg.MetadataValue.float(round(totals["wall_hours"], 3)) if totals["wall_hours"] != float("inf")
+        "mds_samples": int(totals["mds_samples"]), "gpu_hours": dg.MetadataValue.float(digits(totals["gpu_hours"])),
+        "core_hours": dg.MetadataValue.float(digits(totals["core_hours"])),
+        "wall_hours": dg.MetadataValue.float(digits(totals["wall_hours"])) if totals["wall_hours"] != float("inf")
         else dg.MetadataValue.text("no GPU given"),
         "mds_bytes": int(totals["mds_bytes"]), "stored_bytes": int(totals["storage_bytes"]),
         "cluster": f"{config.cpus} cores, {config.gpus} GPUs", "notes": "\n".join(
