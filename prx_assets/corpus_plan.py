@@ -36,7 +36,7 @@ def digits(hours: float) -> float:
     return float(f"{hours:.4g}")
 
 
-@dg.asset(group_name=GROUP, kinds={"ray"}, description=DESCRIPTION, owners=OWNERS)
+@dg.asset(group_name=GROUP, kinds={"ray"}, code_version="1", description=DESCRIPTION, owners=OWNERS)
 def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: CatalogResource,
                 storage: StorageResource, captioner: CaptionerResource, labeler: LabelerResource,
                 training: TrainingResource, ray: RayResource) -> dg.MaterializeResult:

@@ -12,7 +12,7 @@ from conftest import make_settings, transformers_config
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 
 ALL = {"raw_source", "samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "caption_embeddings",
-       "mds_shards", "skip_lists"}
+       "mds_shards", "skip_lists", "corpus_plan"}  # corpus_plan: a plan, stored nowhere; no setting marks it
 CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"}
 
 
