@@ -12,12 +12,13 @@ labeller's 200 captions/s per GPU (vLLM) or 23 per core (MiniLM, measured here).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from prx_core.shards.mds import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.plan import SAMPLE, SampleStats, SourceSize, sample_source
+from prx_core.stages.plan import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
 from prx_core.upkeep.compaction import TARGET_BYTES
 
 ROW_MS = {"samples": 0.8, "buckets": 0.05, "phashes": 0.04, "captions": 0.33, "mds_shards": 2.5,
@@ -75,31 +76,24 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
     n = max(stats.read, 1)
     rows = size.rows if size.rows is not None else round(size.bytes * stats.read / max(stats.record_bytes, 1))
     scale = rows / n
-    written = [b for b in stats.bucketed if models.vlm_captions or b.captioned]
-    streams: dict[str, int] = {}
-    for b in written:
-        streams[b.bucket] = streams.get(b.bucket, 0) + 1
-    streams = {k: round(v * scale) for k, v in sorted(streams.items())}
-    caption_bytes = (lambda b: VLM_CAPTION_BYTES + b.caption_bytes) if models.vlm_captions else (lambda b: 2 * b.caption_bytes)
-    per_sample = (sum(b.jpeg_bytes + caption_bytes(b) for b in written) / len(written) if written else 0.0) \
-        + MDS_SAMPLE_OVERHEAD + 2 * source_name_bytes
-    mds_samples = round(len(written) * scale)
-    shards = sum(math.ceil(count * per_sample / SIZE_LIMIT) for count in streams.values())
-    bucketed = round(len(stats.bucketed) * scale)
+    written = [b for b in stats.bucketed if models.vlm_captions or b.captioned]  # what mds_shards stores
+    streams = {k: round(v * scale) for k, v in sorted(Counter(b.bucket for b in written).items())}
+    per_sample = mds_sample_bytes(written, models.vlm_captions) + MDS_SAMPLE_OVERHEAD + 2 * source_name_bytes
+    mds_samples, bucketed = round(len(written) * scale), round(len(stats.bucketed) * scale)
     contents = round(len({b.content for b in stats.bucketed}) * scale)
     rejected = round(sum(stats.rejected.values()) * scale)
-    ingested = rows - rejected
-    image_bytes = stats.record_bytes / n
+    ingested, image_bytes = rows - rejected, stats.record_bytes / n
     storage = {"samples": round(ingested * (image_bytes + TABLE_ROW_BYTES["samples"])),
-               "rejects": rejected * TABLE_ROW_BYTES["rejects"], "mds": round(mds_samples * per_sample)}
-    storage.update({t: ingested * TABLE_ROW_BYTES[t] for t in ("buckets", "phashes")})
-    storage.update({t: contents * TABLE_ROW_BYTES[t] for t in ("captions", "caption_labels", "caption_embeddings")})
-    storage["mds_index"] = mds_samples * TABLE_ROW_BYTES["mds_index"]
+               "rejects": rejected * TABLE_ROW_BYTES["rejects"], "mds": round(mds_samples * per_sample),
+               **{t: ingested * TABLE_ROW_BYTES[t] for t in ("buckets", "phashes")},
+               **{t: contents * TABLE_ROW_BYTES[t] for t in ("captions", "caption_labels", "caption_embeddings")},
+               "mds_index": mds_samples * TABLE_ROW_BYTES["mds_index"]}
     fragments = {t: max(1, math.ceil(ingested / FRAGMENT_ROWS)) for t in ("buckets", "phashes", "mds_index")}
-    fragments["samples"] = max(1, math.ceil(ingested / FRAGMENT_ROWS), math.ceil(storage["samples"] / TARGET_BYTES))
+    fragments["samples"] = max(fragments["buckets"], math.ceil(storage["samples"] / TARGET_BYTES))
     validate_ms = 1000 * stats.inspect_s / max(stats.decoded, 1)
     render_ms = 1000 * stats.render_s / max(len(stats.bucketed), 1)
-    core_ms = {"samples": rows * (validate_ms + ROW_MS["samples"]), "mds_shards": mds_samples * (render_ms + ROW_MS["mds_shards"]),
+    core_ms = {"samples": rows * (validate_ms + ROW_MS["samples"]),
+               "mds_shards": mds_samples * (render_ms + ROW_MS["mds_shards"]),
                **{s: ingested * ROW_MS[s] for s in ("buckets", "phashes", "skip_lists", "compact_corpus")},
                "captions": bucketed * ROW_MS["captions"]}
     gpu = {"captions": contents / models.caption_rate / 3600 if models.vlm_captions else 0.0,
@@ -112,12 +106,22 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
     return SourcePlan(
         source=source, format=fmt, sampled=stats.read, fragments=size.fragments, bytes=size.bytes, rows=rows,
         rows_from=size.rows_from, rejected=rejected, dropped={k: round(v * scale) for k, v in sorted(stats.dropped.items())},
-        bucketed=bucketed, captioned_share=stats.captions / n, mean_caption_words=stats.caption_words / max(stats.captions, 1),
-        mds_samples=mds_samples, contents=contents, streams=streams,
-        small_streams=[k for k, v in streams.items() if v < models.batch_size], mds_bytes=storage["mds"], mds_shards=shards,
+        bucketed=bucketed, captioned_share=stats.captions / n,
+        mean_caption_words=stats.caption_words / max(stats.captions, 1), mds_samples=mds_samples, contents=contents,
+        streams=streams, small_streams=[k for k, v in streams.items() if v < models.batch_size],
+        mds_bytes=storage["mds"], mds_shards=sum(math.ceil(c * per_sample / SIZE_LIMIT) for c in streams.values()),
         storage_bytes=storage, table_fragments=fragments, gpu_hours=gpu,
         core_hours={k: v / 3_600_000 for k, v in core_ms.items()},
         image_ms={"validate": round(validate_ms, 2), "render": round(render_ms, 2)}, notes=notes)
+
+
+def mds_sample_bytes(written: list[Bucketed], vlm_captions: bool) -> float:
+    """Mean image and caption bytes of an MDS sample: the rendered JPEG, the caption (a VLM's, or
+    the source's again) and the original caption."""
+    if not written:
+        return 0.0
+    captions = sum(VLM_CAPTION_BYTES + b.caption_bytes if vlm_captions else 2 * b.caption_bytes for b in written)
+    return (sum(b.jpeg_bytes for b in written) + captions) / len(written)
 
 
 @dataclass
