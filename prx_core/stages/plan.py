@@ -4,8 +4,11 @@ Per source, a sample of its images (`sample`, default 1,000) is read from up to 
 fragments spread over the source (Ray tasks on a cluster, threads here), and each image goes
 through what the stages will do to it: the validating decode of `samples` (`inspect_image`),
 the bucket, and the render of `mds_shards` (`process_image(facts=False)`), timed in CPU seconds.
-The source's size comes from metadata where the format has it (parquet footers, Lance) and from
-the listing otherwise (bytes divided by the sampled bytes per record). The arithmetic that turns
+The source's size comes from metadata where the format has it (parquet footers, Lance), from the
+sample itself when it read every record, and from the listing otherwise (bytes divided by the
+sampled bytes per record). A URL table's sampled images are fetched, as ingest will fetch them
+(the source's download settings; a failure is a `download_error` reject). Captions kept in a
+joined table are not joined here: such a source's samples count as captioned. The arithmetic that turns
 both into rows, streams, bytes and hours is `prx_core.stages.plan_estimates`.
 """
 
@@ -59,6 +62,7 @@ class SampleStats:
     decoded: int = 0
     render_s: float = 0.0  # CPU seconds rendering the bucketed images
     fragments: int = 0
+    read_whole: int = 0  # fragments read to their end: when every fragment was, `read` is the rows
 
     def merge(self, other: SampleStats) -> SampleStats:
         return SampleStats(self.read + other.read, self.record_bytes + other.record_bytes,
@@ -66,7 +70,7 @@ class SampleStats:
                            self.captions + other.captions, self.caption_words + other.caption_words,
                            self.bucketed + other.bucketed, self.inspect_s + other.inspect_s,
                            self.decoded + other.decoded, self.render_s + other.render_s,
-                           self.fragments + other.fragments)
+                           self.fragments + other.fragments, self.read_whole + other.read_whole)
 
 
 @dataclass
@@ -89,8 +93,10 @@ def sample_source(spec: SourceSpec, sample: int = SAMPLE, storage_options: dict[
     stats = SampleStats()
     for part in _map(sample_fragment, calls):
         stats = stats.merge(part)
-    return stats, SourceSize(len(sizes), sum(size for _, size in sizes), exact_rows(spec, sizes, storage_options),
-                             _rows_from(spec, sizes))
+    total = sum(size for _, size in sizes)
+    if stats.read_whole == len(sizes):  # a source smaller than the sample: every record was read
+        return stats, SourceSize(len(sizes), total, stats.read, "every record read")
+    return stats, SourceSize(len(sizes), total, exact_rows(spec, sizes, storage_options), _rows_from(spec, sizes))
 
 
 def spread(items: list[Any], count: int) -> list[Any]:
@@ -105,11 +111,16 @@ def sample_fragment(spec: SourceSpec, fragment: str, limit: int, storage_options
                     max_pixels: int) -> SampleStats:
     """Worker: the first `limit` records of one fragment, each validated, bucketed and rendered as
     the stages will (CPU time of this thread only: other workers do not inflate it)."""
-    stats = SampleStats(fragments=1)
-    for row in _records(spec, fragment, limit, storage_options):
+    stats = SampleStats(fragments=1, read_whole=1)
+    joined_captions = any(j.caption_column for j in spec.joins)  # not joined here: assumed present
+    for row in _records(spec, fragment, limit + 1, storage_options):
+        if stats.read == limit:  # one more record: the fragment goes on past the quota
+            stats.read_whole = 0
+            break
         data, caption = row["image"] or b"", clean_caption(row["caption"]).text
         stats.read += 1
         stats.record_bytes += len(data) + len((row["caption"] or "").encode())
+        captioned = bool(caption) or joined_captions
         if caption:
             stats.captions += 1
             stats.caption_words += len(caption.split())
@@ -133,7 +144,7 @@ def sample_fragment(spec: SourceSpec, fragment: str, limit: int, storage_options
         if isinstance(rendered, Rejection):
             stats.rejected[rendered.reason] += 1
             continue
-        stats.bucketed.append(Bucketed(f"{bucket.tier}/{bucket.name}", bool(caption), len(rendered.jpeg),
+        stats.bucketed.append(Bucketed(f"{bucket.tier}/{bucket.name}", captioned, len(rendered.jpeg),
                                        len(caption.encode()) if caption else 0, content_id(data)))
     return stats
 

@@ -152,8 +152,6 @@ def plan_corpus(specs: list[SourceSpec], models: Models, sample: int = SAMPLE, c
             echo(f"sampling {spec.name} ({spec.format}, {spec.uri}) ...")
         stats, size = sample_source(spec, sample, storage_options)
         plans.append(estimate(spec.name, spec.format, stats, size, models, source_name_bytes=len(spec.name)))
-        if spec.url_column:
-            plans[-1].notes.append("a URL table: its images are fetched at ingest, so none was measured here")
     return CorpusPlan(plans, cpus, gpus)
 
 

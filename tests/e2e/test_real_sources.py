@@ -11,6 +11,7 @@ mosaicml-streaming, never through the pipeline's readers.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections import Counter
 from pathlib import Path
@@ -58,7 +59,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
         run = run_cli(*build_args(catalog, root, base / "dagster", "--select", SELECT, "--config", str(config)),
                       timeout=1500)
         fetched = Counter(r.path for r in server.log)
-    return {"run": run, "root": root, "written": {w.entry["name"]: w for w in written}, "fetched": fetched}
+        plan = run_cli("plan", "--sources", str(catalog), "--json", str(base / "plan.json"), timeout=600)
+    return {"run": run, "root": root, "written": {w.entry["name"]: w for w in written}, "fetched": fetched,
+            "plan": plan, "planned": json.loads((base / "plan.json").read_text()) if plan.returncode == 0 else {}}
 
 
 def table(root: Path, name: str, source: str, columns: list[str]) -> list[dict]:
@@ -113,3 +116,16 @@ def test_the_summary_has_a_row_per_source(built) -> None:
     out = built["run"].stdout
     for source in built["written"]:
         assert any(line.split()[:1] == [source] for line in out.splitlines()), (source, out)
+
+
+def test_the_plan_reads_every_form_and_foresees_the_build(built) -> None:
+    """`prx-corpus plan` over the same catalog (its sources are smaller than the sample, so it reads
+    every record, fetching the URL tables' images): rows and MDS samples as the build made them."""
+    assert built["plan"].returncode == 0, built["plan"].explain()
+    root, planned = built["root"], {p["source"]: p for p in built["planned"]["sources"]}
+    assert sorted(planned) == sorted(built["written"])
+    for source, plan in planned.items():
+        rows = len(table(root, "samples", source, ["sample_id"])) + len(
+            [r for r in table(root, "rejects", source, ["stage"]) if r["stage"] == "samples"])
+        written = len(table(root, "mds_index", source, ["sample_id"]))
+        assert (plan["rows"], plan["rows_from"], plan["mds_samples"]) == (rows, "every record read", written), source
