@@ -6,8 +6,8 @@ After an incremental run only the groups it wrote are checked, whole (their rows
 `group_id`, so a previous row the run failed to delete is seen too), when the version it
 started from is on record as checked and passed (`<root>/_state/duplicates_check.json`) and
 nothing but row-preserving commits happened since: the other groups are those rows, unchanged.
-Otherwise, and after a full run, every group is checked. A run that committed nothing reports
-the record of its version. At 1B rows a full check reshuffles the whole table; this one costs
+Otherwise, and after a full run, every group is checked. A run that committed nothing checks
+nothing: its version is the one on record as passed (scope `unchanged`). At 1B rows a full check reshuffles the whole table; this one costs
 what the run changed."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.compute.groupby import BUCKET_ROWS, bucket_count, fragment_units, hex_ids, shuffle
+from prx_core.compute.groupby import BUCKET_ROWS, bucket_count, fragment_units, gather_keys, hex_ids, shuffle
+from prx_core.stages.duplicates_runs import LOOKUP_BATCH
 from prx_core.stages.duplicates_state import untouched_since
 from prx_core.store import lance_io, schemas
 from prx_core.store.lance_io import StorageOptions, sql_literal
@@ -30,7 +30,6 @@ from prx_core.store.storage import Storage, put_atomic
 EXAMPLES = 20
 UNIT_ROWS = 1_000_000
 RECORD = ("_state", "duplicates_check.json")
-LOOKUP_BATCH = 20_000  # group ids per IN-list the BTREE on group_id answers
 
 
 @dataclass(frozen=True)
@@ -148,16 +147,15 @@ def check_changed_groups(storage: Storage, version: int, start: int, unit_rows: 
     buckets = bucket_count(sum(u.rows for u in units), rows_per_bucket)
     parts = shuffle(uri, version, units, "true", ["group_id"], "group_id", buckets, options, keys_only=True)
     task = ray.remote(_check_groups_of)
-    results = ray.get([task.remote(uri, version, options, *refs) for refs in parts])
+    results = ray.get([task.remote(uri, version, options, refs) for refs in parts])
     examples = sorted(g for _, _, _, ids in results for g in ids)[:EXAMPLES]
     return KeeperCheck(groups=sum(r[0] for r in results), rows=sum(r[1] for r in results),
                        bad_groups=sum(r[2] for r in results), examples=examples, version=version, scope="changed")
 
 
-def _check_groups_of(uri: str, version: int, options: StorageOptions, *parts: np.ndarray | None) -> tuple[int, int, int, list[str]]:
-    """Ray task: every row of the bucket's groups, looked up by group id, checked."""
-    kept = [p for p in parts if p is not None]
-    keys = np.unique(np.concatenate(kept)) if kept else np.empty(0, np.uint64)
+def _check_groups_of(uri: str, version: int, options: StorageOptions, parts: list[Any]) -> tuple[int, int, int, list[str]]:
+    """Ray task: every row of the bucket's groups (its parts' keys), looked up by group id, checked."""
+    keys = gather_keys(parts)
     table = lance_io.require_table(uri, options).checkout_version(version)
     literals = [sql_literal(g) for g in hex_ids(keys).to_pylist()]
     rows = lookup_literals(table, "group_id", literals, schemas.DUPLICATES.names, batch=LOOKUP_BATCH)

@@ -167,7 +167,7 @@ def exact_rows(spec: SourceSpec, sizes: list[tuple[str, int]], storage_options: 
         from prx_core.sources.tables import lance_options
 
         return lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options)).count_rows()
-    if spec.format not in ("parquet", "huggingface") or not all(p.lower().endswith(".parquet") for p, _ in sizes):
+    if not _has_footers(spec, sizes):
         return None
     import pyarrow.parquet as pq
 
@@ -181,12 +181,15 @@ def exact_rows(spec: SourceSpec, sizes: list[tuple[str, int]], storage_options: 
         return sum(pool.map(rows_of, [p for p, _ in sizes]))
 
 
+def _has_footers(spec: SourceSpec, sizes: list[tuple[str, int]]) -> bool:
+    """Whether every data file is parquet, whose footer holds its row count."""
+    return spec.format in ("parquet", "huggingface") and all(p.lower().endswith(".parquet") for p, _ in sizes)
+
+
 def _rows_from(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
     if spec.format == "lance":
         return "lance metadata"
-    if spec.format in ("parquet", "huggingface") and all(p.lower().endswith(".parquet") for p, _ in sizes):
-        return "parquet footers"
-    return "listed bytes / sampled bytes per record"
+    return "parquet footers" if _has_footers(spec, sizes) else "listed bytes / sampled bytes per record"
 
 
 def _map(fn: Any, calls: list[tuple[Any, ...]]) -> Iterator[Any]:
