@@ -118,15 +118,14 @@ def _measure(kind: str, roots: dict[str, str], limit: int | None, decode: bool) 
 
 
 def substitute_cost_us(n: int = 1_000_000, fraction: float = SKIP_FRACTION, calls: int = 200_000) -> dict[str, float]:
-    """µs per `_Substitutes` lookup on a 1M-sample stream: a kept index and a skipped one."""
-    from prx_core.shards.loader import StreamPlan, _Substitutes
+    """µs per `Substitutes` lookup on a 1M-sample stream: a kept index and a skipped one."""
+    from prx_core.shards.substitutes import Substitutes
 
     rng = np.random.default_rng(5)
     skipped = np.sort(rng.choice(n, int(n * fraction), replace=False)).astype(np.int64)
-    subs = _Substitutes(StreamPlan("s", 512, 512, 512, "", n, skipped, b""), [2000] * (n // 2000))
+    subs = Substitutes("s/512/512x512", n, skipped, [2000] * (n // 2000))
     kept = np.setdiff1d(rng.integers(0, n, calls), skipped)[:calls // 2].tolist()
     hits = skipped[rng.integers(0, len(skipped), calls // 2)].tolist()
-    subs(hits[0], 0)  # builds the epoch's table once, as the first skipped sample of an epoch does
     out = {}
     for name, items in (("kept", kept), ("skipped", hits)):
         started = time.perf_counter()

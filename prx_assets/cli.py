@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("bench-explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")
-    cli_ops.add_parser(sub)  # opt-out, rewrite-stream
+    cli_ops.add_parser(sub)  # opt-out, rewrite-stream, manifest
     return parser
 
 

@@ -1,5 +1,5 @@
-"""`prx-corpus opt-out` and `prx-corpus rewrite-stream`: the two runbooks of docs/operations.md that
-need a tool. They call `prx_core` directly (no Dagster run, no Ray): each holds the partition
+"""`prx-corpus opt-out`, `prx-corpus rewrite-stream` and `prx-corpus manifest`: the runbooks of
+docs/operations.md that need a tool. They call `prx_core` directly (no Dagster run, no Ray): each holds the partition
 locks of what it writes, so it fails at once, naming the writer, while a build writes the source.
 """
 
@@ -114,6 +114,37 @@ def _cmd_rewrite_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_manifest(args: argparse.Namespace) -> int:
+    from prx_core.shards.manifest import read_manifest_header
+    from prx_core.shards.manifest_publish import manifest_sources, publish_source_manifest
+    from prx_core.stages.opt_out import SKIP_LOCKS, source_locks
+
+    storage = _storage(args.root, args.config)
+    sources = args.source or manifest_sources(storage.root, storage.storage_options)
+    if not sources:
+        return _fail("manifest", f"no published stream under {storage.root}/mds: nothing to list", 2)
+    current: dict[int, str] = {}
+    try:
+        for source in sources:
+            with source_locks(storage, source, SKIP_LOCKS, "prx-corpus manifest"):
+                current.update(publish_source_manifest(storage.root, source, storage.storage_options))
+    except _errors() as exc:
+        return _fail("manifest", exc)
+    refused: dict[str, str] = {}
+    for tier, name in sorted(current.items()):
+        header = read_manifest_header(storage.root, tier, name, storage.storage_options)
+        samples = sum(s["count"] for s in header["streams"])
+        print(f"tier {tier}: {name}: {len(header['streams'])} streams, {samples} samples, {header['count']} skipped, "
+              f"{len(header['refused'])} refused")
+        refused.update(header["refused"])
+    for stream, why in sorted(refused.items()):
+        print(f"  refused {stream}: {why}")
+    if refused:
+        print(f"note: the loader refuses the sources of these {len(refused)} streams until skip_lists is materialized "
+              "for them (their skips are unknown)")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add `opt-out` and `rewrite-stream` to the `prx-corpus` subcommands."""
     opt = sub.add_parser("opt-out", help="skip (or with --delete-bytes, delete) a file of sample ids: skip-lists, "
@@ -139,3 +170,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     which.add_argument("--over", type=float, help="every stream whose skipped share exceeds this (e.g. 0.10)")
     rewrite.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
     rewrite.set_defaults(func=_cmd_rewrite_stream)
+
+    manifest = sub.add_parser("manifest", help="republish the tier manifests the training loader reads (a corpus "
+                                               "written before manifests, or a repair)")
+    manifest.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
+    manifest.add_argument("--source", action="append", help="only this source's part (repeatable; default: all)")
+    manifest.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
+    manifest.set_defaults(func=_cmd_manifest)

@@ -19,6 +19,7 @@ from prx_assets.common import (
 )
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
+from prx_core.shards.manifest import current_name
 from prx_core.stages.skip_lists import SkipReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
 from prx_resources.ray import run_stage
@@ -28,8 +29,9 @@ CHECKS = [source_check("skip_lists_fraction", "skip_lists",
                        description=f"Warns when a stream skips more than {REWRITE_ABOVE:.0%} of its samples.")]
 DESCRIPTION = ("Per MDS stream of the source and per reason (losing duplicate, a label the policy skips, unlabelled, "
                "opt-out), the stream positions training skips, under <root>/skiplists/<source>/..., with each "
-               "stream's completion record (the loader refuses a stream without one). Shards are never rewritten; "
-               "above 10% skipped a stream should be.")
+               "stream's completion record (the loader refuses a stream without one), then the source's part of "
+               "each tier manifest under <root>/manifests/<tier>/, the one file the training loader reads. Shards "
+               "are never rewritten; above 10% skipped a stream should be.")
 SKIP_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("index", "int64", description="position in the stream"),
                                       dg.TableColumn("sample_id", "string"), dg.TableColumn("reason", "string")])
 
@@ -56,10 +58,13 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
                   **s.by_reason} for s in report.streams]
         heavy = [s.stream for s in report.streams if s.fraction > REWRITE_ABOVE]
         reasons = sorted({r for s in report.streams for r in s.by_reason})
+        tiers = sorted({int(s.stream.split("/")[0]) for s in report.streams})
+        manifests = {str(t): current_name(store.root, t, store.storage_options) for t in tiers}
         return dg.MaterializeResult(
             metadata={"policy_version": rules.version(), "samples": report.samples, "skipped": report.skipped,
                       "skip_fraction": rate(report.skipped, report.samples), "files": len(report.files),
                       "streams": md_table(table, ["stream", "samples", "skipped", "fraction", *reasons]),
+                      "manifests": dg.MetadataValue.json(manifests),  # what the training loader reads, per tier
                       **dataset_metadata(store, report.skipped, uri=store.uri("skiplists", source), schema=SKIP_SCHEMA),
                       **ops_metadata(report.units), **lance_versions(**report.read_versions)},
             check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,

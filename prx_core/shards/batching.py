@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from streaming.base.util import number_abbrev_to_int
 from streaming.base.world import World
 
 if TYPE_CHECKING:
-    from prx_core.shards.loader import StreamPlan
+    from prx_core.shards.manifest import StreamPlan
 
 BATCHING_LOGGERS = ("streaming.base.batching.per_stream", "streaming.base.batching.device_per_stream",
                     "streaming.base.batching.stratified")
@@ -126,6 +126,26 @@ def naming_dropped_batches(names: Sequence[str], batch_size: Any) -> Iterator[No
         warnings.warn(f"CorpusDataset: each epoch drops the incomplete last batch (batch_size {batch_size}) of "
                       f"{len(streams)} streams, so it yields fewer samples than len(): "
                       f"{', '.join(streams[:MAX_NAMED])}{more}", stacklevel=3)
+
+
+def broadcast_from_rank0(value: Callable[[], Any]) -> Any:
+    """`value()` computed on rank 0 and sent to every rank when torch.distributed runs (so all
+    ranks of all nodes read the same manifest), else computed here."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return value()
+    box: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            box = [(True, value())]
+        except Exception as exc:  # every rank raises it, none waits for a value that never comes
+            box = [(False, exc)]
+    dist.broadcast_object_list(box, src=0)
+    ok, result = box[0]
+    if not ok:
+        raise result
+    return result
 
 
 def align_ranks() -> None:

@@ -9,13 +9,17 @@ Streaming's sample-id plan (resampling, partitioning over ranks and workers, per
 `state_dict` resumption) comes from the stored sample counts and never sees the skip-lists, so
 every rank keeps the epoch length and a resumed run reads exactly what an uninterrupted one would.
 
-Operational notes (mosaicml-streaming 0.13): skip-lists are read once, at construction, only the
-requested tier's, memory-mapped and shared by a node's ranks. The loader fails closed: a stream
-whose skip-lists were never completed for its current index.json (no completion record: the
-`skip_lists` asset did not run or failed after the stream was published) or that was computed for
-another version of its stream fails the construction with an error naming the stream, rather
-than training unfiltered or skipping the wrong samples (`allow_unfiltered=True` for debugging). Resuming under changed skip-lists keeps the plan but not the
-substitutes, and a stream that became fully skipped changes the plan. `len()` counts every
+Operational notes (mosaicml-streaming 0.13): the tier's corpus manifest
+(`prx_core.shards.manifest`) is read once per node, at construction: the streams, their sizes and
+their skip positions, memory-mapped and shared by the node's ranks and dataloader workers; no
+folder is listed and each index.json is fetched by streaming itself. The loader fails closed: a
+stream the manifest refuses (its skip-lists never completed for its current index.json: the
+`skip_lists` asset did not run or failed after the stream was published, or they were computed for
+another version of it), a stream republished since the manifest (its index.json is not the one
+the skips refer to) and a tier without a manifest fail the construction with an error naming the
+stream and the fix, rather than training unfiltered or skipping the wrong samples
+(`allow_unfiltered=True` for debugging). Resuming under changed skip-lists keeps the plan but not
+the substitutes, and a stream that became fully skipped changes the plan. `len()` counts every
 sample of the kept streams; per_stream batching then drops each stream's incomplete last batch,
 so an epoch yields fewer (prx_core.shards.batching; the warnings name the streams). Batches for
 `StreamingDataLoader` must be dicts of columns (`collate`).
@@ -27,145 +31,84 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import os
-import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from streaming import Stream, StreamingDataset
 
-from prx_core.shards.batching import align_ranks, naming_dropped_batches, stream_weights, usable_streams, warn_left_out
-from prx_core.shards.mds import INDEX, list_streams
-from prx_core.shards.node_cache import default_cache_dir, skip_union
-from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
-from prx_core.shards.skiplists import SUFFIX, list_skip_files, stream_folder, stream_key
-from prx_core.store.storage import filesystem_for, is_remote
+from prx_core.shards.batching import (
+    align_ranks,
+    broadcast_from_rank0,
+    naming_dropped_batches,
+    stream_weights,
+    usable_streams,
+    warn_left_out,
+)
+from prx_core.shards.manifest import Manifest, StreamPlan, current_name, load_manifest
+from prx_core.shards.manifest_publish import list_plans
+from prx_core.shards.mds import INDEX
+from prx_core.shards.node_cache import default_cache_dir
+from prx_core.shards.skip_records import UnfilteredStream
+from prx_core.shards.substitutes import Substitutes
+from prx_core.store.storage import is_remote
 
-_STREAM = re.compile(r".*/([^/]+)/(\d+)/(\d+)x(\d+)/?$")
-_MULTIPLIER = 2654435761  # a prime larger than any shard or stream: x -> A*x + B mod m is a bijection
+__all__ = ["CorpusDataset", "StreamPlan", "collate", "plan_streams"]
 
 
-@dataclass(frozen=True)
-class StreamPlan:
-    """One published bucket folder, its stored sample count and the union of its skip-lists."""
-
-    source: str
-    tier: int
-    width: int
-    height: int
-    uri: str
-    count: int
-    skipped: np.ndarray  # sorted unique stream-local indices (int64)
-    index: bytes  # the index.json read, so a remote cache uses exactly this version
-
-    @property
-    def name(self) -> str:
-        return stream_key(self.source, self.tier, self.width, self.height)
+def _root(root: str) -> str:
+    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
 
 
 def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, storage_options: dict | None = None,
-                 cache_dir: str | None = None, allow_unfiltered: bool = False) -> list[StreamPlan]:
-    """The tier's published streams of `sources` (default: every source), skip-lists unioned.
+                 cache_dir: str | None = None, allow_unfiltered: bool = False,
+                 manifest: str | None = None) -> tuple[list[StreamPlan], Manifest | None]:
+    """The tier's trainable streams of `sources` (default: every source) and the manifest they
+    come from: one manifest read per node, no folder listed (`prx_core.shards.manifest`).
 
-    Only the tier's skip-lists are read, once per node: they are memory-mapped from the root (a
-    local one) or from a copy under `cache_dir` shared by the node's ranks (a remote one), and a
-    stream's union of reasons is cached there too. Fails closed, with a ValueError naming the
-    stream and the fix: a stream without a skip-list completion record for its current index.json
-    (`skip_lists` never ran, failed, or ran before the stream was republished) is refused unless
-    `allow_unfiltered` (then it is read with the lists it has, and a warning names it), and a
-    skip-list computed for another version of its stream (its `index_digest` or size differs) is
-    always refused, since training on it would skip the wrong samples and keep the ones it was
-    meant to skip.
+    Fails closed, with an `UnfilteredStream` naming the stream and the fix: a requested source's
+    stream the manifest records as refused (no skip-list record for its current index.json: the
+    `skip_lists` asset did not run, failed, or ran before the stream was republished; lists
+    computed for another version of it), or a tier without a manifest. `allow_unfiltered` (for
+    debugging) reads the folders instead, as they are, and warns for each stream without its
+    filter: slow at scale (every stream listed and read per rank).
     """
-    root = root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
-    fs = filesystem_for(root, storage_options)
+    root = _root(root)
     cache = cache_dir or default_cache_dir(root)
-    plans = []
-    for source in sources if sources is not None else [None]:
-        skips: dict[str, list[str]] = {}
-        for uri in list_skip_files(root, source, tier, storage_options):
-            src, t, w, h = _STREAM.fullmatch(uri.rsplit("/", 1)[0]).groups()  # type: ignore[union-attr]
-            skips.setdefault(stream_key(src, int(t), int(w), int(h)), []).append(uri)
-        found = []
-        for uri in list_streams(root, source, storage_options):  # sorted by (source, tier, w, h)
-            src, t, w, h = _STREAM.fullmatch(uri).groups()  # type: ignore[union-attr]
-            if int(t) != int(tier):
-                continue
-            index = fs.cat_file(f"{uri}/{INDEX}")
-            count = sum(int(s["samples"]) for s in json.loads(index)["shards"])
-            name = stream_key(src, int(t), int(w), int(h))
-            digest = hashlib.sha256(index).hexdigest()
-            lists = skips.get(name, [])
-            reasons = [u.rsplit("/", 1)[-1].removesuffix(SUFFIX) for u in lists]
-            try:
-                check_record(read_record(fs, stream_folder(root, src, int(t), int(w), int(h))), name, count, digest,
-                             reasons)
-            except UnfilteredStream as exc:
-                if not allow_unfiltered:
-                    raise
-                warnings.warn(f"allow_unfiltered: training on {name} without its filter: {exc}", stacklevel=3)
-            skipped = skip_union(fs, lists, name, count, digest, cache)
-            found.append(StreamPlan(src, int(t), int(w), int(h), uri, count, skipped, index))
-        if source is not None and not found:
+    if allow_unfiltered:
+        plans, refused = list_plans(root, tier, sources, storage_options, cache, allow_unfiltered=True)
+        if refused:
+            raise UnfilteredStream(next(iter(refused.values())))
+        found, loaded = plans, None
+    else:
+        loaded = load_manifest(root, tier, manifest, storage_options, cache)
+        found = loaded.plans(None if sources is None else list(sources))
+        refused = {n: why for n, why in loaded.refused.items() if sources is None or n.split("/")[0] in sources}
+        if refused:
+            name, why = sorted(refused.items())[0]
+            more = f" ({len(refused) - 1} more streams refused)" if len(refused) > 1 else ""
+            raise UnfilteredStream(f"{why}{more} [manifest {loaded.name}]")
+    for source in sources or []:
+        if not any(p.source == source for p in found):
             warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
-        plans += found
-    return plans
+    return found, loaded
 
 
-class _Substitutes:
-    """Maps a skipped stream-local index to a kept one of the same stream.
-
-    The r-th skipped index of a shard goes to kept rank (A*(r + epoch*s) + B) mod m of that shard
-    (m kept, s skipped): a bijection, so substitutes spread evenly over the shard and rotate with
-    the epoch instead of over-sampling the same images every epoch; staying in the shard means the
-    substitute is already local when streaming prefetched the skipped sample. A shard with nothing
-    kept falls back to the whole stream. `B` comes from the stream's name only, so the choice does
-    not depend on where the corpus lives (local or s3://), nor on ranks or workers.
-    Hot path (every sample of the stream): one bit of a bitmap. A skipped sample: its rank from
-    per-64 block counts, then a per-epoch table built once, vectorized. Memory ~n/4 bytes plus
-    24 bytes per skipped sample (a Python set would take ~60 bytes per skipped sample).
-    """
-
-    def __init__(self, plan: StreamPlan, shard_sizes: Sequence[int]) -> None:
-        self.skipped = plan.skipped
-        self.gaps = plan.skipped - np.arange(len(plan.skipped))  # kept rank k -> k + #(gaps <= k)
-        self.shard_starts = np.concatenate([[0], np.cumsum(shard_sizes)]).astype(np.int64)
-        self.kept = plan.count - len(plan.skipped)
-        self.offset = int.from_bytes(hashlib.blake2b(plan.name.encode(), digest_size=4).digest(), "little")
-        mask = np.zeros(-(-plan.count // 64) * 64, bool)
-        mask[plan.skipped] = True
-        self.bits = np.packbits(mask, bitorder="little").tobytes()
-        self.block_rank = np.searchsorted(plan.skipped, np.arange(0, len(mask), 64))
-        self._epoch, self._table = -1, np.empty(0, np.int64)
-
-    def table(self, epoch: int) -> np.ndarray:
-        """Substitute of every skipped index (aligned with `skipped`) for `epoch`."""
-        skipped, n = self.skipped, len(self.skipped)
-        shard = np.searchsorted(self.shard_starts, skipped, "right") - 1
-        a, b = self.shard_starts[shard], self.shard_starts[shard + 1]
-        lo, hi = np.searchsorted(skipped, a), np.searchsorted(skipped, b)
-        in_shard = (b - a) > (hi - lo)
-        m = np.where(in_shard, (b - a) - (hi - lo), self.kept)
-        r = np.where(in_shard, np.arange(n) - lo, np.arange(n))
-        period = np.where(in_shard, hi - lo, n)
-        x = (r + (epoch % m) * (period % m)) % m  # modular all the way: no int64 overflow
-        rank = np.where(in_shard, a - lo, 0) + ((_MULTIPLIER % m) * x + self.offset % m) % m
-        return rank + np.searchsorted(self.gaps, rank, "right")
-
-    def __call__(self, j: int, epoch: int) -> int:
-        j = int(j)  # streaming passes numpy ints: 1 << 63 would overflow
-        return self.hit(j, epoch) if (self.bits[j >> 3] >> (j & 7)) & 1 else j
-
-    def hit(self, j: int, epoch: int) -> int:
-        """Substitute of `j`, known to be skipped (its rank from the bitmap, then the table)."""
-        if epoch != self._epoch:
-            self._table, self._epoch = self.table(epoch), epoch
-        word = int.from_bytes(self.bits[(j >> 6) << 3:((j >> 6) << 3) + 8], "little")
-        return int(self._table[int(self.block_rank[j >> 6]) + (word & ((1 << (j & 63)) - 1)).bit_count()])
+def check_indexes(plans: Sequence[StreamPlan], paths: Sequence[str], manifest: Manifest | None) -> None:
+    """Refuse a stream whose index.json (as streaming loaded it: `paths`) is not the one its skips
+    were computed for: republished after the manifest, so the skip positions would be wrong."""
+    for plan, path in zip(plans, paths):
+        with open(path, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        if digest != plan.index_digest:
+            where = f"manifest {manifest.name}" if manifest else "its skip-lists"
+            raise UnfilteredStream(
+                f"stream {plan.name} was republished after {where} (index {digest[:12]}, the skips were computed for "
+                f"{plan.index_digest[:12]}): re-materialize skip_lists for {plan.source} (it publishes the tier's "
+                "manifest), or pass allow_unfiltered=True to train on it unfiltered")
 
 
 class CorpusDataset(StreamingDataset):
@@ -182,9 +125,13 @@ class CorpusDataset(StreamingDataset):
             are downloaded by streaming's boto3 client, which reads `S3_ENDPOINT_URL` and the
             usual AWS variables; an `endpoint_url` here sets `S3_ENDPOINT_URL` when it is unset.
         cache_dir: local cache of a remote root (default: `$TMPDIR/prx-loader/<hash of root>`).
-        allow_unfiltered: for debugging only: accept streams whose skip-lists are missing or were
-            computed before the stream's last publish (the loader refuses them by default, naming
-            the stream: duplicates, nsfw, text and opted-out samples would be trained on).
+        allow_unfiltered: for debugging only: read the folders instead of the manifest and accept
+            streams whose skip-lists are missing or were computed before the stream's last publish
+            (the loader refuses them by default, naming the stream: duplicates, nsfw, text and
+            opted-out samples would be trained on).
+        manifest: the tier manifest to read (`m-....prxm`, as `manifest_name` reports it), default
+            the current one. Pin it when ranks start apart: without torch.distributed each process
+            resolves `current.json` itself (with it, rank 0 resolves and broadcasts the name).
         **streaming_kwargs: passed to `StreamingDataset` (batch_size, shuffle, epoch_size, ...).
             Defaults here: `batching_method="per_stream"`, `validate_hash="xxh64"` (remote only).
 
@@ -200,7 +147,8 @@ class CorpusDataset(StreamingDataset):
 
     def __init__(self, root: str, tier: int, sources: Sequence[str] | None = None,
                  proportions: Mapping[str, float] | None = None, storage_options: dict | None = None,
-                 cache_dir: str | None = None, allow_unfiltered: bool = False, **streaming_kwargs: Any) -> None:
+                 cache_dir: str | None = None, allow_unfiltered: bool = False, manifest: str | None = None,
+                 **streaming_kwargs: Any) -> None:
         if {"streams", "remote", "local"} & set(streaming_kwargs):
             raise TypeError("CorpusDataset builds its own streams: pass root/tier/sources instead")
         streaming_kwargs.setdefault("batching_method", "per_stream")
@@ -209,7 +157,10 @@ class CorpusDataset(StreamingDataset):
             missing = [s for s in sources if s not in proportions]
             if missing:
                 raise ValueError(f"proportions give no weight for sources {missing}")
-        found = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered)
+        if manifest is None and not allow_unfiltered:
+            manifest = broadcast_from_rank0(lambda: current_name(_root(root), tier, storage_options))
+        found, self.manifest = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered,
+                                            manifest)
         plans, self.left_out = usable_streams(found, proportions, streaming_kwargs)
         warn_left_out(self.left_out, tier, len(plans))
         if not plans:
@@ -226,14 +177,39 @@ class CorpusDataset(StreamingDataset):
                    for i, p in enumerate(plans)]
         align_ranks()  # streaming's ranks each scan /dev/shm for a free prefix before its own first barrier
         super().__init__(streams=streams, **streaming_kwargs)
+        check_indexes(plans, [os.path.join(s.local, INDEX) for s in streams], self.manifest)
         self.plans = plans
         self._epoch = 0
         self._stream_starts = [int(x) for x in self.sample_offset_per_stream]
-        self._substitutes: list[_Substitutes | None] = []
-        for i, p in enumerate(plans):
+        self._substitutes = self._map_substitutes()
+
+    @property
+    def manifest_name(self) -> str | None:
+        """The tier manifest read (None under allow_unfiltered): pass it as `manifest=` to pin it."""
+        return None if self.manifest is None else self.manifest.name
+
+    def _map_substitutes(self) -> list[Substitutes | None]:
+        out: list[Substitutes | None] = []
+        for i, p in enumerate(self.plans):
             first = int(self.shard_offset_per_stream[i])
             sizes = self.samples_per_shard[first:first + int(self.shards_per_stream[i])]
-            self._substitutes.append(_Substitutes(p, sizes.tolist()) if len(p.skipped) else None)
+            out.append(Substitutes(p.name, p.count, p.skipped, sizes.tolist()) if len(p.skipped) else None)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A spawned dataloader worker maps the manifest again instead of receiving copies of it."""
+        state = dict(self.__dict__)
+        if self.manifest is not None:
+            state["plans"] = [replace(p, skipped=np.empty(0, np.int64)) for p in self.plans]
+            state["_substitutes"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self.manifest is not None:
+            mapped = {p.name: p for p in self.manifest.plans([p.source for p in self.plans])}
+            self.plans = [mapped[p.name] for p in self.plans]
+            self._substitutes = self._map_substitutes()
 
     @staticmethod
     def _stream(plan: StreamPlan, cache_dir: str | None, proportion: float | None) -> Stream:
@@ -241,13 +217,10 @@ class CorpusDataset(StreamingDataset):
         if cache_dir is None:
             return Stream(local=plan.uri, **weight)
         # Keyed by the index digest: a republished stream never reuses another version's shards.
-        local = os.path.join(cache_dir, plan.name, hashlib.blake2s(plan.index, digest_size=8).hexdigest())
+        # Streaming's local leader downloads the index.json (its own path); check_indexes then
+        # refuses it unless it is the version the manifest's skips refer to.
+        local = os.path.join(cache_dir, plan.name, plan.index_digest[:16])
         os.makedirs(local, exist_ok=True)
-        if not os.path.exists(os.path.join(local, INDEX)):
-            tmp = os.path.join(local, f".{INDEX}.{os.getpid()}.tmp")
-            with open(tmp, "wb") as handle:
-                handle.write(plan.index)
-            os.replace(tmp, os.path.join(local, INDEX))
         return Stream(remote=plan.uri, local=local, **weight)
 
     @property
@@ -262,7 +235,7 @@ class CorpusDataset(StreamingDataset):
         if subs is None:
             return sample_id
         j = sample_id - self._stream_starts[stream]
-        return sample_id - j + subs.hit(j, self._epoch) if (subs.bits[j >> 3] >> (j & 7)) & 1 else sample_id
+        return sample_id - j + subs(j, self._epoch)
 
     def get_item(self, sample_id: int, retry: int = 7) -> Any:
         return super().get_item(self.substitute(sample_id), retry)

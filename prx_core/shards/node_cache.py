@@ -36,7 +36,7 @@ def skip_union(fs: Any, uris: list[str], name: str, count: int, digest: str, cac
     if len(arrays) <= 1:
         return arrays[0] if arrays else np.empty(0, np.int64)
     path = os.path.join(cache, "skip-unions", name, hashlib.sha256("|".join([digest, *keys]).encode()).hexdigest()[:24] + ".npy")
-    with _node_lock(path):
+    with node_lock(path):
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp.npy"
             np.save(tmp, np.unique(np.concatenate(arrays)))
@@ -56,7 +56,7 @@ def _local(fs: Any, uri: str, cache: str) -> str:
         return uri
     key = hashlib.sha256(f"{uri}|{_fingerprint(fs, uri)}".encode()).hexdigest()[:24]
     path = os.path.join(cache, "skiplists", f"{key}.skip")
-    with _node_lock(path):
+    with node_lock(path):
         if not os.path.exists(path):
             fs.get_file(uri, f"{path}.tmp")
             os.replace(f"{path}.tmp", path)
@@ -64,7 +64,7 @@ def _local(fs: Any, uri: str, cache: str) -> str:
 
 
 @contextmanager
-def _node_lock(path: str) -> Iterator[None]:
+def node_lock(path: str) -> Iterator[None]:
     """Ranks of one node take turns on a cache file: the first writes it, the others map it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(f"{path}.lock", "w") as handle:

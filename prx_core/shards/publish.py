@@ -27,6 +27,7 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
+from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
@@ -137,6 +138,7 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
     for s in summaries:
         publish_stream(s.uri, s.chunks, storage_options)
     unpublish_streams(root, source, {(s.tier, s.width, s.height) for s in summaries}, storage_options)
+    publish_source_manifest(root, source, storage_options)
     return summaries
 
 
@@ -179,4 +181,5 @@ def publish_source(root: str, source: str, chunks: Sequence[tuple[StreamKey, str
         reports.append(StreamReport(*key, uri, samples, by_stream[key], len(shards),
                                     sum(int(s["raw_data"]["bytes"]) for s in shards), rejected[key]))
     unpublish_streams(root, source, set(by_stream), storage_options)
+    publish_source_manifest(root, source, storage_options)  # its streams refused until skip_lists runs
     return reports

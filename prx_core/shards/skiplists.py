@@ -23,7 +23,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prx_core.shards.framed import frame, map_framed, read_header
 from prx_core.shards.skip_records import RECORD, write_record
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
@@ -109,24 +109,16 @@ def validate_header(header: dict, indices: np.ndarray, where: str) -> None:
 
 
 def encode(header: dict, indices: np.ndarray) -> bytes:
-    """The `.skip` bytes: magic, header length, JSON header padded to 8 bytes, int64 indices."""
-    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    text += b" " * (-(len(MAGIC) + 4 + len(text)) % 8)
-    return MAGIC + struct.pack("<I", len(text)) + text + np.ascontiguousarray(indices, "<i8").tobytes()
+    """The `.skip` bytes (`prx_core.shards.framed`): magic, header, int64 indices."""
+    return frame(MAGIC, header, indices)
 
 
 def decode_header(data: bytes, where: str) -> tuple[dict, int]:
     """(header, byte offset of the indices) from the start of a `.skip` file."""
-    if data[:len(MAGIC)] != MAGIC or len(data) < len(MAGIC) + 4:
-        raise ValueError(f"{where}: not a skip-list file (no {MAGIC!r} magic)")
-    (length,) = struct.unpack("<I", data[len(MAGIC):len(MAGIC) + 4])
-    try:
-        header = json.loads(data[len(MAGIC) + 4:len(MAGIC) + 4 + length])
-    except ValueError as exc:
-        raise ValueError(f"{where}: unreadable skip-list header: {exc}") from exc
-    if not isinstance(header, dict):
-        raise ValueError(f"{where}: unreadable skip-list header: not a JSON object")
-    return header, len(MAGIC) + 4 + length
+    header, offset = read_header(data, MAGIC, "skip-list", where)
+    if not header:
+        raise ValueError(f"{where}: truncated skip-list header")
+    return header, offset
 
 
 def decode(data: bytes, where: str) -> tuple[dict, np.ndarray]:
@@ -140,14 +132,7 @@ def decode(data: bytes, where: str) -> tuple[dict, np.ndarray]:
 
 def open_indices(path: str, where: str | None = None) -> tuple[dict, np.ndarray]:
     """A local `.skip` file, its indices memory-mapped: every process reading it shares the pages."""
-    with open(path, "rb") as handle:
-        head = handle.read(4096)
-        header, offset = decode_header(head, where or path)
-        if offset > len(head):
-            handle.seek(0)
-            header, offset = decode_header(handle.read(offset), where or path)
-    count = int(header.get("count", 0))
-    indices = np.memmap(path, "<i8", "r", offset=offset, shape=(count,)) if count else np.empty(0, np.int64)
+    header, indices = map_framed(path, MAGIC, "skip-list", where)
     validate_header(header, indices, where or path)
     return header, indices
 
@@ -205,6 +190,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
     on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs.
     Every stream of the source published under `root` gets its completion record (for its current
     index.json), whether or not it has a list: the lists given are the whole filter."""
+    from prx_core.shards.manifest_publish import publish_source_manifest
     from prx_core.shards.mds import list_streams
 
     root = _normalize(root)
@@ -238,6 +224,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
                           policy_version=first.policy_version)
         written += write_stream_lists(fs, stream_folder(root, source, *key), header, lists)
     remove_stale_streams(fs, root, source, set(by_stream) | set(published))
+    publish_source_manifest(root, source, storage_options)
     return written
 
 

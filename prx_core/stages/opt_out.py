@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds import INDEX, StreamKey, stream_uri
 from prx_core.shards.rewrite import (
     StreamRewrite,
@@ -123,6 +124,8 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
             if purge:
                 report.purged += remove_superseded_now(storage, stream_uri(storage.root, source, *key),
                                                        rewrite.superseded)
+        if match.streams:
+            publish_source_manifest(storage.root, source, storage.storage_options)
         if delete_bytes:
             for table in DELETE_TABLES:
                 deleted = sum(delete_rows(storage, table, ids) for ids in found)

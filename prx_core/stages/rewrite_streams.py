@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds import StreamKey, list_streams, stream_uri
 from prx_core.shards.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
 from prx_core.shards.skiplists import stream_key
@@ -78,4 +79,6 @@ def rewrite_skipped(storage: Storage, source: str, key: StreamKey) -> StreamRewr
     with source_locks(storage, source, LOCKS, "prx-corpus rewrite-stream"):
         lists = read_stream_lists(storage, source, key)
         drop = np.unique(np.concatenate([p for p, _ in lists.values()])) if lists else np.empty(0, np.int64)
-        return rewrite_stream(storage, source, key, drop)
+        rewrite = rewrite_stream(storage, source, key, drop)
+        publish_source_manifest(storage.root, source, storage.storage_options)
+        return rewrite

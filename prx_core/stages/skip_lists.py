@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults, UnitRun
+from prx_core.shards.manifest_publish import publish_source_manifest, source_in_manifests
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
 from prx_core.shards.rewrite import current_record
 from prx_core.shards.skip_records import UnfilteredStream
@@ -220,7 +221,7 @@ def pin_streams(run: StageRun) -> dict[str, Any]:
 
 def lists_in_place(run: StageRun, report: SkipReport) -> bool:
     """Every pinned stream still has the completion record of its current index and this policy,
-    and the lists it counts (what the training loader checks)."""
+    and the lists it counts, and the tier manifests hold the source's streams as they are now."""
     for plan in run.state["streams"]:
         try:
             record = current_record(run.storage, run.partition, tuple(plan["stream"]), plan["uri"])
@@ -228,7 +229,8 @@ def lists_in_place(run: StageRun, report: SkipReport) -> bool:
             return False
         if record.get("policy_version") != run.params["policy_version"]:
             return False
-    return True
+    digests = {stream_key(run.partition, *p["stream"]): p["digest"] for p in run.state["streams"]}
+    return source_in_manifests(run.storage.root, run.partition, digests, run.storage.storage_options)
 
 
 def losers_digest(storage: Storage, source: str, version: int | None) -> str | None:
@@ -264,6 +266,7 @@ def remove_stale(run: StageRun) -> dict[str, int | None]:
     lists of streams no longer published. No table is written."""
     remove_stale_streams(run.storage.filesystem(), run.storage.root, run.partition,
                          {tuple(p["stream"]) for p in run.state["streams"]})
+    publish_source_manifest(run.storage.root, run.partition, run.storage.storage_options)
     return {}
 
 
@@ -278,7 +281,7 @@ def report_skips(run: StageRun) -> SkipReport:
 
 SKIP_LISTS = Stage(
     "skip_lists", reads=("duplicates", "caption_labels"), writes=(),  # the lists are files under skiplists/
-    code_version="3", report_type=SkipReport,  # 3: completion records
+    code_version="4", report_type=SkipReport,  # 3: completion records, 4: tier manifests
     settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
     phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,
     # every `duplicates` run makes every source's lists stale in Dagster: a source whose losers, streams,

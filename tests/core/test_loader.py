@@ -25,7 +25,10 @@ from streaming import Stream, StreamingDataLoader, StreamingDataset
 import prx_core.shards.mds as mds
 import prx_core.shards.publish as publish
 from prx_core.image.imaging import encode_jpeg
-from prx_core.shards.loader import CorpusDataset, StreamPlan, _Substitutes, collate
+from prx_core.shards.loader import CorpusDataset, StreamPlan, collate
+from prx_core.shards.manifest import MissingManifest
+from prx_core.shards.manifest_publish import publish_source_manifest
+from prx_core.shards.substitutes import Substitutes
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
 
@@ -139,6 +142,10 @@ def test_a_stream_whose_skip_lists_never_ran_is_refused(corpus, tmp_path) -> Non
     """Fails closed: a published stream without a completion record (skip_lists never ran, or
     failed) is an error naming the stream, not a stream trained unfiltered."""
     shutil.copytree(Path(corpus["plain"], "mds", "beta"), tmp_path / "mds" / "beta")
+    with pytest.raises(MissingManifest, match=r"tier 512 has no corpus manifest .*materialize mds_shards and "
+                                              r"skip_lists .*`prx-corpus manifest`"):
+        CorpusDataset(str(tmp_path), 512, batch_size=4)
+    publish_source_manifest(str(tmp_path), "beta")  # what mds_shards does after publishing
     with pytest.raises(UnfilteredStream, match=r"stream beta/512/512x512 has no skip-list record.*skip_lists for "
                                                r"source 'beta'.*allow_unfiltered=True"):
         CorpusDataset(str(tmp_path), 512, batch_size=4)
@@ -153,11 +160,15 @@ def test_a_removed_skip_folder_or_list_is_refused(corpus, tmp_path) -> None:
     root = tmp_path / "copy"
     shutil.copytree(corpus["skip"], root)
     shutil.rmtree(root / "skiplists" / "alpha" / "512" / "576x448")  # nothing skipped there: only its record
+    with pytest.warns(UserWarning, match="left out"):  # the manifest, not the folders, is what it reads
+        CorpusDataset(str(root), 512, sources=MAIN, batch_size=4)
+    publish_source_manifest(str(root), "alpha")  # the next publish finds the damage
     with pytest.raises(UnfilteredStream, match="stream alpha/512/576x448 has no skip-list record"):
         CorpusDataset(str(root), 512, sources=MAIN, batch_size=4)
     shutil.copytree(Path(corpus["skip"], "skiplists", "alpha", "512", "576x448"), root / "skiplists" / "alpha" / "512" / "576x448")
     lost = next((root / "skiplists" / "alpha" / "512" / "512x512").glob("*.skip"))
     lost.unlink()  # the record counts its samples: a lost list must not mean "nothing to skip"
+    publish_source_manifest(str(root), "alpha")
     with pytest.raises(UnfilteredStream, match=rf"alpha/512/512x512: its record counts skipped samples for "
                                                rf"\['{lost.name.removesuffix('.skip')}'\]"):
         CorpusDataset(str(root), 512, sources=MAIN, batch_size=4)
@@ -180,8 +191,8 @@ def test_a_republished_stream_with_nothing_skipped_is_refused_until_skip_lists_r
 def test_substitutes_stay_in_their_shard_spread_evenly_and_rotate_per_epoch() -> None:
     # shards of 5, 4 and 6 samples; shard 1 entirely skipped (falls back to the whole stream)
     skipped = np.array([0, 2, 5, 6, 7, 8, 14], np.int64)
-    plan = StreamPlan("s", 512, 512, 512, "x", 15, skipped, b"")
-    subs, kept = _Substitutes(plan, [5, 4, 6]), sorted(set(range(15)) - set(skipped.tolist()))
+    plan = StreamPlan("s", 512, 512, 512, "x", 15, skipped, "")
+    subs, kept = Substitutes(plan.name, plan.count, plan.skipped, [5, 4, 6]), sorted(set(range(15)) - set(skipped.tolist()))
     for epoch in range(3):
         got = {j: subs(j, epoch) for j in skipped.tolist()}
         assert all(v in kept for v in got.values()) and all(subs(k, epoch) == k for k in kept)
@@ -198,7 +209,7 @@ def test_substitute_table_matches_the_formula_in_plain_integers() -> None:
     mask = rng.random(starts[-1]) < 0.3
     mask[starts[4]:starts[5]] = True  # one shard entirely skipped
     skipped = np.flatnonzero(mask).astype(np.int64)
-    subs = _Substitutes(StreamPlan("src", 512, 512, 512, "x", int(starts[-1]), skipped, b""), sizes)
+    subs = Substitutes("src/512/512x512", int(starts[-1]), skipped, sizes)
     kept = np.flatnonzero(~mask).tolist()
     for epoch in (0, 1, 7, 10**9):
         for pos, j in enumerate(skipped.tolist()):

@@ -24,7 +24,9 @@ from prx_core.image.buckets import (
     bucket_sizes,
     crop_box,
 )
-from prx_core.shards.loader import _MULTIPLIER, StreamPlan, _Substitutes
+from prx_core.shards.loader import StreamPlan
+from prx_core.shards.substitutes import MULTIPLIER as _MULTIPLIER
+from prx_core.shards.substitutes import Substitutes
 from prx_core.shards.skiplists import MAGIC, decode, encode
 from prx_core.sources.catalog import FORMATS, CatalogError, SourceSpec, dump_catalog, load_catalog, parse_catalog
 
@@ -105,7 +107,7 @@ def streams(draw: st.DrawFn) -> tuple[list[int], np.ndarray]:
 
 
 def reference_substitute(j: int, skipped: np.ndarray, shard_sizes: list[int], name: str, epoch: int) -> int:
-    """The rule `_Substitutes` documents, computed the slow way: the r-th skipped index of a shard
+    """The rule `Substitutes` documents, computed the slow way: the r-th skipped index of a shard
     goes to kept rank (A*(r + epoch*s) + B) mod m of that shard (the whole stream when the shard
     keeps nothing)."""
     import hashlib
@@ -133,14 +135,14 @@ def test_substitution_keeps_positions_and_follows_the_documented_rule(stream, ep
     the deterministic substitute (same shard when it keeps any); the epoch length is unchanged."""
     shard_sizes, skipped = stream
     count = sum(shard_sizes)
-    plan = StreamPlan("photos", 512, 512, 512, "/x", count, skipped, b"{}")
-    subs = _Substitutes(plan, shard_sizes)
+    plan = StreamPlan("photos", 512, 512, 512, "/x", count, skipped, "")
+    subs = Substitutes(plan.name, plan.count, plan.skipped, shard_sizes)
     out = [subs(j, epoch) for j in range(count)]
     assert len(out) == count
     skip = set(skipped.tolist())
     assert all(0 <= o < count and o not in skip for o in out)
     assert out == [reference_substitute(j, skipped, shard_sizes, plan.name, epoch) for j in range(count)]
-    again = _Substitutes(plan, shard_sizes)
+    again = Substitutes(plan.name, plan.count, plan.skipped, shard_sizes)
     assert [again(j, epoch) for j in reversed(range(count))] == out[::-1]  # no hidden state: order-free
     starts = np.concatenate([[0], np.cumsum(shard_sizes)])
     for a, b in zip(starts, starts[1:]):

@@ -187,3 +187,22 @@ def test_rewriting_streams_past_ten_percent(corpus: Corpus) -> None:
     assert not skipped(corpus.root)
     after = loaded(corpus.root)
     assert set(after) == before and len(after) == len(set(after))  # the same samples, each once
+
+
+def test_republishing_the_manifests_of_a_corpus_written_before_them(corpus: Corpus) -> None:
+    import shutil
+
+    from prx_core.shards.loader import CorpusDataset
+    from prx_core.shards.manifest import MissingManifest
+
+    before = loaded(corpus.root)
+    shutil.rmtree(corpus.root / "manifests")  # what a corpus built by an older release looks like
+    with pytest.raises(MissingManifest, match="`prx-corpus manifest`"):
+        CorpusDataset(str(corpus.root), 512, batch_size=1)
+    done = run_cli("manifest", "--root", str(corpus.root))
+    assert done.returncode == 0, done.explain()
+    tiers = sorted({int(p.parent.parent.name) for p in (corpus.root / "mds").glob("*/*/*/index.json")})
+    assert [line.split(":")[0] for line in done.stdout.splitlines() if line.startswith("tier ")] == \
+           [f"tier {t}" for t in tiers]
+    assert "0 refused" in done.stdout and "refused " not in done.stdout.replace("0 refused", "")
+    assert loaded(corpus.root) == before

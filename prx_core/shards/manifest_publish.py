@@ -1,0 +1,236 @@
+"""Publishing corpus manifests (`prx_core.shards.manifest`): what the loader used to find out per
+rank at start-up, found out once per source when its streams or skip-lists change.
+
+`publish_source_manifest` lists one source's streams, checks each against its skip-list record
+(as the loader did: a stream without a record for its current index.json is *refused*, with the
+reason, not left out silently), unions its skip-lists, rewrites the source's part of every tier
+it has, then assembles each of those tiers' manifests. Parts are per source, so two sources
+publishing at once never write the same part; the tier's manifest is the one thing they share, and
+the assembler re-lists the parts after moving `current.json`: a part that changed meanwhile means
+assembling again, so the last pointer written always includes every part written before it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import fsspec
+
+from prx_core.shards.manifest import (
+    CURRENT,
+    FOLDER,
+    PARTS,
+    SUFFIX,
+    StreamPlan,
+    current_name,
+    decode,
+    encode,
+    entry,
+    part_uri,
+    read_manifest_header,
+    shards_digest,
+    tier_folder,
+)
+from prx_core.shards.mds import INDEX, _normalize, list_streams
+from prx_core.shards.node_cache import default_cache_dir, skip_union
+from prx_core.shards.retention import RETENTION_SECONDS, note_superseded, read_superseded, write_superseded
+from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
+from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
+from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
+from prx_core.store.names import validate_source_name
+from prx_core.store.storage import filesystem_for, join_uri, put_atomic
+
+log = logging.getLogger(__name__)
+
+ASSEMBLE_ATTEMPTS = 5  # re-assemblies when other sources keep publishing parts meanwhile
+
+
+def list_plans(root: str, tier: int | None, sources: Sequence[str] | None, storage_options: dict | None = None,
+               cache_dir: str | None = None, allow_unfiltered: bool = False) -> tuple[list[StreamPlan], dict[str, str]]:
+    """The published streams of `sources` (default all) in `tier` (default all), read from the
+    folders: (plans, refused name -> why). A stream without a skip-list record for its current
+    index.json is refused, or planned with the lists it has and a warning under `allow_unfiltered`;
+    lists computed for another version of their stream are always refused."""
+    root = _normalize(root)
+    fs = filesystem_for(root, storage_options)
+    cache = cache_dir or default_cache_dir(root)
+    plans, refused = [], {}
+    for source in sources if sources is not None else [None]:
+        skips: dict[str, list[str]] = {}
+        for uri in list_skip_files(root, source, tier, storage_options):
+            src, t, bucket = uri.rsplit("/", 4)[-4:-1]
+            skips.setdefault(f"{src}/{t}/{bucket}", []).append(uri)
+        for uri in list_streams(root, source, storage_options):  # sorted by (source, tier, w, h)
+            src, t, bucket = uri.rstrip("/").rsplit("/", 3)[-3:]
+            if tier is not None and int(t) != int(tier):
+                continue
+            w, h = (int(x) for x in bucket.split("x"))
+            name = stream_key(src, int(t), w, h)
+            try:
+                plans.append(_plan(fs, root, uri, (src, int(t), w, h), skips.get(name, []), cache, allow_unfiltered))
+            except UnfilteredStream as exc:
+                refused[name] = str(exc)
+            except ValueError as exc:  # lists for another version of the stream
+                if "another version" not in str(exc):
+                    raise
+                refused[name] = str(exc)
+    return plans, refused
+
+
+def _plan(fs: fsspec.AbstractFileSystem, root: str, uri: str, key: tuple[str, int, int, int], lists: list[str],
+          cache: str, allow_unfiltered: bool) -> StreamPlan:
+    index = fs.cat_file(join_uri(uri, INDEX))
+    parsed = json.loads(index)
+    count = sum(int(s["samples"]) for s in parsed["shards"])
+    name, digest = stream_key(*key), hashlib.sha256(index).hexdigest()
+    reasons = [u.rsplit("/", 1)[-1].removesuffix(SKIP_SUFFIX) for u in lists]
+    record = read_record(fs, stream_folder(root, *key))
+    try:
+        check_record(record, name, count, digest, reasons)
+    except UnfilteredStream as exc:
+        if not allow_unfiltered:
+            raise
+        warnings.warn(f"allow_unfiltered: training on {name} without its filter: {exc}", stacklevel=4)
+    skipped = skip_union(fs, lists, name, count, digest, cache)
+    counts = {r: int(n) for r, n in ((record or {}).get("counts") or {}).items() if n}
+    return StreamPlan(*key, uri, count, skipped, digest, shards_digest(parsed), counts)
+
+
+def publish_source_manifest(root: str, source: str, storage_options: dict | None = None,
+                            now: float | None = None) -> dict[int, str]:
+    """Rewrite `source`'s part of every tier it has (or had), then assemble those tiers'
+    manifests: tier -> the manifest now current. Call after the source's streams or lists change."""
+    root = _normalize(root)
+    validate_source_name(source)
+    fs = filesystem_for(root, storage_options)
+    plans, refused = list_plans(root, None, [source], storage_options)
+    tiers = {p.tier for p in plans} | {int(name.split("/")[1]) for name in refused}
+    fs.invalidate_cache()
+    had = {int(p.rstrip("/").rsplit("/", 3)[-3]) for p in fs.glob(join_uri(root, FOLDER, "*", PARTS, f"{source}{SUFFIX}"))}
+    for tier in sorted(tiers | had):
+        uri = part_uri(root, tier, source)
+        mine = [p for p in plans if p.tier == tier]
+        why = {n: r for n, r in refused.items() if int(n.split("/")[1]) == tier}
+        if mine or why:
+            put_atomic(fs, uri, encode(tier, [entry(p, root) for p in mine], [p.skipped for p in mine], why,
+                                       {"source": source}))
+        else:
+            fs.rm_file(uri)
+    return {tier: assemble_tier(root, tier, storage_options, now) for tier in sorted(tiers | had)}
+
+
+def _fingerprints(fs: fsspec.AbstractFileSystem, folder: str) -> dict[str, tuple]:
+    """Part name -> what changes when it is rewritten (an atomic replace gets a new inode or ETag)."""
+    fs.invalidate_cache()
+    if not fs.exists(folder):
+        return {}
+    return {info["name"].rstrip("/").rsplit("/", 1)[-1]: (info.get("size"), info.get("ETag") or info.get("ino"),
+                                                         info.get("mtime") or info.get("LastModified"))
+            for info in fs.ls(folder, detail=True) if info["name"].endswith(SUFFIX)}
+
+
+def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now: float | None = None) -> str:
+    """Concatenate the tier's parts into its manifest and make it current; returns its name."""
+    root = _normalize(root)
+    fs = filesystem_for(root, storage_options)
+    folder = tier_folder(root, tier)
+    for _ in range(ASSEMBLE_ATTEMPTS):
+        seen = _fingerprints(fs, join_uri(folder, PARTS))
+        entries: list[dict[str, Any]] = []
+        arrays, refused, sources = [], {}, {}
+        for part in sorted(seen):
+            uri = join_uri(folder, PARTS, part)
+            data = fs.cat_file(uri)
+            header, positions = decode(data, uri)
+            for e in header["streams"]:
+                entries.append({k: v for k, v in e.items() if k != "offset"})
+                arrays.append(positions[e["offset"]:e["offset"] + e["skips"]])
+            refused.update(header["refused"])
+            sources[header["source"]] = hashlib.sha256(data).hexdigest()
+        data = encode(tier, entries, arrays, refused, {"sources": sources})
+        name = f"m-{hashlib.sha256(data).hexdigest()[:20]}{SUFFIX}"
+        if not fs.exists(join_uri(folder, name)):
+            put_atomic(fs, join_uri(folder, name), data)
+        previous = _current(root, tier, storage_options)
+        if previous != name:
+            note_superseded(fs, folder, [previous] if previous else [], [name], now)
+            pointer = {"manifest": name, "streams": len(entries), "samples": sum(e["count"] for e in entries),
+                       "skipped": int(sum(e["skips"] for e in entries)), "refused": len(refused)}
+            put_atomic(fs, join_uri(folder, CURRENT), json.dumps(pointer, sort_keys=True).encode())
+        if _fingerprints(fs, join_uri(folder, PARTS)) == seen:
+            break
+    else:
+        log.warning("tier %s: parts kept changing over %d assemblies; the next publish assembles again",
+                    tier, ASSEMBLE_ATTEMPTS)
+    prune_manifests(fs, folder, name, now=now)
+    return name
+
+
+def _current(root: str, tier: int, storage_options: dict | None) -> str | None:
+    try:
+        return current_name(root, tier, storage_options)
+    except UnfilteredStream:
+        return None
+
+
+def prune_manifests(fs: fsspec.AbstractFileSystem, folder: str, current: str,
+                    retention_seconds: float = RETENTION_SECONDS, now: float | None = None) -> list[str]:
+    """Remove the tier's manifests superseded for a whole retention (a pinned trainer's stays that
+    long); one never recorded (a crash before its pointer) counts from now."""
+    now = time.time() if now is None else now
+    record = read_superseded(fs, folder)
+    kept, removed = {}, []
+    fs.invalidate_cache()
+    for path in fs.ls(folder, detail=False):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not (name.startswith("m-") and name.endswith(SUFFIX)) or name == current:
+            continue
+        since = record.get(name, now)
+        if now - since >= retention_seconds:
+            fs.rm_file(join_uri(folder, name))
+            removed.append(name)
+        else:
+            kept[name] = since
+    if kept != record:
+        write_superseded(fs, folder, kept)
+    return removed
+
+
+def source_in_manifests(root: str, source: str, digests: dict[str, str], storage_options: dict | None = None) -> bool:
+    """Whether the current manifests hold exactly `source`'s streams (name -> index digest), none
+    refused: what a `skip_lists` rerun with nothing to change must still find."""
+    root = _normalize(root)
+    found: dict[str, str] = {}
+    for tier in sorted({int(name.split("/")[1]) for name in digests}):
+        name = _current(root, tier, storage_options)
+        if name is None:
+            return False
+        header = read_manifest_header(root, tier, name, storage_options)
+        if any(n.split("/")[0] == source for n in header["refused"]):
+            return False
+        found.update({stream_key(source, tier, s["width"], s["height"]): s["index_digest"]
+                      for s in header["streams"] if s["source"] == source})
+    return found == digests
+
+
+def manifest_sources(root: str, storage_options: dict | None = None) -> list[str]:
+    """Every source with a published stream or a manifest part: what `publish_manifests` covers."""
+    root = _normalize(root)
+    fs = filesystem_for(root, storage_options)
+    fs.invalidate_cache()
+    return sorted({uri.rstrip("/").rsplit("/", 3)[-3] for uri in list_streams(root, None, storage_options)}
+                  | {p.rstrip("/").rsplit("/", 1)[-1].removesuffix(SUFFIX)
+                     for p in fs.glob(join_uri(root, FOLDER, "*", PARTS, f"*{SUFFIX}"))})
+
+
+def publish_manifests(root: str, storage_options: dict | None = None) -> dict[str, dict[int, str]]:
+    """Every source's parts and every tier's manifest, from the folders (a corpus written before
+    manifests, or a repair): source -> tier -> manifest name."""
+    return {source: publish_source_manifest(root, source, storage_options)
+            for source in manifest_sources(root, storage_options)}
