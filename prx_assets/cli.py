@@ -103,12 +103,28 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
     # shared-memory block streaming already unlinked: both are noise here.
     logging.getLogger("streaming.base.batching.per_stream").setLevel(logging.ERROR)
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+    if args.scale:
+        return _bench_loader_scale(args)
     from benchmarks.loader import format_table, run
 
     started = time.time()
     print(f"loader benchmark (one core): {args.samples} samples, CorpusDataset with and without 10% skipped ...",
           flush=True)
     results = run(samples=args.samples, repeats=args.repeats)
+    return _report(results, format_table(results), started, args.json)
+
+
+def _bench_loader_scale(args: argparse.Namespace) -> int:
+    import os
+
+    from benchmarks.loader_scale import format_table, run
+
+    started = time.time()
+    cache = args.cache or os.path.join(os.path.expanduser("~"), ".cache", "prx-bench", "loader-scale")
+    print(f"loader at scale: a {args.scale:,}-sample tier, one node of {args.ranks} ranks x {args.workers} workers",
+          flush=True)
+    results = run(cache, samples=args.scale, streams=args.streams, shards=args.shards, ranks=args.ranks,
+                  workers=args.workers, log=lambda line: print(line, flush=True))
     return _report(results, format_table(results), started, args.json)
 
 
@@ -190,6 +206,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_loader.add_argument("--samples", type=int, default=4000, help="corpus size (default 4000)")
     bench_loader.add_argument("--repeats", type=int, default=5, help="alternated runs per loader (default 5)")
     bench_loader.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bench_loader.add_argument("--scale", type=int, metavar="SAMPLES",
+                              help="instead: the loader's memory and start-up per node on a synthetic tier of this "
+                                   "many samples (1000000000 for PRX scale; generated once under --cache)")
+    bench_loader.add_argument("--streams", type=int, default=4000, help="--scale: streams in the tier (default 4000)")
+    bench_loader.add_argument("--shards", type=int, default=1_400_000, help="--scale: shards (default 1400000)")
+    bench_loader.add_argument("--ranks", type=int, default=8, help="--scale: ranks of the node (default 8)")
+    bench_loader.add_argument("--workers", type=int, default=8, help="--scale: dataloader workers per rank (default 8)")
+    bench_loader.add_argument("--cache", help="--scale: where the synthetic tier is kept (default ~/.cache/prx-bench)")
     bench_loader.set_defaults(func=_cmd_bench_loader)
     scale = sub.add_parser("bench-scale", help="the CPU graph at 10k and 100k rows: rows/s, peak RSS, Lance versions; "
                                                "resume after SIGKILL")

@@ -17,9 +17,14 @@ HEAD = 4096  # bytes read first: most headers fit
 
 
 def frame(magic: bytes, header: dict, array: np.ndarray) -> bytes:
+    return frame_head(magic, header) + np.ascontiguousarray(array, "<i8").tobytes()
+
+
+def frame_head(magic: bytes, header: dict) -> bytes:
+    """Everything before the array: a writer streams the array after it."""
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-(len(magic) + 4 + len(text)) % 8)
-    return magic + struct.pack("<I", len(text)) + text + np.ascontiguousarray(array, "<i8").tobytes()
+    return magic + struct.pack("<I", len(text)) + text
 
 
 def read_header(data: bytes, magic: bytes, kind: str, where: str) -> tuple[dict, int]:

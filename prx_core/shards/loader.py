@@ -30,7 +30,6 @@ Trainers import only this package: no dagster, no Ray.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -48,7 +47,7 @@ from prx_core.shards.batching import (
     usable_streams,
     warn_left_out,
 )
-from prx_core.shards.manifest import Manifest, StreamPlan, current_name, load_manifest
+from prx_core.shards.manifest import Manifest, StreamPlan, check_indexes, current_name, load_manifest
 from prx_core.shards.manifest_publish import list_plans
 from prx_core.shards.mds import INDEX
 from prx_core.shards.node_cache import default_cache_dir
@@ -95,20 +94,6 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, sto
         if not any(p.source == source for p in found):
             warnings.warn(f"source {source!r} has no published stream in tier {tier} under {root}", stacklevel=3)
     return found, loaded
-
-
-def check_indexes(plans: Sequence[StreamPlan], paths: Sequence[str], manifest: Manifest | None) -> None:
-    """Refuse a stream whose index.json (as streaming loaded it: `paths`) is not the one its skips
-    were computed for: republished after the manifest, so the skip positions would be wrong."""
-    for plan, path in zip(plans, paths):
-        with open(path, "rb") as handle:
-            digest = hashlib.file_digest(handle, "sha256").hexdigest()
-        if digest != plan.index_digest:
-            where = f"manifest {manifest.name}" if manifest else "its skip-lists"
-            raise UnfilteredStream(
-                f"stream {plan.name} was republished after {where} (index {digest[:12]}, the skips were computed for "
-                f"{plan.index_digest[:12]}): re-materialize skip_lists for {plan.source} (it publishes the tier's "
-                "manifest), or pass allow_unfiltered=True to train on it unfiltered")
 
 
 class CorpusDataset(StreamingDataset):

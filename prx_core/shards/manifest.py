@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_core.shards.framed import HEAD, frame, map_framed, read_header
+from prx_core.shards.framed import HEAD, frame_head, map_framed, read_header
 from prx_core.shards.node_cache import node_lock
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import stream_key
@@ -93,24 +93,22 @@ def entry(plan: StreamPlan, root: str) -> dict[str, Any]:
 def encode(tier: int, entries: list[dict[str, Any]], positions: list[np.ndarray], refused: dict[str, str],
            extra: dict | None = None) -> bytes:
     """A part or a manifest: entries (each with its `skips` positions, aligned) get their offsets."""
+    array = np.concatenate([np.asarray(p, np.int64) for p in positions]) if positions else np.empty(0, np.int64)
+    declared = sum(int(e["skips"]) for e in entries)
+    if len(array) != declared:
+        raise ValueError(f"manifest of tier {tier}: {declared} skip positions declared, {len(array)} given")
+    return encode_head(tier, entries, refused, extra) + np.ascontiguousarray(array, "<i8").tobytes()
+
+
+def encode_head(tier: int, entries: list[dict[str, Any]], refused: dict[str, str], extra: dict | None = None) -> bytes:
+    """Everything of a part or manifest before its positions (entries get their offsets)."""
     offset, streams = 0, []
     for e in entries:
         streams.append({**e, "offset": offset})
         offset += int(e["skips"])
-    array = np.concatenate([np.asarray(p, np.int64) for p in positions]) if positions else np.empty(0, np.int64)
-    if len(array) != offset:
-        raise ValueError(f"manifest of tier {tier}: {offset} skip positions declared, {len(array)} given")
     header = {"format_version": FORMAT_VERSION, "tier": int(tier), "count": offset, "streams": streams,
               "refused": dict(sorted(refused.items())), **(extra or {})}
-    return frame(MAGIC, header, array)
-
-
-def decode(data: bytes, where: str) -> tuple[dict, np.ndarray]:
-    """A whole `.prxm` file in memory (parts, when assembling)."""
-    header, offset = read_header(data, MAGIC, "corpus manifest", where)
-    if not header or len(data) != offset + 8 * int(header.get("count", -1)):
-        raise ValueError(f"{where}: truncated corpus manifest ({len(data)} bytes)")
-    return _checked(header, where), np.frombuffer(data, "<i8", offset=offset)
+    return frame_head(MAGIC, header)
 
 
 def _checked(header: dict, where: str) -> dict:
@@ -163,15 +161,18 @@ class Manifest:
 
 def read_manifest_header(root: str, tier: int, name: str, storage_options: dict | None = None) -> dict:
     """A manifest's header only (its streams and refusals, not their positions): one or two reads."""
-    fs = filesystem_for(root, storage_options)
-    uri = join_uri(tier_folder(root, tier), name)
+    return read_framed_header(filesystem_for(root, storage_options), join_uri(tier_folder(root, tier), name))[0]
+
+
+def read_framed_header(fs: Any, uri: str) -> tuple[dict, int]:
+    """A part's or a manifest's header and the byte offset of its positions."""
     with fs.open(uri, "rb") as handle:
         head = handle.read(HEAD)
         header, offset = read_header(head, MAGIC, "corpus manifest", uri)
         if not header:
             handle.seek(0)
             header, offset = read_header(handle.read(offset), MAGIC, "corpus manifest", uri)
-    return _checked(header, uri)
+    return _checked(header, uri), offset
 
 
 def current_name(root: str, tier: int, storage_options: dict | None = None) -> str:
@@ -218,3 +219,18 @@ def load_manifest(root: str, tier: int, name: str | None = None, storage_options
                                  "a damaged copy; republish the tier's manifest with `prx-corpus manifest`")
             os.replace(f"{path}.tmp", path)
     return Manifest.open(name, root, path)
+
+
+def check_indexes(plans: list[StreamPlan], paths: list[str], manifest: Manifest | None) -> None:
+    """Refuse a stream whose index.json (as streaming loaded it: `paths`) is not the one its skips
+    were computed for: republished after the manifest, so the skip positions would be wrong."""
+    for plan, path in zip(plans, paths):
+        with open(path, "rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        if digest != plan.index_digest:
+            where = f"manifest {manifest.name}" if manifest else "its skip-lists"
+            raise UnfilteredStream(
+                f"stream {plan.name} was republished after {where} (index {digest[:12]}, the skips were computed for "
+                f"{plan.index_digest[:12]}): re-materialize skip_lists for {plan.source} (it publishes the tier's "
+                "manifest), or pass allow_unfiltered=True to train on it unfiltered")
+

@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -29,10 +30,11 @@ from prx_core.shards.manifest import (
     SUFFIX,
     StreamPlan,
     current_name,
-    decode,
     encode,
+    encode_head,
     entry,
     part_uri,
+    read_framed_header,
     read_manifest_header,
     shards_digest,
     tier_folder,
@@ -44,11 +46,13 @@ from prx_core.shards.skip_records import UnfilteredStream, check_record, read_re
 from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
 from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
 from prx_core.store.names import validate_source_name
+from prx_core.store import fencing
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
 log = logging.getLogger(__name__)
 
 ASSEMBLE_ATTEMPTS = 5  # re-assemblies when other sources keep publishing parts meanwhile
+COPY_BYTES = 8 << 20  # positions copied from a part to the manifest per read
 
 
 def list_plans(root: str, tier: int | None, sources: Sequence[str] | None, storage_options: dict | None = None,
@@ -142,26 +146,14 @@ def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now
     folder = tier_folder(root, tier)
     for _ in range(ASSEMBLE_ATTEMPTS):
         seen = _fingerprints(fs, join_uri(folder, PARTS))
-        entries: list[dict[str, Any]] = []
-        arrays, refused, sources = [], {}, {}
-        for part in sorted(seen):
-            uri = join_uri(folder, PARTS, part)
-            data = fs.cat_file(uri)
-            header, positions = decode(data, uri)
-            for e in header["streams"]:
-                entries.append({k: v for k, v in e.items() if k != "offset"})
-                arrays.append(positions[e["offset"]:e["offset"] + e["skips"]])
-            refused.update(header["refused"])
-            sources[header["source"]] = hashlib.sha256(data).hexdigest()
-        data = encode(tier, entries, arrays, refused, {"sources": sources})
-        name = f"m-{hashlib.sha256(data).hexdigest()[:20]}{SUFFIX}"
-        if not fs.exists(join_uri(folder, name)):
-            put_atomic(fs, join_uri(folder, name), data)
+        name = _write_manifest(fs, folder, tier, [join_uri(folder, PARTS, part) for part in sorted(seen)])
         previous = _current(root, tier, storage_options)
         if previous != name:
             note_superseded(fs, folder, [previous] if previous else [], [name], now)
-            pointer = {"manifest": name, "streams": len(entries), "samples": sum(e["count"] for e in entries),
-                       "skipped": int(sum(e["skips"] for e in entries)), "refused": len(refused)}
+            header = read_framed_header(fs, join_uri(folder, name))[0]
+            pointer = {"manifest": name, "streams": len(header["streams"]),
+                       "samples": sum(e["count"] for e in header["streams"]), "skipped": header["count"],
+                       "refused": len(header["refused"])}
             put_atomic(fs, join_uri(folder, CURRENT), json.dumps(pointer, sort_keys=True).encode())
         if _fingerprints(fs, join_uri(folder, PARTS)) == seen:
             break
@@ -169,6 +161,37 @@ def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now
         log.warning("tier %s: parts kept changing over %d assemblies; the next publish assembles again",
                     tier, ASSEMBLE_ATTEMPTS)
     prune_manifests(fs, folder, name, now=now)
+    return name
+
+
+def _write_manifest(fs: fsspec.AbstractFileSystem, folder: str, tier: int, parts: list[str]) -> str:
+    """The parts' headers merged, then their positions streamed after it in COPY_BYTES pieces (a
+    1B-sample tier's 400 MB never held at once), into a temporary object renamed to its digest."""
+    heads = [read_framed_header(fs, uri) for uri in parts]
+    entries = [{k: v for k, v in e.items() if k != "offset"} for header, _ in heads for e in header["streams"]]
+    refused = {n: why for header, _ in heads for n, why in header["refused"].items()}
+    sources = {header["source"]: len(header["streams"]) for header, _ in heads}
+    head = encode_head(tier, entries, refused, {"sources": sources})
+    digest, tmp = hashlib.sha256(head), join_uri(folder, f".assembling-{uuid.uuid4().hex}{SUFFIX}")
+    fencing.ensure_held()
+    with fs.open(tmp, "wb") as out:
+        out.write(head)
+        for uri, (header, offset) in zip(parts, heads):
+            with fs.open(uri, "rb") as part:
+                part.seek(offset)
+                left = 8 * int(header["count"])
+                while left:
+                    piece = part.read(min(COPY_BYTES, left))
+                    if not piece:
+                        raise ValueError(f"{uri}: truncated corpus manifest part: republish its source")
+                    digest.update(piece)
+                    out.write(piece)
+                    left -= len(piece)
+    name = f"m-{digest.hexdigest()[:20]}{SUFFIX}"
+    if fs.exists(join_uri(folder, name)):
+        fs.rm_file(tmp)
+    else:
+        fs.mv(tmp, join_uri(folder, name))
     return name
 
 
@@ -182,14 +205,14 @@ def _current(root: str, tier: int, storage_options: dict | None) -> str | None:
 def prune_manifests(fs: fsspec.AbstractFileSystem, folder: str, current: str,
                     retention_seconds: float = RETENTION_SECONDS, now: float | None = None) -> list[str]:
     """Remove the tier's manifests superseded for a whole retention (a pinned trainer's stays that
-    long); one never recorded (a crash before its pointer) counts from now."""
+    long); one never recorded (a crash before its pointer, an assembler's temporary) counts from now."""
     now = time.time() if now is None else now
     record = read_superseded(fs, folder)
     kept, removed = {}, []
     fs.invalidate_cache()
     for path in fs.ls(folder, detail=False):
         name = path.rstrip("/").rsplit("/", 1)[-1]
-        if not (name.startswith("m-") and name.endswith(SUFFIX)) or name == current:
+        if not (name.startswith(("m-", ".assembling-")) and name.endswith(SUFFIX)) or name == current:
             continue
         since = record.get(name, now)
         if now - since >= retention_seconds:

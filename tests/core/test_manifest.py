@@ -190,20 +190,50 @@ def test_a_part_written_during_an_assembly_is_not_lost(tmp_path: Path, monkeypat
     root = str(tmp_path / "corpus")
     for source in ("alpha", "beta"):
         write_source_streams(rows(source), root, source)
-    encode, assemblies = mp.encode, []
+    encode_head, assemblies = mp.encode_head, []
 
-    def interleaved(tier, entries, positions, refused, extra=None):
-        if tier == 512 and "sources" in (extra or {}):  # an assembly: alpha's parts read, nothing current yet
+    def interleaved(tier, entries, refused, extra=None):
+        if tier == 512:  # an assembly: alpha's parts read, nothing current yet
             assemblies.append(sorted(extra["sources"]))
             if len(assemblies) == 1:
-                monkeypatch.setattr(mp, "encode", encode)
+                monkeypatch.setattr(mp, "encode_head", encode_head)
                 write_skip_lists(root, "beta", [])  # beta's whole run, inside alpha's assembly
-                monkeypatch.setattr(mp, "encode", interleaved)
-        return encode(tier, entries, positions, refused, extra)
+                monkeypatch.setattr(mp, "encode_head", interleaved)
+        return encode_head(tier, entries, refused, extra)
 
-    monkeypatch.setattr(mp, "encode", interleaved)
+    monkeypatch.setattr(mp, "encode_head", interleaved)
     write_skip_lists(root, "alpha", [])
     manifest = load_manifest(root, 512)
     assert not manifest.refused, manifest.refused  # beta's records made it, though alpha's pointer came last
     assert len(assemblies) == 2  # alpha assembled again after seeing beta's part change
     assert assemble_tier(root, 512) == manifest.name
+
+
+def _rank_resolves(rank: int, store: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from prx_core.shards.batching import broadcast_from_rank0
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    got = broadcast_from_rank0(lambda: f"m-seen-by-rank-{rank}.prxm")
+    try:
+        broadcast_from_rank0(lambda: (_ for _ in ()).throw(MissingManifest(f"no manifest (rank {rank})")))
+        failed = ""
+    except MissingManifest as exc:
+        failed = str(exc)
+    Path(out, f"{rank}.json").write_text(json.dumps([got, failed]))
+    dist.destroy_process_group()
+
+
+def test_every_rank_reads_the_manifest_rank_0_resolved(tmp_path: Path) -> None:
+    """Under torch.distributed, rank 0 resolves `current.json` and every rank gets its answer (a
+    publish between two ranks' start must not give them different manifests), its error too."""
+    ctx = multiprocessing.get_context("fork")
+    ranks = [ctx.Process(target=_rank_resolves, args=(r, str(tmp_path / "store"), str(tmp_path))) for r in (0, 1)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(180)
+        assert p.exitcode == 0
+    for r in (0, 1):
+        assert json.loads((tmp_path / f"{r}.json").read_text()) == ["m-seen-by-rank-0.prxm", "no manifest (rank 0)"]

@@ -366,6 +366,7 @@ class Built:
     mds: dict[str, str]
     skiplists: dict[str, str]
     manifest: list[dict[str, Any]]
+    manifests: dict[str, str]  # the tier manifests the loader reads
 
 
 @pytest.fixture(scope="module")
@@ -378,7 +379,8 @@ def built(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Built:
     for entry in manifest:
         entry["sample_id"] = manifest_sample_id(demo_dir, entry)
     tables = {t: table_snapshot(root, t) for t in TABLES} if result.returncode == 0 else {}
-    return Built(demo_dir, root, home, result, tables, hash_tree(root / "mds"), hash_tree(root / "skiplists"), manifest)
+    return Built(demo_dir, root, home, result, tables, hash_tree(root / "mds"), hash_tree(root / "skiplists"), manifest,
+                 hash_tree(root / "manifests"))
 
 
 @pytest.fixture(scope="module")
@@ -612,6 +614,8 @@ def test_rerun_is_identical_and_reuses_captions(ok_build: Built, rerun) -> None:
         assert rows == ok_build.tables[name], f"{name}: contents changed on rerun ({len(rows)} vs {len(ok_build.tables[name])} rows)"
     assert hash_tree(root / "mds") == ok_build.mds, "MDS shards / index.json differ after the rerun"
     assert hash_tree(root / "skiplists") == ok_build.skiplists, "skip-list files differ after the rerun"
+    assert hash_tree(root / "manifests") == ok_build.manifests, "tier manifests differ after the rerun"
+    assert any(name.endswith("current.json") for name in ok_build.manifests)
     assert parse_summary(rerun.stdout) == parse_summary(ok_build.run.stdout)
 
     after = captions_metadata(ok_build.home)
