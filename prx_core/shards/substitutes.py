@@ -54,10 +54,12 @@ class Substitutes:
         skipped, n = self.view, len(self.view)
         shard = int(np.searchsorted(self.shard_starts, j, "right")) - 1
         a, b = int(self.shard_starts[shard]), int(self.shard_starts[shard + 1])
-        lo, hi = bisect.bisect_left(skipped, a), bisect.bisect_left(skipped, b)
+        lo, hi = bisect.bisect_left(skipped, a, 0, k), bisect.bisect_left(skipped, b, k)
         if (b - a) > (hi - lo):  # the shard keeps some: its r-th skipped of s among its m kept
-            m, r, s, base = (b - a) - (hi - lo), k - lo, hi - lo, a - lo
+            m, r, s, base, first, last = (b - a) - (hi - lo), k - lo, hi - lo, a - lo, lo, hi
         else:
-            m, r, s, base = self.kept, k, n, 0
+            m, r, s, base, first, last = self.kept, k, n, 0, 0, n
         rank = base + (MULTIPLIER % m * ((r + epoch % m * (s % m)) % m) + self.offset % m) % m
-        return rank + bisect.bisect_right(range(n), rank, key=lambda i: skipped[i] - i)
+        # kept rank -> index: rank + #{i: skipped[i] - i <= rank}; within the shard every i < lo
+        # counts and no i >= hi does, so only the shard's own skipped are searched
+        return rank + bisect.bisect_right(range(n), rank, first, last, key=lambda i: skipped[i] - i)
