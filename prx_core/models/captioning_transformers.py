@@ -27,16 +27,19 @@ class TransformersCaptioner(Captioner):
     """A local Qwen-VL checkpoint with transformers, for tests, the demo and small CPU runs
     (production uses vLLM on GPUs)."""
 
-    def __init__(self, config: CaptionerConfig) -> None:
+    def __init__(self, config: CaptionerConfig, model: Any = None, processor: Any = None) -> None:
+        """Loads `config.model` (a local checkpoint, float32), unless a built `model` and its
+        `processor` are given (benchmarks: a randomly initialised architecture on a GPU)."""
         super().__init__(config)
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor, GenerationConfig
 
         path = Path(config.model)
-        self.processor = AutoProcessor.from_pretrained(path, local_files_only=True)
+        self.processor = processor or AutoProcessor.from_pretrained(path, local_files_only=True)
         self.processor.tokenizer.padding_side = "left"  # batched generation appends on the right
         cap_image_processor(self.processor.image_processor, config.max_pixels)
-        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        if model is None:
+            model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
         self.model = model.eval()
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CAPTION_PROMPT}]}]
         self.prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -80,6 +83,7 @@ class TransformersCaptioner(Captioner):
         import torch
 
         inputs = self.processor(images=images, text=[self.prompt] * len(images), padding=True, return_tensors="pt")
+        inputs = inputs.to(self.model.device)
         with torch.inference_mode():
             output = self.model.generate(**inputs, generation_config=self.generation_config)
         new_tokens = output[:, inputs["input_ids"].shape[1]:]
