@@ -65,7 +65,7 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
     return with_conventions([
         raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
         captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
-        mds_shards_asset(storage, captioner), skip_lists_asset(captioner, labeler, policy), corpus_plan,
+        mds_shards_asset(storage, captioner, resources["training"]), skip_lists_asset(captioner, labeler, policy), corpus_plan,
     ], resources)  # owners, and kinds true for the configured root and the catalog's formats
 
 

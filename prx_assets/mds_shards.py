@@ -34,8 +34,9 @@ CHECKS = [
                     "rejects before this point, so a mismatch here is a broken write a trainer would read."),
     source_check(
         "mds_shards_stream_sizes", "mds_shards",
-        description="Warns about streams smaller than the global batch size: the PRX trainer's per_stream batching "
-                    "raises on such a stream (leave it out of the mixture or lower the batch size)."),
+        description="Warns about streams smaller than the global batch size x canonical nodes: the PRX trainer's "
+                    "per_stream batching raises on such a stream (leave it out of the mixture, lower the batch size, "
+                    "or set training.small_streams: drop so mds_shards does not publish it)."),
 ]
 DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>/<w>x<h>, one stream per bucket, "
                "sorted by sample_id, written in content-named chunks and published atomically, plus their `mds_index` "
@@ -43,10 +44,13 @@ DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>
                "skip-lists absorb policy changes.")
 
 
-def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) -> dg.AssetsDefinition:
+def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource,
+                     training: TrainingResource) -> dg.AssetsDefinition:
+    drop = f"-drop{training.min_stream_samples()}" if training.min_stream_samples() else ""  # what is published
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions"], check_specs=CHECKS,
               kinds={"ray", "mds"}, description=DESCRIPTION, owners=OWNERS,
-              code_version=f"2-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}")
+              code_version=f"2-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}"
+                           f"{drop}")
     def mds_shards(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, units: UnitsResource, training: TrainingResource,
@@ -56,7 +60,8 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
         published: PublishReport = run_stage(
             context, ray, "mds_shards", source=source, storage=store,
             captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
-            progress=Progress(f"mds_shards[{source}]", unit="chunks"), **units.settings("mds_shards"))
+            progress=Progress(f"mds_shards[{source}]", unit="chunks"), min_stream_samples=training.min_stream_samples(),
+            **units.settings("mds_shards"))
         report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
         for stream, count in zip(report.streams, published.expectations):
@@ -68,13 +73,15 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
                                 "routed (is `buckets` older than `samples`?)")
             rows.append({"stream": count.name, "samples": read, "expected": count.expected, "chunks": len(stream.chunks),
                          "shards": stream.shards, "size": human_bytes(stream.bytes), "ok": read == count.expected})
-        small = [s.name for s in report.streams if s.samples < training.global_batch_size]
+        minimum = training.stream_minimum()
+        small = [s.name for s in report.streams if s.samples < minimum]
         return dg.MaterializeResult(
             metadata={"samples_written": report.written, "streams": len(report.streams),
                       "images_per_second": per_second(report.images_per_second),
                       **size_metadata(sum(s.bytes for s in report.streams)), "stream_table": md_table(rows[:200]),
                       "rejects": counts_table(report.rejects, "reason"), "shards_verified": verified.shards,
                       "streams_below_batch": dg.MetadataValue.json(small),
+                      "streams_dropped": dg.MetadataValue.json(report.dropped),  # training.small_streams: drop
                       **dataset_metadata(store, sum(s.samples for s in report.streams), uri=store.uri("mds", source),
                                          schema=mds_schema()),
                       **ops_metadata(report.units, report.seconds),
@@ -86,7 +93,10 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource) ->
                 dg.AssetCheckResult(check_name="mds_shards_stream_sizes", passed=not small,
                                     severity=dg.AssetCheckSeverity.WARN,
                                     metadata={"global_batch_size": training.global_batch_size,
-                                              "streams_below": dg.MetadataValue.json(small)}),
+                                              "canonical_nodes": training.canonical_nodes,
+                                              "policy": training.small_streams,
+                                              "streams_below": dg.MetadataValue.json(small),
+                                              "streams_dropped": dg.MetadataValue.json(report.dropped)}),
             ],
             # a digest of the bytes a trainer reads: every stream's chunk names, which are content-addressed
             data_version=streams_version(report.streams),

@@ -1,6 +1,8 @@
-"""What the trainer reading the corpus will ask of it, so the pipeline can warn before it fails."""
+"""What the trainer reading the corpus will ask of it, so the pipeline can warn (or act) before it fails."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import dagster as dg
 from pydantic import Field
@@ -8,6 +10,22 @@ from pydantic import Field
 
 class TrainingResource(dg.ConfigurableResource):
     """The PRX trainer's `per_stream` batching takes whole global batches from one stream, and
-    raises on a stream with fewer samples than one batch: `mds_shards` warns about such streams."""
+    raises on a stream with fewer samples than one batch per canonical node: `mds_shards` warns
+    about such streams, or with `small_streams: drop` does not publish them."""
 
     global_batch_size: int = Field(default=256, gt=0, description="Samples per global batch (all ranks) in training.")
+    canonical_nodes: int = Field(
+        default=1, gt=0,
+        description="The trainer's num_canonical_nodes: a stream needs global_batch_size x canonical_nodes samples.")
+    small_streams: Literal["warn", "drop"] = Field(
+        default="warn",
+        description="A stream below global_batch_size x canonical_nodes samples: `warn` (the check "
+                    "mds_shards_stream_sizes; the trainer must leave it out) or `drop` (mds_shards does not publish it; "
+                    "its rows are rejects `small_stream`, so a trainer listing the MDS folders needs no patch).")
+
+    def stream_minimum(self) -> int:
+        return self.global_batch_size * self.canonical_nodes
+
+    def min_stream_samples(self) -> int:
+        """What `mds_shards` must not publish below: the minimum under `drop`, else 0 (publish all)."""
+        return self.stream_minimum() if self.small_streams == "drop" else 0

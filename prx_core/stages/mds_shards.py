@@ -44,6 +44,7 @@ from prx_core.upkeep.indexing import index_table
 
 ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
 CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
+SMALL_STREAM = "small_stream"  # reject reason of a dropped stream's rows (training.small_streams: drop)
 SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
 
 
@@ -57,6 +58,7 @@ class MdsReport:
     read_versions: dict[str, int] = field(default_factory=dict)
     mds_index_version: int = 0
     units: dict[str, UnitResults] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)  # stream -> samples, below min_stream_samples: unpublished
 
     @property
     def images_per_second(self) -> float:
@@ -138,6 +140,9 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     record = read_chunk_record(folder, storage.storage_options)
     stored = record.filter(pc.field("reason").is_null())
     refused = record.filter(pc.field("reason").is_valid())
+    if unit.spec.get("dropped"):  # the stream is too small to train on: its rows become rejects
+        refused = pa.concat_tables([refused, dropped_rows(stored, unit.spec["dropped"])])
+        stored = stored.slice(0, 0)
     n = stored.num_rows
     index = pa.table({
         "sample_id": stored["sample_id"], "source": pa.array([source] * n, pa.string()),
@@ -159,6 +164,29 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": n, **unit_outputs(storage, "mds_index", written, refused_fragments)}
 
 
+def dropped_rows(stored: pa.Table, why: str) -> pa.Table:
+    """A dropped stream's stored chunk-record rows, refused with reason SMALL_STREAM and `why`."""
+    n = stored.num_rows
+    stored = stored.set_column(stored.schema.get_field_index("reason"), "reason", pa.array([SMALL_STREAM] * n, pa.string()))
+    return stored.set_column(stored.schema.get_field_index("message"), "message", pa.array([why] * n, pa.string()))
+
+
+def small_streams(chunks: list[Unit], written: UnitResults, minimum: int) -> dict[StreamKey, int]:
+    """Streams holding fewer than `minimum` stored samples, with their counts (policy `drop`);
+    none when `minimum` is 0 (policy `warn`)."""
+    if minimum <= 0:
+        return {}
+    rows: Counter[StreamKey] = Counter()
+    for chunk, summary in zip(chunks, written.summaries):
+        rows[tuple(chunk.spec["stream"])] += summary["rows"]
+    return {key: n for key, n in rows.items() if 0 < n < minimum}
+
+
+def drop_message(source: str, key: StreamKey, samples: int, minimum: int) -> str:
+    return (f"stream {source}/{stream_name(*key)} holds {samples} samples, fewer than one global batch x canonical "
+            f"nodes ({minimum}): not published (training.small_streams: drop)")
+
+
 def pin_inputs(run: StageRun) -> dict[str, int]:
     """The `samples` version the route units read (planned into row ranges) and the `captions`
     version the chunks join; refused while there are no captions yet."""
@@ -177,11 +205,19 @@ def write_streams(run: StageRun) -> None:
     routed = run.units("route", [Unit(f"route-{u.id}", u.rows, u.spec) for u in run.state["route"]], route_unit)
     chunks = plan_chunks(routed, run["chunk_rows"])
     written = run.units("chunks", chunks, chunk_unit)
-    run.state["streams"] = publish_source(
-        run.storage.root, run.partition, [(tuple(c.spec["stream"]), s["name"], s["rows"], s["rejected"])
-                                          for c, s in zip(chunks, written.summaries)], run.storage.storage_options)
+    minimum = run["min_stream_samples"]
+    small = small_streams(chunks, written, minimum)
+    run.state["dropped"] = {stream_name(*key): n for key, n in small.items()}
+    published = [(tuple(c.spec["stream"]), s["name"], 0 if tuple(c.spec["stream"]) in small else s["rows"],
+                  s["rejected"]) for c, s in zip(chunks, written.summaries)]  # a dropped stream stores nothing
+    run.state["streams"] = publish_source(run.storage.root, run.partition, published, run.storage.storage_options)
     offsets = _offsets(chunks, written)
-    run.units("index", [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"]})
+
+    def dropped(key: StreamKey) -> str | None:
+        return drop_message(run.partition, key, small[key], minimum) if key in small else None
+
+    run.units("index", [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"],
+                                                       "dropped": dropped(tuple(c.spec["stream"]))})
                         for c, s in zip(chunks, written.summaries)], index_unit)
 
 
@@ -193,15 +229,19 @@ def commit_index(run: StageRun) -> dict[str, int]:
 
 def report_streams(run: StageRun) -> MdsReport:
     written = run.results["chunks"]
-    return MdsReport(run.partition, written.total("rows"), run.state["streams"], written.counts("reasons"),
-                     run.seconds, dict(run.inputs), run.versions["mds_index"], dict(run.results))
+    rejects = written.counts("reasons")
+    if run.state["dropped"]:
+        rejects[SMALL_STREAM] = sum(run.state["dropped"].values())
+    return MdsReport(run.partition, written.total("rows") - sum(run.state["dropped"].values()), run.state["streams"],
+                     rejects, run.seconds, dict(run.inputs), run.versions["mds_index"], dict(run.results),
+                     dict(run.state["dropped"]))
 
 
 MDS_SHARDS = Stage(
     "mds_shards", reads=("samples", "captions"), writes=("mds_index", "rejects"), code_version="2",
     report_type=MdsReport,
     settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
-              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS},
+              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0},
     # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
     # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
     phases=("chunks", "route", "index"),

@@ -123,3 +123,31 @@ def test_rerun_gives_byte_identical_shards(corpus: Corpus, tmp_path: Path) -> No
     assert read(root, "mds_index", filter=f"source = '{source}'").sort_by("sample_id").to_pylist() == index_before
     assert {s: tree_digest(root / "mds" / s) for s in others} == others
     assert not list((root / "_runs").rglob("run.json"))  # no attempt left behind
+
+
+def test_small_streams_drop_is_configured_versioned_and_reported(corpus: Corpus, tmp_path: Path) -> None:
+    """`training.small_streams: drop` (with the trainer's batch and canonical nodes) changes the
+    asset's code version, publishes only the streams that fill a batch per canonical node, and
+    names the dropped ones in the metadata; the check then passes."""
+    from prx_assets.definitions import build_assets
+
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    source = "stock_photos"
+    sizes = bucketed(corpus, source)
+    minimum = 4
+    assert any(n < minimum for n in sizes.values()) and any(n >= minimum for n in sizes.values())
+    config = {"training": {"global_batch_size": 2, "canonical_nodes": 2, "small_streams": "drop"}}
+    resources = resources_for(corpus, root, config)
+    versions = {a.key.to_user_string(): a.code_versions_by_key for a in build_assets(resources)}
+    stock = {a.key.to_user_string(): a.code_versions_by_key for a in build_assets(corpus.resources)}
+    assert versions["mds_shards"] != stock["mds_shards"] and versions["skip_lists"] == stock["skip_lists"]
+    result = materialize(resources, ["mds_shards"], source, fresh_instance(corpus.catalog))
+    assert result.success
+    meta = materialized(result)["mds_shards"]
+    assert meta["streams_dropped"] == {k: n for k, n in sizes.items() if n < minimum}
+    assert meta["streams"] == sum(n >= minimum for n in sizes.values())
+    assert check(result, "mds_shards_stream_sizes").passed and check(result, "mds_shards_readable").passed
+    assert {"/".join(p.parts[-3:-1]) for p in (root / "mds" / source).glob("*/*/index.json")} == \
+           {k for k, n in sizes.items() if n >= minimum}
+    small = read(root, "rejects", filter=f"source = '{source}' AND stage = 'mds_shards' AND reason = 'small_stream'")
+    assert small.num_rows == sum(n for n in sizes.values() if n < minimum)

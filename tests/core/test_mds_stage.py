@@ -177,3 +177,35 @@ def test_a_sigkilled_mds_run_resumes_and_never_exposes_a_partial_stream(storage:
     assert report.units["route"].ran == 0  # every routing unit was recorded before the kill
     assert streams(storage.root) == reference(storage, str(tmp_path / "ref"))
     assert json.loads(Path(report.streams[0].uri, "index.json").read_text())["version"] == 2
+
+
+def test_drop_leaves_small_streams_unpublished_and_their_rows_rejects(storage: Storage) -> None:
+    """`training.small_streams: drop`: a stream below the minimum is not published (a trainer
+    listing the folders never meets it), its rows are `small_stream` rejects naming it, not lost;
+    the others are exactly what `warn` publishes; lowering the minimum publishes it again."""
+    from prx_core.shards.manifest import load_manifest
+    from prx_core.stages.mds_shards import SMALL_STREAM
+
+    everything = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)
+    sizes = {s.name: s.samples for s in everything.streams}
+    minimum = sorted(set(sizes.values()))[-1]  # every stream but the largest is below it
+    assert len(sizes) >= 2 and sum(n < minimum for n in sizes.values()) >= 1
+    before = streams(storage.root)
+    report = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000, min_stream_samples=minimum)
+    kept = {s.name for s in report.streams}
+    assert kept == {name for name, n in sizes.items() if n >= minimum}
+    assert report.dropped == {name: n for name, n in sizes.items() if n < minimum}
+    assert streams(storage.root) == {k: v for k, v in before.items() if k.split("/", 3)[-1] in kept}
+    rejected = lance_io.read_table(storage.lance_uri("rejects"), filter=rejects_predicate("photos", "mds_shards"))
+    small = [r for r in rejected.to_pylist() if r["reason"] == SMALL_STREAM]
+    assert len(small) == sum(report.dropped.values()) == report.rejects[SMALL_STREAM]
+    assert all(f"fewer than one global batch x canonical nodes ({minimum})" in r["message"] for r in small)
+    index = lance_io.read_table(storage.lance_uri("mds_index"), filter=source_predicate("photos"))
+    assert index.num_rows == report.written == sum(s.samples for s in report.streams)
+    tiers = {int(name.split("/")[0]) for name in sizes}
+    manifests = [load_manifest(storage.root, t) for t in tiers]
+    listed = {f"{p.tier}/{p.width}x{p.height}" for m in manifests for p in m.plans()}
+    refused = {name.split("/", 1)[1] for m in manifests for name in m.refused}  # no skip_lists run yet
+    assert listed | refused == kept  # the manifest knows only what is published
+    again = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)  # back to warn
+    assert {s.name for s in again.streams} == set(sizes) and streams(storage.root) == before
