@@ -23,6 +23,13 @@ def _storage(root: str, config: str | None):  # -> Storage
     return Storage(root, load_settings().section("storage").get("storage_options") or {})
 
 
+def _training():  # -> TrainingResource, from the config `_storage` selected
+    from prx_assets.settings import load_settings
+    from prx_resources import TrainingResource
+
+    return TrainingResource(**load_settings().section("training"))
+
+
 def _missing_corpus(storage) -> str | None:  # storage: Storage
     """Why `storage` is not a corpus these commands can work on, or None."""
     from prx_core.store import lance_io
@@ -131,11 +138,13 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
     except _errors() as exc:
         return _fail("manifest", exc)
     refused: dict[str, str] = {}
+    minimum = _training().stream_minimum()
     for tier, name in sorted(current.items()):
         header = read_manifest_header(storage.root, tier, name, storage.storage_options)
         samples = sum(s["count"] for s in header["streams"])
+        small = sum(s["count"] < minimum for s in header["streams"])
         print(f"tier {tier}: {name}: {len(header['streams'])} streams, {samples} samples, {header['count']} skipped, "
-              f"{len(header['refused'])} refused")
+              f"{len(header['refused'])} refused, {small} below {minimum} samples (one global batch x canonical nodes)")
         refused.update(header["refused"])
     for stream, why in sorted(refused.items()):
         print(f"  refused {stream}: {why}")
@@ -146,7 +155,7 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Add `opt-out` and `rewrite-stream` to the `prx-corpus` subcommands."""
+    """Add `opt-out`, `rewrite-stream` and `manifest` to the `prx-corpus` subcommands."""
     opt = sub.add_parser("opt-out", help="skip (or with --delete-bytes, delete) a file of sample ids: skip-lists, "
                                          "samples and the MDS streams that held them (docs/operations.md)")
     opt.add_argument("--ids", required=True, help="file of sample ids, one a line: <source>/<source_key>")
