@@ -87,7 +87,7 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, sto
         found = loaded.plans(None if sources is None else list(sources))
         refused = {n: why for n, why in loaded.refused.items() if sources is None or n.split("/")[0] in sources}
         if refused:
-            name, why = sorted(refused.items())[0]
+            why = refused[min(refused)]
             more = f" ({len(refused) - 1} more streams refused)" if len(refused) > 1 else ""
             raise UnfilteredStream(f"{why}{more} [manifest {loaded.name}]")
     for source in sources or []:
