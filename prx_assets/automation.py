@@ -16,6 +16,7 @@ from pydantic import Field
 from prx_assets.common import SOURCES
 from prx_assets.settings import CPU_STAGES, GPU_CHAIN, PER_SOURCE, THEN_TAG, Settings, SettingsError, load_settings
 from prx_core.compute.parallel import run_on_worker
+from prx_core.shards.manifest_publish import prune_tier_manifests
 from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io
 from prx_core.store.retention import pinned_versions
@@ -135,7 +136,8 @@ class CompactConfig(dg.Config):
 
 @dg.op(description="Per table: merge small fragments (per source for per-source tables), clean versions "
                    "superseded longer than the retention ago and pinned by no running stage, merge index "
-                   "segments; then remove MDS chunks no published index has referenced for the retention")
+                   "segments; then remove MDS chunks no published index has referenced for the retention, and "
+                   "tier manifests superseded for the retention")
 def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray: RayResource, config: CompactConfig) -> None:
     store = storage.storage()
     options = store.lance_storage_options()
@@ -151,6 +153,8 @@ def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray
     pruned = prune_streams(store.root, config.mds_retention_hours * 3600, store.storage_options)
     context.log.info(f"mds: {pruned.streams} streams, {len(pruned.removed)} superseded chunks removed, "
                      f"{pruned.kept_recent} kept within the retention")
+    manifests = prune_tier_manifests(store.root, config.mds_retention_hours * 3600, store.storage_options)
+    context.log.info(f"manifests: {len(manifests)} superseded tier manifests removed")
 
 
 @dg.job(description="Compact every Lance table and clean old versions safely.")

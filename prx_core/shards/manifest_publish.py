@@ -242,6 +242,24 @@ def source_in_manifests(root: str, source: str, digests: dict[str, str], storage
     return found == digests
 
 
+def prune_tier_manifests(root: str, retention_seconds: float = RETENTION_SECONDS, storage_options: dict | None = None,
+                         now: float | None = None) -> list[str]:
+    """Every tier's manifests superseded for the retention (what `compact_corpus` runs, so they go
+    also when no source publishes): the URIs removed. The current one always stays."""
+    root = _normalize(root)
+    fs = filesystem_for(root, storage_options)
+    fs.invalidate_cache()
+    removed = []
+    base = join_uri(root, FOLDER)
+    for path in fs.ls(base, detail=False) if fs.exists(base) else []:
+        tier = path.rstrip("/").rsplit("/", 1)[-1]
+        current = _current(root, int(tier), storage_options) if tier.isdigit() else None
+        if current is not None:
+            folder = tier_folder(root, int(tier))
+            removed += [join_uri(folder, n) for n in prune_manifests(fs, folder, current, retention_seconds, now)]
+    return removed
+
+
 def manifest_sources(root: str, storage_options: dict | None = None) -> list[str]:
     """Every source with a published stream or a manifest part: what `publish_manifests` covers."""
     root = _normalize(root)

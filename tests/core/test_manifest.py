@@ -237,3 +237,20 @@ def test_every_rank_reads_the_manifest_rank_0_resolved(tmp_path: Path) -> None:
         assert p.exitcode == 0
     for r in (0, 1):
         assert json.loads((tmp_path / f"{r}.json").read_text()) == ["m-seen-by-rank-0.prxm", "no manifest (rank 0)"]
+
+
+def test_compaction_prunes_superseded_manifests_and_keeps_the_current_one(corpus: str) -> None:
+    from prx_core.shards.manifest_publish import prune_tier_manifests
+
+    first = current_name(corpus, 512)
+    publish(corpus, "beta", {(512, 80, 48): [0]})
+    leftover = Path(corpus, "manifests", "512", ".assembling-crashed.prxm")  # a crashed assembler's temporary
+    leftover.write_bytes(b"partial")
+    assert prune_tier_manifests(corpus, retention_seconds=3600) == []  # all superseded within the hour
+    later = os.path.getmtime(Path(corpus, "manifests", "512", "superseded.json")) + 7200
+    removed = prune_tier_manifests(corpus, retention_seconds=3600, now=later)
+    assert {first, leftover.name} <= {Path(r).name for r in removed}  # and the fixture's earlier ones
+    names = {p.name for p in Path(corpus, "manifests", "512").glob("*.prxm")} | \
+            {p.name for p in Path(corpus, "manifests", "512").glob(".*.prxm")}
+    assert names == {current_name(corpus, 512)}
+    assert CorpusDataset(corpus, 512, batch_size=2).manifest_name == current_name(corpus, 512)
