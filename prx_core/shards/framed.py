@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import BinaryIO
 
 import numpy as np
 
@@ -45,15 +46,20 @@ def read_header(data: bytes, magic: bytes, kind: str, where: str) -> tuple[dict,
     return header, offset
 
 
+def read_head(handle: BinaryIO, magic: bytes, kind: str, where: str) -> tuple[dict, int]:
+    """The header of an open framed file (one read of HEAD bytes, a second for a longer header)."""
+    header, offset = read_header(handle.read(HEAD), magic, kind, where)
+    if not header:
+        handle.seek(0)
+        header, offset = read_header(handle.read(offset), magic, kind, where)
+    return header, offset
+
+
 def map_framed(path: str, magic: bytes, kind: str, where: str | None = None) -> tuple[dict, np.ndarray]:
     """A local framed file: its header, and its array memory-mapped read-only (header `count`)."""
     where = where or path
     with open(path, "rb") as handle:
-        head = handle.read(HEAD)
-        header, offset = read_header(head, magic, kind, where)
-        if not header:
-            handle.seek(0)
-            header, offset = read_header(handle.read(offset), magic, kind, where)
+        header, offset = read_head(handle, magic, kind, where)
     count = header.get("count", 0)
     if not isinstance(count, int) or count < 0:
         raise ValueError(f"{where}: {kind} header count must be a non-negative integer")

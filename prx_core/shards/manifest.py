@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_core.shards.framed import HEAD, frame_head, map_framed, read_header
+from prx_core.shards.framed import frame_head, map_framed, read_head
 from prx_core.shards.node_cache import node_lock
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import stream_key
@@ -167,11 +167,7 @@ def read_manifest_header(root: str, tier: int, name: str, storage_options: dict 
 def read_framed_header(fs: Any, uri: str) -> tuple[dict, int]:
     """A part's or a manifest's header and the byte offset of its positions."""
     with fs.open(uri, "rb") as handle:
-        head = handle.read(HEAD)
-        header, offset = read_header(head, MAGIC, "corpus manifest", uri)
-        if not header:
-            handle.seek(0)
-            header, offset = read_header(handle.read(offset), MAGIC, "corpus manifest", uri)
+        header, offset = read_head(handle, MAGIC, "corpus manifest", uri)
     return _checked(header, uri), offset
 
 
