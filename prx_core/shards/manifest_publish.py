@@ -146,14 +146,10 @@ def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now
     folder = tier_folder(root, tier)
     for _ in range(ASSEMBLE_ATTEMPTS):
         seen = _fingerprints(fs, join_uri(folder, PARTS))
-        name = _write_manifest(fs, folder, tier, [join_uri(folder, PARTS, part) for part in sorted(seen)])
-        previous = _current(root, tier, storage_options)
+        pointer = _write_manifest(fs, folder, tier, [join_uri(folder, PARTS, part) for part in sorted(seen)])
+        name, previous = pointer["manifest"], _current(root, tier, storage_options)
         if previous != name:
             note_superseded(fs, folder, [previous] if previous else [], [name], now)
-            header = read_framed_header(fs, join_uri(folder, name))[0]
-            pointer = {"manifest": name, "streams": len(header["streams"]),
-                       "samples": sum(e["count"] for e in header["streams"]), "skipped": header["count"],
-                       "refused": len(header["refused"])}
             put_atomic(fs, join_uri(folder, CURRENT), json.dumps(pointer, sort_keys=True).encode())
         if _fingerprints(fs, join_uri(folder, PARTS)) == seen:
             break
@@ -164,9 +160,10 @@ def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now
     return name
 
 
-def _write_manifest(fs: fsspec.AbstractFileSystem, folder: str, tier: int, parts: list[str]) -> str:
+def _write_manifest(fs: fsspec.AbstractFileSystem, folder: str, tier: int, parts: list[str]) -> dict[str, Any]:
     """The parts' headers merged, then their positions streamed after it in COPY_BYTES pieces (a
-    1B-sample tier's 400 MB never held at once), into a temporary object renamed to its digest."""
+    1B-sample tier's 400 MB never held at once), into a temporary object renamed to its digest;
+    returns what `current.json` says of it."""
     heads = [read_framed_header(fs, uri) for uri in parts]
     entries = [{k: v for k, v in e.items() if k != "offset"} for header, _ in heads for e in header["streams"]]
     refused = {n: why for header, _ in heads for n, why in header["refused"].items()}
@@ -192,7 +189,8 @@ def _write_manifest(fs: fsspec.AbstractFileSystem, folder: str, tier: int, parts
         fs.rm_file(tmp)
     else:
         fs.mv(tmp, join_uri(folder, name))
-    return name
+    return {"manifest": name, "streams": len(entries), "samples": sum(e["count"] for e in entries),
+            "skipped": sum(int(e["skips"]) for e in entries), "refused": len(refused)}
 
 
 def _current(root: str, tier: int, storage_options: dict | None) -> str | None:
