@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from prx_assets.settings import UNSTORED
 from prx_core.compute.units import UnitResults
+from prx_core.shards.encodings import latent_columns
 from prx_core.shards.mds import MDS_COLUMNS
 from prx_core.sources.catalog import NAME_PATTERN, Catalog, CatalogError, SourceSpec
 from prx_core.store.locks import RUN_LABEL
@@ -195,9 +196,10 @@ def arrow_schema(schema: pa.Schema) -> dg.TableSchema:
     return dg.TableSchema(columns=[dg.TableColumn(f.name, str(f.type)) for f in schema])
 
 
-def mds_schema() -> dg.TableSchema:
-    """The columns of every MDS stream, with their streaming encodings."""
-    return dg.TableSchema(columns=[dg.TableColumn(name, encoding) for name, encoding in MDS_COLUMNS.items()])
+def mds_schema(latents: Mapping[str, Any] | None = None) -> dg.TableSchema:
+    """The columns of every MDS stream, with their streaming encodings (and the text latents' when configured)."""
+    columns = MDS_COLUMNS | (latent_columns(latents["preset"], latents["masks"]) if latents else {})
+    return dg.TableSchema(columns=[dg.TableColumn(name, encoding) for name, encoding in columns.items()])
 
 
 def dataset_metadata(store: Any, rows: int, *, table: str | None = None, uri: str | None = None,

@@ -4,6 +4,7 @@ raw_source -> samples -> buckets -> captions -> caption_labels -> skip_lists
                       -> phashes -> duplicates (global) ------------^
                          buckets + captions -> mds_shards ----------^
               samples + captions -> caption_embeddings (for the explorer; nothing depends on it)
+              samples + captions -> text_latents (optional, off unless configured) -> mds_shards
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from prx_assets.raw_source import raw_source
 from prx_assets.samples import samples_asset
 from prx_assets.settings import Settings, load_settings
 from prx_assets.skip_lists import skip_lists_asset
+from prx_assets.text_latents import text_latents_asset
 from prx_resources import (
     CaptionerResource,
     CatalogResource,
@@ -35,6 +37,7 @@ from prx_resources import (
     RayCluster,
     SkipPolicyResource,
     StorageResource,
+    TextLatentsResource,
     TrainingResource,
     UnitsResource,
 )
@@ -50,6 +53,7 @@ def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
         "captioner": CaptionerResource(**settings.section("captioner")),
         "labeler": LabelerResource(**settings.section("labeler")),
         "embedder": EmbedderResource(**settings.section("embedder")),
+        "text_latents": TextLatentsResource(**settings.section("text_latents")),
         "policy": SkipPolicyResource(**settings.section("skip_policy")),
         "explorer": ExplorerResource(**settings.section("explorer")),
         "units": UnitsResource(**settings.section("units")),
@@ -65,7 +69,9 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
     return with_conventions([
         raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
         captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
-        mds_shards_asset(storage, captioner, resources["training"]), skip_lists_asset(captioner, labeler, policy), corpus_plan,
+        text_latents_asset(captioner, resources["text_latents"]),
+        mds_shards_asset(storage, captioner, resources["training"], resources["text_latents"]),
+        skip_lists_asset(captioner, labeler, policy), corpus_plan,
     ], resources)  # owners, and kinds true for the configured root and the catalog's formats
 
 

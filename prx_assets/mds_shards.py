@@ -22,7 +22,14 @@ from prx_assets.common import (
 )
 from prx_assets.versions import streams_version
 from prx_core.stages.entry import Progress, PublishReport
-from prx_resources import CaptionerResource, CatalogResource, StorageResource, TrainingResource, UnitsResource
+from prx_resources import (
+    CaptionerResource,
+    CatalogResource,
+    StorageResource,
+    TextLatentsResource,
+    TrainingResource,
+    UnitsResource,
+)
 from prx_resources.ray import run_stage
 
 CHECKS = [
@@ -44,16 +51,18 @@ DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>
                "skip-lists absorb policy changes.")
 
 
-def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource,
-                     training: TrainingResource) -> dg.AssetsDefinition:
+def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, training: TrainingResource,
+                     latents: TextLatentsResource) -> dg.AssetsDefinition:
     drop = f"-drop{training.min_stream_samples()}" if training.min_stream_samples() else ""  # what is published
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions"], check_specs=CHECKS,
-              kinds={"ray", "mds"}, description=DESCRIPTION, owners=OWNERS,
+    stored = f"-latents{latents.version()}" if latents.enabled else ""  # samples carry text latents
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions", "text_latents"],
+              check_specs=CHECKS, kinds={"ray", "mds"}, description=DESCRIPTION, owners=OWNERS,
               code_version=f"2-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}"
-                           f"{drop}")
+                           f"{drop}{stored}")
     def mds_shards(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, units: UnitsResource, training: TrainingResource,
+        text_latents: TextLatentsResource,
     ) -> dg.MaterializeResult:
         source = catalog_source(context, catalog).name
         store = storage.storage()
@@ -61,7 +70,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource,
             context, ray, "mds_shards", source=source, storage=store,
             captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
             progress=Progress(f"mds_shards[{source}]", unit="chunks"), min_stream_samples=training.min_stream_samples(),
-            **units.settings("mds_shards"))
+            latents=text_latents.mds_settings(), **units.settings("mds_shards"))
         report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
         for stream, count in zip(report.streams, published.expectations):
@@ -83,7 +92,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource,
                       "streams_below_batch": dg.MetadataValue.json(small),
                       "streams_dropped": dg.MetadataValue.json(report.dropped),  # training.small_streams: drop
                       **dataset_metadata(store, sum(s.samples for s in report.streams), uri=store.uri("mds", source),
-                                         schema=mds_schema()),
+                                         schema=mds_schema(text_latents.mds_settings())),
                       **ops_metadata(report.units, report.seconds),
                       **lance_versions(**report.read_versions, buckets=buckets_version, mds_index=report.mds_index_version)},
             check_results=[

@@ -1,7 +1,7 @@
 """Which corpus the definitions build, from the environment (and an optional YAML file).
 
 `PRX_ROOT` (corpus root, local or s3://), `PRX_SOURCES` (the catalog) and `PRX_CONFIG` (a YAML
-file with resource fields: storage, captioner, labeler, embedder, skip_policy, explorer, ray, units, training, checks;
+file with resource fields: storage, captioner, labeler, embedder, text_latents, skip_policy, explorer, ray, units, training, checks;
 and `automation`: the schedules' cron strings and what the scheduled refresh materializes) are
 read once when the code location loads, because the captioner, labeler, embedder and policy
 settings become the `code_version`s of their assets. The defaults are the demo that `make demo` builds.
@@ -22,10 +22,10 @@ from prx_core.store.credentials import SecretInConfigError, refuse_literal_secre
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".prx" / "demo" / "corpus"
 DEFAULT_SOURCES = REPO / ".prx" / "demo" / "sources" / "sources.yaml"
-SECTIONS = ("storage", "captioner", "labeler", "embedder", "skip_policy", "explorer", "ray", "units", "training",
-            "checks", "automation")
+SECTIONS = ("storage", "captioner", "labeler", "embedder", "text_latents", "skip_policy", "explorer", "ray", "units",
+            "training", "checks", "automation")
 PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
-              "mds_shards"]
+              "text_latents", "mds_shards"]
 ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
 UNSTORED = ["corpus_plan"]  # assets beside the corpus: they write nothing under the root
 # A per-source backfill runs in two runs (prx_assets.backfill): the CPU stages, then the chain whose

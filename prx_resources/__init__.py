@@ -9,6 +9,7 @@ from prx_resources.explorer import ExplorerResource
 from prx_resources.models import CaptionerResource, EmbedderResource, LabelerResource, SkipPolicyResource
 from prx_resources.ray import EmbeddedRay, RayCluster
 from prx_resources.storage import StorageResource
+from prx_resources.text_latents import TextLatentsResource
 from prx_resources.training import TrainingResource
 from prx_resources.units import UnitsResource
 
@@ -23,6 +24,7 @@ __all__ = [
     "RayCluster",
     "SkipPolicyResource",
     "StorageResource",
+    "TextLatentsResource",
     "TrainingResource",
     "UnitsResource",
 ]

@@ -23,7 +23,8 @@ from pydantic import Field, model_validator
 from prx_core.stages.contents import FAILED_EXAMPLES
 
 MAX_EXAMPLES = FAILED_EXAMPLES  # offending samples the stages collect per check; `examples` shows at most this many
-RATE_CHECKS = ("samples_unique_sample_ids", "captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage")
+RATE_CHECKS = ("samples_unique_sample_ids", "captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage",
+               "text_latents_coverage")
 
 
 class ChecksResource(dg.ConfigurableResource):
@@ -46,6 +47,10 @@ class ChecksResource(dg.ConfigurableResource):
     caption_embeddings_coverage: float = Field(
         default=0.001, ge=0, le=1,
         description="Captioned contents without a caption embedding: largest passing share (explorer only).")
+    text_latents_coverage: float = Field(
+        default=0.001, ge=0, le=1,
+        description="Captioned contents without a text latent (when text_latents is configured): largest passing "
+                    "share. mds_shards refuses a sample without one (no_text_latent).")
     examples: int = Field(default=20, ge=0, le=MAX_EXAMPLES,
                           description="Offending samples listed in a rate check's metadata.")
 

@@ -22,6 +22,7 @@ FIELDS: dict[str, tuple[str, str]] = {  # resource field -> (stage, its setting)
     "captions_rows": ("captions", "unit_rows"),
     "caption_labels_rows": ("caption_labels", "unit_rows"),
     "caption_embeddings_rows": ("caption_embeddings", "unit_rows"),
+    "text_latents_rows": ("text_latents", "unit_rows"),
     "duplicates_rows": ("duplicates", "unit_rows"),
     "duplicates_rows_per_bucket": ("duplicates", "rows_per_bucket"),
     "mds_route_rows": ("mds_shards", "route_rows"),
@@ -48,6 +49,7 @@ class UnitsResource(dg.ConfigurableResource):
     captions_rows: int = unit_field("captions_rows")
     caption_labels_rows: int = unit_field("caption_labels_rows")
     caption_embeddings_rows: int = unit_field("caption_embeddings_rows")
+    text_latents_rows: int = unit_field("text_latents_rows")
     duplicates_rows: int = unit_field("duplicates_rows")
     duplicates_rows_per_bucket: int = unit_field("duplicates_rows_per_bucket")
     mds_route_rows: int = unit_field("mds_route_rows")

@@ -1,18 +1,82 @@
-"""Text latents as PRX's text tower computes them: the caption tokenized to `max_tokens` (padded,
-truncated, with an attention mask), through the text backbone of a Hugging Face checkpoint, its
-last hidden state kept in bfloat16.
+"""Text latents as PRX's text tower computes them: the caption cleaned, tokenized to `max_tokens`
+(padded, truncated, with an attention mask), through the text backbone of a Hugging Face
+checkpoint loaded in bfloat16, its last hidden state kept in bfloat16.
 
 Any checkpoint with a language model works; for a VLM (Qwen-VL family) the vision tower is never
-run, so the captioner's own checkpoint serves (PRX's `qwen3vl-8b-256-bf16` preset). Imported
-only where latents are computed: it loads torch.
+run, so the captioner's own checkpoint serves (PRX's `qwen3vl-8b-256-bf16` preset). torch is
+imported only where latents are computed; the config is read by drivers and Dagster too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import html
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from prx_core.models.caption_base import fingerprint_checkpoint
+
 DEFAULT_MAX_TOKENS = 256  # PRX's prompt_max_tokens
+CLEANINGS = ("basic", "none")
+LATENT_FORMAT = "last_hidden_state-bf16-right-padded-1"  # bump when what a stored latent means changes
+PRESET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # part of an MDS column name
+
+
+@dataclass(frozen=True)
+class TextLatentsConfig:
+    """What decides a latent: the checkpoint (by content), the preset's name (the MDS column's),
+    `max_tokens`, whether masks are kept (then a latent holds only the caption's tokens and PRX's
+    loader pads it from the mask; without, all `max_tokens` rows) and the cleaning. Batch size and
+    device decide speed only, so they stay out of `version()`."""
+
+    model: str
+    preset: str
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    masks: bool = True
+    cleaning: str = "basic"
+    batch_size: int = 16
+    device: str | None = None  # None: cuda when present, else cpu
+
+    def __post_init__(self) -> None:
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"text_latents.model {self.model!r} is not a local Hugging Face checkpoint "
+                             "(no config.json): give the checkpoint directory")
+        if not PRESET_NAME.fullmatch(self.preset):
+            raise ValueError(f"text_latents.preset {self.preset!r} must be 1-64 letters, digits, '.', '_' or '-' "
+                             "(it names the MDS columns, e.g. qwen3vl-8b-256-bf16)")
+        if not 1 <= self.max_tokens <= 8192:
+            raise ValueError(f"text_latents.max_tokens must be in [1, 8192], got {self.max_tokens}")
+        if self.cleaning not in CLEANINGS:
+            raise ValueError(f"text_latents.cleaning must be one of {CLEANINGS}, got {self.cleaning!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"text_latents.batch_size must be >= 1, got {self.batch_size}")
+
+    def version(self) -> str:
+        inputs = {"model": fingerprint_checkpoint(Path(self.model)), "preset": self.preset,
+                  "max_tokens": self.max_tokens, "masks": self.masks, "cleaning": self.cleaning,
+                  "format": LATENT_FORMAT}
+        return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
+
+    def encoder_id(self) -> str:
+        """Human-readable and stable: `<preset>:<12 hex of version>`."""
+        return f"{self.preset}:{self.version()[:12]}"
+
+
+def clean_caption(text: str | None, cleaning: str = "basic") -> str:
+    """PRX's basic cleaning (ftfy's mojibake repair, HTML entities unescaped twice, stripped);
+    `none` encodes the caption as stored."""
+    text = "" if text is None else str(text)
+    if cleaning == "none":
+        return text
+    import ftfy
+
+    return html.unescape(html.unescape(ftfy.fix_text(text))).strip()
 
 
 def text_backbone(model: Any) -> Any:
@@ -42,3 +106,60 @@ def encode_captions(model: Any, tokenizer: Any, captions: Sequence[str],
     with torch.inference_mode():
         out = backbone(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device))
     return out.last_hidden_state.to(torch.bfloat16), batch["attention_mask"].to(device).bool()
+
+
+def load_text_model(path: str, device: str | None = None) -> tuple[Any, Any]:
+    """(model in bfloat16 on `device`, tokenizer) of a local checkpoint, as PRX's text tower loads it:
+    the whole conditional-generation model for a VLM (its checkpoint's key layout), else the LM."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    loader = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+    model = loader.from_pretrained(path, local_files_only=True, dtype=torch.bfloat16).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token is None:  # a plain LM: pad with EOS (masked out either way)
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def latent_rows(latents: Any, mask: Any, masks: bool) -> list[tuple[bytes, int]]:
+    """Per caption: (the stored latent's bfloat16 bits, C order, and its valid token count). With
+    masks only the caption's tokens are stored (PRX pads from the mask), else all rows."""
+    import torch
+
+    bits = latents.detach().to("cpu").contiguous().view(torch.int16).numpy().view(np.uint16)
+    counts = mask.sum(dim=1).tolist()
+    return [((row[:n] if masks else row).tobytes(), int(n)) for row, n in zip(bits, counts)]
+
+
+class EncodeBatch:
+    """A model actor's callable: one bfloat16 model per actor. In: `content_id`, `caption`.
+    Out: `content_id`, `latent` (bytes), `tokens`, `hidden`, `encoder_id`, `encoder_version`."""
+
+    def __init__(self, config: TextLatentsConfig) -> None:
+        self.config = config
+        self.encoder_id, self.encoder_version = config.encoder_id(), config.version()
+        self.model, self.tokenizer = load_text_model(config.model, config.device)
+        self.hidden = int(text_backbone(self.model).config.hidden_size)
+
+    def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
+        content_ids = np.asarray(batch["content_id"], dtype=object)
+        texts = [clean_caption(c, self.config.cleaning) for c in batch["caption"]]
+        if len(content_ids) != len(texts):
+            raise ValueError(f"{len(content_ids)} content ids for {len(texts)} captions")
+        rows: list[tuple[bytes, int]] = []
+        for start in range(0, len(texts), self.config.batch_size):
+            latents, mask = encode_captions(self.model, self.tokenizer, texts[start:start + self.config.batch_size],
+                                            self.config.max_tokens)
+            rows += latent_rows(latents, mask, self.config.masks)
+        n = len(rows)
+        return {
+            "content_id": content_ids,
+            "latent": np.array([r[0] for r in rows], dtype=object),
+            "tokens": np.array([r[1] for r in rows], dtype=np.int32),
+            "hidden": np.full(n, self.hidden, dtype=np.int32),
+            "encoder_id": np.full(n, self.encoder_id, dtype=object),
+            "encoder_version": np.full(n, self.encoder_version, dtype=object),
+        }

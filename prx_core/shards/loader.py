@@ -47,6 +47,7 @@ from prx_core.shards.batching import (
     usable_streams,
     warn_left_out,
 )
+from prx_core.shards.encodings import convert_text_columns, register_encodings
 from prx_core.shards.manifest import Manifest, StreamPlan, check_indexes, current_name, load_manifest
 from prx_core.shards.manifest_publish import list_plans
 from prx_core.shards.mds import INDEX
@@ -56,6 +57,8 @@ from prx_core.shards.substitutes import Substitutes
 from prx_core.store.storage import is_remote
 
 __all__ = ["CorpusDataset", "StreamPlan", "collate", "plan_streams"]
+
+register_encodings()  # the `bf16` text latents: streaming's reader fails on an encoding it does not know
 
 
 def _root(root: str) -> str:
@@ -127,7 +130,10 @@ class CorpusDataset(StreamingDataset):
     `width` x `height`, the stream's bucket), `caption` (str: the captioner's, or the cleaned source
     caption), `original_caption` (str), `width`, `height`, `original_width`, `original_height` (int:
     the bucket and the source image's upright size), `sample_id` (str, `<source>/<source_key>`) and
-    `source` (str).
+    `source` (str). Where text latents are configured, also `latent_caption_<preset>` (torch.bfloat16
+    [tokens, hidden], as PRX's `bf16` decoder returns it) and, with masks,
+    `attention_mask_caption_<preset>` (1-D torch.bool of the prompt's full length whose sum is the
+    latent's token count: PRX's loader zero-pads the latent to the mask's length).
     """
 
     def __init__(self, root: str, tier: int, sources: Sequence[str] | None = None,
@@ -223,7 +229,7 @@ class CorpusDataset(StreamingDataset):
         return sample_id - j + subs(j, self._epoch)
 
     def get_item(self, sample_id: int, retry: int = 7) -> Any:
-        return super().get_item(self.substitute(sample_id), retry)
+        return convert_text_columns(super().get_item(self.substitute(sample_id), retry))
 
     def _get_work(self, epoch: int, sample_in_epoch: int) -> np.ndarray:
         # Runs in every iterating process before any sample is read; resumption restores epoch.

@@ -1,11 +1,15 @@
 """Mosaic Data Shards for the corpus: one stream per (source, tier, bucket), written in chunks.
 
 Layout `<root>/mds/<source>/<tier>/<w>x<h>/index.json` (version 2, ~128 MB shards, xxh64), read by
-the PRX trainer with mosaicml-streaming's stock encodings, so nothing here may need a custom
-decoder. A stream is written as chunk folders `<w>x<h>/<chunk>/` (each a complete MDS folder with
-its own index.json, written by one worker, plus `prx-chunk.parquet`, what it holds) and published
-by writing the stream's index.json, merged from its chunks' indexes the way streaming's
-`merge_index` does (basenames prefixed by the chunk folder: one folder level, streaming#959).
+the PRX trainer with mosaicml-streaming's stock encodings, with one exception: the text-latent
+columns (`latent_caption_<preset>`, present only when text latents are configured) use the `bf16`
+encoding PRX's trainer registers itself; `prx_core.shards.encodings` registers the same bytes under
+that name for our writer and loader (their masks, `attention_mask_caption_<preset>`, use the stock
+`ndarray:uint8`). A stream is written as chunk folders `<w>x<h>/<chunk>/` (each a complete MDS
+folder with its own index.json, written by one worker, plus `prx-chunk.parquet`, what it holds)
+and published by writing the stream's index.json, merged from its chunks' indexes the way
+streaming's `merge_index` does (basenames prefixed by the chunk folder: one folder level,
+streaming#959).
 
 Publishing never breaks a reader: a chunk folder's name is never reused for other bytes,
 index.json is written last in one atomic step (os.replace, or one PUT), and chunk folders an
@@ -21,7 +25,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import fsspec
@@ -95,12 +99,17 @@ def read_chunk_record(folder: str, storage_options: dict | None = None) -> pa.Ta
 
 
 def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None = None,
-                refused: Sequence[dict] = ()) -> ChunkSummary:
-    """Write `rows` (MDS columns plus the encoded `jpeg`, in stream order) as one complete chunk
+                refused: Sequence[dict] = (), columns: Mapping[str, str] | None = None) -> ChunkSummary:
+    """Write `rows` (the MDS columns plus the encoded `jpeg`, in stream order) as one complete chunk
     folder at `folder`, which appears whole: locally by one rename, remotely with index.json
     uploaded last. A leftover incomplete folder of the same name (a crashed writer) is replaced.
     `refused` (sample_id, content_id, source_key, reason, message; it may fill while `rows` is
-    consumed) is recorded after the stored samples, so a reused chunk still knows its rejects."""
+    consumed) is recorded after the stored samples, so a reused chunk still knows its rejects.
+    `columns` (name -> MDS encoding, default MDS_COLUMNS) adds columns such as the text latents
+    (`prx_core.shards.encodings.latent_columns`), each taken from the rows as is."""
+    columns = dict(MDS_COLUMNS if columns is None else columns)
+    if missing := [c for c in MDS_COLUMNS if columns.get(c) != MDS_COLUMNS[c]]:
+        raise ValueError(f"columns must extend MDS_COLUMNS (PRX reads them): {missing} missing or re-encoded")
     remote = is_remote(folder)
     parent = tempfile.gettempdir() if remote else os.path.dirname(folder)
     with naming_full_disk(parent):
@@ -108,7 +117,7 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
         local = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", dir=parent)
     try:
         with naming_full_disk(local if remote else folder):
-            summary = _write_local_chunk(rows, local, os.path.basename(folder), refused)
+            summary = _write_local_chunk(rows, local, os.path.basename(folder), refused, columns)
         fs = filesystem_for(folder, storage_options)
         names = sorted(n for n in os.listdir(local) if n != INDEX)
         if remote:
@@ -126,17 +135,18 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
         shutil.rmtree(local, ignore_errors=True)
 
 
-def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Sequence[dict]) -> ChunkSummary:
+def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Sequence[dict],
+                       columns: dict[str, str]) -> ChunkSummary:
     from prx_core.shards.mds_writer import (
         BytesJpegMDSWriter,  # streaming imports torch: ~15 s, only where shards are written
     )
 
-    writer = BytesJpegMDSWriter(columns=MDS_COLUMNS, out=local, hashes=HASHES, size_limit=SIZE_LIMIT, max_workers=1)
+    writer = BytesJpegMDSWriter(columns=columns, out=local, hashes=HASHES, size_limit=SIZE_LIMIT, max_workers=1)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}
     try:
         for row in rows:
             _check_jpeg(row)
-            sample = {c: row[c] for c in MDS_COLUMNS if c != "image"}
+            sample = {c: row[c] for c in columns if c != "image"}
             sample["image"] = row["jpeg"]
             writer.write(sample)
             for column, value in (("sample_id", row["sample_id"]), ("content_id", row.get("content_id")),

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
+from prx_core.shards.encodings import is_text_column, register_encodings
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
@@ -82,9 +83,11 @@ def split_columns(data: bytes, names: list[str], sizes: list[int | None]) -> dic
 
 def read_stream_rows(uri: str, columns: list[str] | None = None,
                      storage_options: dict | None = None) -> list[dict[str, Any]]:
-    """Rows in index order; `image` stays the raw stored JPEG bytes, other columns decoded."""
+    """Rows in index order; `image` stays the raw stored JPEG bytes, other columns decoded (text
+    latents to torch.bfloat16 tensors)."""
     from streaming.base.format.mds.encodings import mds_decode
 
+    register_encodings()
     with _local_copy(uri, storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
@@ -117,8 +120,11 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
     report = ShardReport(raw["basename"], 0, True, [])
     bucket = BUCKET_FOLDER.fullmatch(stream.rstrip("/").rsplit("/", 1)[-1])
     with _shard_copy(stream, raw["basename"], storage_options) as local:
-        if dict(zip(info["column_names"], info["column_encodings"])) != MDS_COLUMNS:
-            report.problems.append(f"{raw['basename']}: column encodings differ from MDS_COLUMNS")
+        columns = dict(zip(info["column_names"], info["column_encodings"]))
+        extra = {k: v for k, v in columns.items() if k not in MDS_COLUMNS}
+        if ({k: columns.get(k) for k in MDS_COLUMNS} != MDS_COLUMNS
+                or not all(is_text_column(k, v) for k, v in extra.items())):
+            report.problems.append(f"{raw['basename']}: column encodings differ from MDS_COLUMNS (plus text latents)")
         path = os.path.join(local, raw["basename"])
         data = Path(path).read_bytes() if os.path.isfile(path) else b""
         if get_hash("xxh64", data) != raw["hashes"].get("xxh64"):

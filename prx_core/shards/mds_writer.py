@@ -10,6 +10,10 @@ import numpy as np
 from streaming import MDSWriter
 from streaming.base.format.mds.encodings import mds_encode
 
+from prx_core.shards.encodings import register_encodings
+
+register_encodings()  # `bf16` text-latent columns: MDSWriter refuses an encoding it does not know
+
 
 class BytesJpegMDSWriter(MDSWriter):
     """An MDSWriter whose `jpeg` columns take already-encoded JPEG bytes and store them verbatim.

@@ -29,7 +29,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_core.shards.mds import INDEX, StreamKey, chunk_complete, list_streams, read_chunk_record, stream_uri, write_chunk
+from prx_core.shards.mds import (
+    INDEX,
+    MDS_COLUMNS,
+    StreamKey,
+    chunk_complete,
+    list_streams,
+    read_chunk_record,
+    stream_uri,
+    write_chunk,
+)
 from prx_core.shards.mds_read import _iter_raw_rows, _local_copy
 from prx_core.shards.publish import publish_stream, unpublish_streams
 from prx_core.shards.retention import read_superseded, referenced_chunks, write_superseded
@@ -37,7 +46,7 @@ from prx_core.shards.skip_records import check_record, read_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, source_predicate
-from prx_core.store.storage import Storage, join_uri
+from prx_core.store.storage import Storage, filesystem_for, join_uri
 from prx_core.upkeep.indexing import index_table
 
 REWRITE_FORMAT = "rewrite-1"  # bump when what a rewritten chunk's bytes depend on changes
@@ -117,23 +126,31 @@ def rewritten_name(old: str, dropped_ids: list[str]) -> str:
     return "c-" + digest.hexdigest()[:24]
 
 
-def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[int]) -> Iterator[dict]:
+def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[int],
+               columns: dict[str, str]) -> Iterator[dict]:
     """The chunk's stored rows in order (`stored`: its record's rows with no reason), dropped
-    positions left out, images verbatim."""
+    positions left out, images and text latents verbatim (the writer stores bytes as given)."""
     from streaming.base.format.mds.encodings import mds_decode
 
     stored = stored.select(["content_id", "source_key"]).to_pylist()
     with _local_copy(folder, storage.storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
-        for position, (info, raw) in enumerate(_iter_raw_rows(local, index)):
+        for position, (_, raw) in enumerate(_iter_raw_rows(local, index)):
             if position in drop_local:
                 continue
-            encodings = dict(zip(info["column_names"], info["column_encodings"]))
-            row = {k: mds_decode(encodings[k], v) for k, v in raw.items() if encodings[k] != "jpeg"}
+            row = {k: mds_decode(columns[k], v) if k in MDS_COLUMNS else v for k, v in raw.items()
+                   if columns[k] != "jpeg"}
             row["jpeg"] = raw["image"]
             row["content_id"], row["source_key"] = stored[position]["content_id"], stored[position]["source_key"]
             yield row
+
+
+def chunk_columns(storage: Storage, folder: str) -> dict[str, str]:
+    """The chunk's MDS columns (name -> encoding), text latents included, from its index.json."""
+    with filesystem_for(folder, storage.storage_options).open(join_uri(folder, INDEX)) as handle:
+        shards = json.load(handle)["shards"]
+    return dict(zip(shards[0]["column_names"], shards[0]["column_encodings"])) if shards else dict(MDS_COLUMNS)
 
 
 def rewrite_chunk(storage: Storage, uri: str, name: str, drop_local: set[int]) -> tuple[str | None, int]:
@@ -150,7 +167,9 @@ def rewrite_chunk(storage: Storage, uri: str, name: str, drop_local: set[int]) -
     target = join_uri(uri, new)
     if not chunk_complete(target, storage.storage_options):
         refused = record.filter(pc.field("reason").is_valid()).to_pylist()
-        write_chunk(_kept_rows(storage, folder, stored, drop_local), target, storage.storage_options, refused)
+        columns = chunk_columns(storage, folder)
+        write_chunk(_kept_rows(storage, folder, stored, drop_local, columns), target, storage.storage_options, refused,
+                    columns=columns)
     return new, kept
 
 

@@ -31,6 +31,7 @@ from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
 from prx_core.stages.samples import SAMPLES, SamplesReport, rejected_files
 from prx_core.stages.skip_lists import SKIP_LISTS
 from prx_core.stages.stage import Stage, StageRun, required, run_partition
+from prx_core.stages.text_latents import TEXT_LATENTS
 from prx_core.store import lance_io, maintenance
 from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.partitions import source_predicate
@@ -138,7 +139,8 @@ GROUPS = dataclasses.replace(  # `duplicates` as the asset runs it: the groups, 
 
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (INGEST, BUCKETS, PHASHES, PUBLISH, SKIP_LISTS, GROUPS,
-                                                             CAPTIONS, CAPTION_LABELS, CAPTION_EMBEDDINGS)}
+                                                             CAPTIONS, CAPTION_LABELS, CAPTION_EMBEDDINGS,
+                                                             TEXT_LATENTS)}
 def run_stage(name: str, kwargs: dict[str, Any], log: Callable[[str], None]) -> Any:
     """Run stage `name` with `kwargs` (storage, source, settings); every `Progress` among them
     reports through `log`."""

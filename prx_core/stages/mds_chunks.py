@@ -21,7 +21,9 @@ from prx_core.compute.units import Unit, UnitRun
 from prx_core.image.decode import Rejection
 from prx_core.image.imaging import process_image
 from prx_core.models.captioning import missing_caption_message
-from prx_core.shards.mds import chunk_complete, read_chunk_record, stream_uri, write_chunk
+from prx_core.shards.encodings import latent_columns
+from prx_core.shards.mds import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
+from prx_core.stages.mds_latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
 from prx_core.store.lookups import caption_errors, caption_texts
 from prx_core.store.storage import join_uri
 
@@ -45,12 +47,17 @@ def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
                              run.manifest.inputs["captions"])
     originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
                           ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
-    name = chunk_name(run, rows, captions, originals)
+    latents = run.manifest.params.get("latents")
+    tokens = latent_tokens(storage, latents, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
+                           run.manifest.inputs["text_latents"]) if latents else None
+    name = chunk_name(run, rows, captions, originals, tokens)
     folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
     reused = chunk_complete(folder, storage.storage_options)
     if not reused:
         refused: list[dict] = []
-        write_chunk(render(rows, captions, originals, run, refused), folder, storage.storage_options, refused)
+        columns = MDS_COLUMNS | latent_columns(latents["preset"], latents["masks"]) if latents else MDS_COLUMNS
+        write_chunk(render(rows, captions, originals, run, refused), folder, storage.storage_options, refused,
+                    columns=columns)
     record = read_chunk_record(folder, storage.storage_options)
     stored = record.filter(pc.field("reason").is_null())
     return {"rows": stored.num_rows, "rejected": record.num_rows - stored.num_rows, "reused": int(reused), "name": name,
@@ -58,18 +65,25 @@ def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
             "outputs": [] if reused else [folder]}  # a reused folder may be live: never an orphan
 
 
-def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None]) -> str:
+def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None],
+               tokens: dict[str, int] | None = None) -> str:
     """A name derived from everything the chunk's bytes depend on (the code and its settings, each
-    row's id, content and captions): the same content always gets the same folder, other content
-    never does, so a published name is never rewritten with other bytes."""
+    row's id, content and captions, and with text latents the encoder and which captions have one):
+    the same content always gets the same folder, other content never does, so a published name is
+    never rewritten with other bytes."""
     params = run.manifest.params
-    digest = hashlib.sha256(json.dumps([CHUNK_FORMAT, run.manifest.code_version, params["max_tier"], params["max_pixels"],
+    header = [CHUNK_FORMAT, run.manifest.code_version, params["max_tier"], params["max_pixels"]]
+    if params.get("latents"):  # only then: chunks written before latents existed keep their names
+        header.append(params["latents"])
+    digest = hashlib.sha256(json.dumps([*header,
                                         run.manifest.partition, rows["tier"][0].as_py() if rows.num_rows else None,
                                         rows["bucket_width"][0].as_py() if rows.num_rows else None,
-                                        rows["bucket_height"][0].as_py() if rows.num_rows else None]).encode())
+                                        rows["bucket_height"][0].as_py() if rows.num_rows else None],
+                                       sort_keys=True).encode())
     for sid, cid, key, original in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
                                        rows["source_key"].to_pylist(), originals):
-        digest.update(json.dumps([sid, cid, key, captions.get(cid), original]).encode())
+        row = [sid, cid, key, captions.get(cid), original]
+        digest.update(json.dumps(row if tokens is None else [*row, tokens.get(cid)]).encode())
     return "c-" + digest.hexdigest()[:24]
 
 
@@ -96,16 +110,22 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
     storage, params, source = run.storage, run.manifest.params, run.manifest.partition
     uncaptioned = [c for c in rows["content_id"].to_pylist() if c not in captions]
     why = caption_errors(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"]).get
+    latents = params.get("latents")
     for start in range(0, rows.num_rows, TAKE_ROWS):
         part = rows.slice(start, TAKE_ROWS).to_pylist()
         images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
                            ["image"], storage.lance_storage_options())["image"].to_pylist()
+        extra = latent_fields(storage, latents, params["captioner_version"], [r["content_id"] for r in part],
+                              run.manifest.inputs["text_latents"]) if latents else {}
         for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
             base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
             caption = captions.get(row["content_id"])
             if caption is None:
                 refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
                     params["captioner_version"], why(row["content_id"]))})
+                continue
+            if latents and row["content_id"] not in extra:
+                refused.append({**base, "reason": NO_TEXT_LATENT, "message": missing_latent_message(latents)})
                 continue
             result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"], facts=False)
             if isinstance(result, Rejection):
@@ -118,4 +138,4 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
             yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
                    "original_caption": original or "", "width": result.bucket.width,
                    "height": result.bucket.height, "original_width": result.original_size[0],
-                   "original_height": result.original_size[1]}
+                   "original_height": result.original_size[1], **extra.get(row["content_id"], {})}

@@ -196,7 +196,13 @@ def pin_inputs(run: StageRun) -> dict[str, int]:
     version, run.state["route"] = plan_row_units(storage.lance_uri("samples"), source_predicate(run.partition),
                                                  run["route_rows"], options)
     run.params["sample_every"] = max(1, run["chunk_rows"] // SAMPLES_PER_CHUNK)
-    return {"samples": version, "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
+    inputs = {"samples": version, "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
+    if run["latents"]:  # the samples carry text latents: the version the chunks read them from
+        if not lance_io.table_exists(storage.lance_uri("text_latents"), options):
+            raise RuntimeError("text_latents is configured but its table does not exist: materialize `text_latents` "
+                               "before `mds_shards`")
+        inputs["text_latents"] = lance_io.table_version(storage.lance_uri("text_latents"), options)
+    return inputs
 
 
 def write_streams(run: StageRun) -> None:
@@ -241,7 +247,8 @@ MDS_SHARDS = Stage(
     "mds_shards", reads=("samples", "captions"), writes=("mds_index", "rejects"), code_version="2",
     report_type=MdsReport,
     settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
-              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0},
+              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0,
+              "latents": None},  # {preset, encoder_version, masks, max_tokens} when text_latents is configured
     # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
     # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
     phases=("chunks", "route", "index"),
@@ -254,7 +261,7 @@ MDS_SHARDS = Stage(
 def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,
               **settings: Any) -> MdsReport:
     """`mds_shards` of one source (`run_partition` of MDS_SHARDS): settings max_tier, max_pixels,
-    route_rows, chunk_rows."""
+    route_rows, chunk_rows, min_stream_samples, latents."""
     return run_partition(MDS_SHARDS, storage, source, progress=progress, captioner_version=captioner_version,
                          **settings)
 

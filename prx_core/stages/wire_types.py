@@ -13,6 +13,7 @@ from prx_core.compute.unit_results import UnitResults
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.embeddings import EmbedderConfig
 from prx_core.models.label_base import LabelerConfig
+from prx_core.models.text_latents import TextLatentsConfig
 from prx_core.shards.publish import StreamReport
 from prx_core.shards.verify import VerifyReport
 from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
@@ -28,12 +29,13 @@ from prx_core.stages.phashes import PhashesReport
 from prx_core.stages.sample_keys import KeyResolution
 from prx_core.stages.samples import SamplesReport
 from prx_core.stages.skip_lists import SkipPolicy, SkipReport, StreamSkips
+from prx_core.stages.text_latents import TextLatentsReport
 from prx_core.store.maintenance import FragmentHealth, IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage
 
 ARGUMENTS: tuple[type, ...] = (
     SourceSpec, JoinSpec, DownloadSettings, Storage, CaptionerConfig, LabelerConfig, EmbedderConfig, SkipPolicy,
-    entry.Progress,
+    TextLatentsConfig, entry.Progress,
 )
 REPORTS: tuple[type, ...] = (
     entry.IngestReport, SamplesReport, UnitResults, KeyResolution, FragmentHealth,
@@ -41,7 +43,7 @@ REPORTS: tuple[type, ...] = (
     entry.GroupsReport, DuplicatesReport, KeeperCheck,
     CaptionsReport, LabelsReport, CaptionEmbeddingsReport, IndexReport, VectorIndexCoverage,
     entry.PublishReport, MdsReport, StreamReport, VerifyReport, entry.StreamCount,
-    SkipReport, StreamSkips,
+    SkipReport, StreamSkips, TextLatentsReport,
 )
 for _cls in ARGUMENTS + REPORTS:
     wire.register(_cls)

@@ -121,6 +121,18 @@ CAPTION_EMBEDDINGS = pa.schema(
     ]
 )
 
+TEXT_LATENTS = pa.schema(
+    [
+        ("content_id", pa.string()),
+        ("captioner_version", pa.string()),  # the caption the latent was computed from
+        ("encoder_version", pa.string()),  # with the two above, the key
+        ("encoder_id", pa.string()),
+        ("tokens", pa.int32()),  # the caption's tokens (the mask's ones, a prefix: right padding)
+        ("hidden", pa.int32()),
+        ("latent", pa.large_binary()),  # bfloat16 bits, C order [rows, hidden]: rows = tokens with masks, else max_tokens
+    ]
+)
+
 
 def source_embeddings_schema(dim: int) -> pa.Schema:
     """`source_embeddings` holds the sources' own (CLIP) vectors, `dim` wide: the dimension of the
@@ -159,6 +171,7 @@ TABLES: dict[str, pa.Schema] = {
     "captions": CAPTIONS,
     "caption_labels": CAPTION_LABELS,
     "caption_embeddings": CAPTION_EMBEDDINGS,
+    "text_latents": TEXT_LATENTS,
     "source_embeddings": SOURCE_EMBEDDINGS,
     "mds_index": MDS_INDEX,
 }
@@ -180,7 +193,8 @@ FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions"
 # samples of a content by content_id (which unit owns it), the members of a pHash group by phash,
 # losing duplicates by sample_id and a group's rows by group_id, without scanning the table.
 BTREE_COLUMNS: dict[str, list[str]] = {"captions": ["content_id"], "caption_labels": ["content_id"],
-                                       "caption_embeddings": ["content_id"], "buckets": ["content_id"],
+                                       "caption_embeddings": ["content_id"], "text_latents": ["content_id"],
+                                       "buckets": ["content_id"],
                                        "phashes": ["phash"], "duplicates": ["sample_id", "group_id"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 

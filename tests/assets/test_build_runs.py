@@ -15,7 +15,7 @@ from test_build_outcome import DEPS, stand_ins
 
 from prx_assets.build import failure_lines, run_build
 from prx_assets.common import SOURCES
-from prx_assets.settings import ALL_ASSETS
+from prx_assets.settings import PER_SOURCE
 
 
 def interrupting(name: str, where: str, swallow: bool = False) -> list[dg.AssetsDefinition]:
@@ -54,8 +54,8 @@ def test_a_sigint_in_a_step_stops_the_build_after_that_run() -> None:
     assert outcome.interrupted and not outcome.ok and outcome.runs == 1, log
     assert outcome.interrupted_steps == ["samples [good]"] and not outcome.failures and not outcome.failed_runs
     assert log[1].startswith("    interrupted in "), log
-    chain = ", ".join(a for a in ALL_ASSETS[:8] if a not in ("raw_source", "samples"))
-    assert outcome.not_started == [f"{chain} [good]", f"{', '.join(ALL_ASSETS[:8])} [bad]", "duplicates [global]",
+    chain = ", ".join(a for a in PER_SOURCE if a not in ("raw_source", "samples"))
+    assert outcome.not_started == [f"{chain} [good]", f"{', '.join(PER_SOURCE)} [bad]", "duplicates [global]",
                                    "skip_lists [good]", "skip_lists [bad]"], outcome.not_started
     lines = failure_lines(outcome)
     assert lines[0] == "samples [good] interrupted" and lines[1] == f"{chain} [good] not started: interrupted", lines
@@ -67,7 +67,7 @@ def test_a_sigint_the_step_swallows_still_stops_the_build() -> None:
     outcome, log = build(interrupting("caption_labels", "good", swallow=True))
     assert outcome.interrupted and outcome.runs == 1, log
     assert log[1].startswith("    ok in "), log  # the run itself completed
-    assert outcome.not_started[0] == f"{', '.join(ALL_ASSETS[:8])} [bad]", outcome.not_started
+    assert outcome.not_started[0] == f"{', '.join(PER_SOURCE)} [bad]", outcome.not_started
     assert ("mds_shards", "good") in outcome.metadata and ("raw_source", "bad") not in outcome.metadata
 
 

@@ -27,7 +27,7 @@ from prx_resources import CaptionerResource
 
 pytestmark = pytest.mark.slow
 
-DOWNSTREAM = ["captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"]
+DOWNSTREAM = ["captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists"]
 CHOICE_LINE = re.compile(r"^  (?P<asset>[a-z_]+) \[(?P<partition>[a-z0-9_]+)\]: (?P<reason>.+)$")
 
 
@@ -107,7 +107,8 @@ def test_stale_rebuilds_exactly_what_a_captioner_change_unsynced(tmp_path: Path,
     assert chosen[("captions", "photos")] == f"code version {old} -> {new}"
     for asset in DOWNSTREAM[1:]:  # each carries the captioner version in its own code version
         assert re.fullmatch(rf"code version \S*{old}\S* -> \S*{new}\S*", chosen[(asset, "photos")]), chosen
-    assert run_lines(changed.stdout) == [("captions, caption_labels, caption_embeddings, mds_shards", "photos", "ok"),
+    assert run_lines(changed.stdout) == [("captions, caption_labels, caption_embeddings, text_latents, mds_shards", "photos",
+                                          "ok"),
                                          ("skip_lists", "photos", "ok")], changed.explain()
     assert server.stats.requests > requests  # the new version was captioned, not reused
 

@@ -25,7 +25,8 @@ from prx_core.demo.photos import load_skimage_photos
 
 pytestmark = pytest.mark.slow
 
-CHAIN = ["buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists"]
+CHAIN = ["buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards",
+         "skip_lists"]
 
 
 def write_sources(work: Path) -> Path:
@@ -77,7 +78,8 @@ def test_a_hopeless_source_says_why_and_the_good_one_completes(built: tuple[Path
     assert re.search(r"^FAIL raw_source\+samples\+.*\[laion\] run [0-9a-f-]+$", out, re.M), result.explain()
 
     # the good source went all the way; the bad one's rejects are there to inspect
-    assert ("raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, mds_shards",
+    assert ("raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, text_latents, "
+            "mds_shards",
             "photos", "ok") in run_lines(out)
     assert ("skip_lists", "photos", "ok") in run_lines(out) and ("duplicates", None, "ok") in run_lines(out)
     assert not any(p != "photos" and a == "skip_lists" for a, p, _ in run_lines(out))  # never started

@@ -1,0 +1,127 @@
+"""`text_latents` on the tiny Qwen2-VL, then `mds_shards` storing them: every sample of the source
+carries PRX's `latent_caption_<preset>` (bfloat16, the caption's tokens) and
+`attention_mask_caption_<preset>`, equal to the same model run directly through transformers,
+read back by mosaicml-streaming and by CorpusDataset; a rerun encodes nothing and rewrites no chunk.
+Off (the default), the asset encodes nothing and the streams carry no latent column."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    Corpus,
+    check,
+    copy_corpus,
+    fresh_instance,
+    materialize,
+    materialized,
+    read,
+    resources_for,
+    stream_dirs,
+    tree_digest,
+)
+
+from prx_core.models.text_latents import clean_caption, encode_captions
+from prx_core.shards.encodings import latent_key, mask_key, register_encodings
+
+SOURCE = "crawl_wds"
+PRESET = "tiny-16-bf16"
+
+
+def latents_config(tiny_vlm: Path, masks: bool = True) -> dict:
+    return {"text_latents": {"model": str(tiny_vlm), "preset": PRESET, "max_tokens": 16, "masks": masks,
+                             "batch_size": 4},
+            "units": {"text_latents_rows": 8}}  # several units, so reuse across units is exercised
+
+
+def stored_samples(root: Path) -> list[dict]:
+    """Every sample of the source's streams, as the trainer's streaming decodes them (one
+    StreamingDataset over all of them: each instance holds shared memory until the process ends)."""
+    from streaming import Stream, StreamingDataset
+
+    register_encodings()  # what PRX's `mds_patches` import does in the trainer
+    dataset = StreamingDataset(streams=[Stream(local=str(f)) for f in stream_dirs(root, SOURCE)], shuffle=False,
+                               batch_size=1)
+    return [dataset[i] for i in range(len(dataset))]
+
+
+def direct_latents(tiny_vlm: Path, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    model = AutoModelForImageTextToText.from_pretrained(tiny_vlm, local_files_only=True, dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_vlm, local_files_only=True)
+    return encode_captions(model, tokenizer, [clean_caption(c) for c in captions], 16)
+
+
+@pytest.fixture(scope="module")
+def encoded(corpus: Corpus, tiny_vlm: Path, tmp_path_factory: pytest.TempPathFactory):
+    root = copy_corpus(corpus, tmp_path_factory.mktemp("latents") / "corpus")
+    resources = resources_for(corpus, root, latents_config(tiny_vlm))
+    result = materialize(resources, ["text_latents", "mds_shards", "skip_lists"], SOURCE, fresh_instance(corpus.catalog))
+    assert result.success, [e.event_specific_data for e in result.all_events if e.is_failure]
+    return root, resources, result
+
+
+def test_every_sample_carries_the_latent_prx_reads(encoded, corpus: Corpus, tiny_vlm: Path) -> None:
+    root, _, result = encoded
+    meta = materialized(result)
+    captioned = meta["text_latents"]["captioned"]
+    assert captioned > 0 and meta["text_latents"]["encoded"] == captioned and meta["text_latents"]["reused"] == 0
+    assert meta["text_latents"]["encoder"].startswith(f"{PRESET}:") and check(result, "text_latents_coverage").passed
+    rows = read(root, "text_latents").to_pylist()
+    assert len(rows) == len({r["content_id"] for r in rows}) == captioned
+
+    samples = stored_samples(root)
+    assert len(samples) == meta["mds_shards"]["samples_written"] > 0
+    captions = [s["caption"] for s in samples]
+    latents, masks = direct_latents(tiny_vlm, captions)
+    for sample, latent, mask in zip(samples, latents, masks):
+        stored, stored_mask = sample[latent_key("caption", PRESET)], sample[mask_key("caption", PRESET)]
+        assert stored.dtype == torch.bfloat16 and stored.ndim == 2
+        # PRX's loader contract (has_text_latents, has_mask_text_latents): a full-length mask whose
+        # ones count the latent's rows; it pads the latent with zeros to the mask's length
+        prx_mask = torch.tensor(stored_mask, dtype=torch.bool)
+        assert prx_mask.shape == (16,) and int(prx_mask.sum()) == stored.shape[0] >= 1
+        assert torch.equal(prx_mask, mask)
+        assert torch.equal(stored, latent[:stored.shape[0]])  # the same model, run directly: bit for bit
+
+
+def test_corpus_dataset_returns_the_tensors(encoded) -> None:
+    from prx_core.shards.loader import CorpusDataset
+
+    root, _, _ = encoded
+    tier = int(stream_dirs(root, SOURCE)[0].parent.name)
+    dataset = CorpusDataset(str(root), tier, sources=[SOURCE], batch_size=1, shuffle=False)
+    sample = dataset[0]
+    assert sample[latent_key("caption", PRESET)].dtype == torch.bfloat16
+    mask = sample[mask_key("caption", PRESET)]
+    assert mask.dtype == torch.bool and int(mask.sum()) == sample[latent_key("caption", PRESET)].shape[0]
+
+
+def test_a_rerun_encodes_nothing_and_rewrites_no_chunk(encoded, corpus: Corpus) -> None:
+    root, resources, first = encoded
+    before = tree_digest(Path(root, "mds", SOURCE))
+    result = materialize(resources, ["text_latents", "mds_shards"], SOURCE, fresh_instance(corpus.catalog))
+    assert result.success
+    meta = materialized(result)
+    assert meta["text_latents"]["encoded"] == 0
+    assert meta["text_latents"]["reused"] == materialized(first)["text_latents"]["captioned"]
+    assert tree_digest(Path(root, "mds", SOURCE)) == before
+
+
+def test_without_masks_latents_are_full_length(corpus: Corpus, tiny_vlm: Path, tmp_path: Path) -> None:
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    resources = resources_for(corpus, root, latents_config(tiny_vlm, masks=False))
+    result = materialize(resources, ["text_latents", "mds_shards"], SOURCE, fresh_instance(corpus.catalog))
+    assert result.success
+    samples = stored_samples(root)
+    assert samples and all(s[latent_key("caption", PRESET)].shape[0] == 16 for s in samples)  # PRX: prompt_max_tokens
+    assert not any(mask_key("caption", PRESET) in s for s in samples)
+
+
+def test_off_by_default_encodes_nothing(corpus: Corpus) -> None:
+    meta = corpus.metadata("text_latents", SOURCE)
+    assert meta["configured"] is False and meta["encoded"] == 0
+    assert not any(k.startswith("latent_") for s in stored_samples(corpus.root) for k in s)
