@@ -20,9 +20,17 @@ from prx_assets.common import (
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
 from prx_core.models.captioning import SOURCE_HAS_NONE
+from prx_core.models.fused import check_fusable
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import Progress
-from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
+from prx_resources import (
+    CaptionerResource,
+    CatalogResource,
+    ExplorerResource,
+    StorageResource,
+    TextLatentsResource,
+    UnitsResource,
+)
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
 
@@ -38,18 +46,25 @@ DESCRIPTION = ("A caption of every eligible (bucketed) content of the source by 
                "materialize by hand or by backfill; one at a time in the `gpu` pool.")
 
 
-def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
+def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -> dg.AssetsDefinition:
+    if latents.fused:  # refused when the definitions load, not when a run reaches the captioner
+        fused = latents.config()
+        if fused is None:
+            raise ValueError("text_latents.fused is set but text_latents.model is not: name the checkpoint")
+        check_fusable(captioner.config(), fused)
+
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
               code_version=captioner.config().version(), pool="gpu", description=DESCRIPTION, owners=OWNERS)
     def captions(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, explorer: ExplorerResource, checks: ChecksResource,
-        units: UnitsResource,
+        units: UnitsResource, text_latents: TextLatentsResource,
     ) -> dg.MaterializeResult:
         catalog_source(context, catalog)
         store, config = storage.storage(), captioner.config()
         report: CaptionsReport = run_stage(context, ray, "captions", source=context.partition_key, storage=store,
                                            config=config, actors=captioner.actors,
+                                           fused=text_latents.config() if text_latents.fused else None,
                                            progress=Progress(f"captions[{context.partition_key}]"),
                                            **units.settings("captions"))
         if report.without_source_caption:
@@ -74,7 +89,9 @@ def captions_asset(captioner: CaptionerResource) -> dg.AssetsDefinition:
                 **dataset_metadata(store, held, table="captions"),
                 **ops_metadata(report.units, report.seconds, lance_commits=report.commits,
                                output_tokens=report.output_tokens, model_busy_fraction=round(report.model_busy_fraction, 3)),
-                **lance_versions(**report.read_versions, captions=report.captions_version),
+                **({"latents_encoded": report.latents_encoded} if text_latents.fused else {}),
+                **lance_versions(**report.read_versions, captions=report.captions_version,
+                                 text_latents=report.text_latents_version),
                 **explorer.metadata(context.partition_key),
             },
             check_results=[rate_check("captions_coverage", checks, checked=report.eligible,

@@ -68,7 +68,8 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
         resources[k] for k in ("storage", "captioner", "labeler", "embedder", "policy"))
     return with_conventions([
         raw_source, samples_asset(storage, captioner), buckets_asset(storage), phashes, duplicates,
-        captions_asset(captioner), caption_labels_asset(captioner, labeler), caption_embeddings_asset(captioner, embedder),
+        captions_asset(captioner, resources["text_latents"]), caption_labels_asset(captioner, labeler),
+        caption_embeddings_asset(captioner, embedder),
         text_latents_asset(captioner, resources["text_latents"]),
         mds_shards_asset(storage, captioner, resources["training"], resources["text_latents"]),
         skip_lists_asset(captioner, labeler, policy), corpus_plan,

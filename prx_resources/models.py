@@ -72,6 +72,9 @@ class CaptionerResource(dg.ConfigurableResource):
                                    "ingest, generated ones) is cleaned of control characters and cut to this many "
                                    "characters at a word boundary (prx_core.models.caption_text).")
 
+    dtype: str = Field(default="float32", description="transformers: weights dtype, float32 | bfloat16 (bfloat16 to "
+                                                         "fuse captioning with text latents: text_latents.fused).")
+
     def config(self) -> CaptionerConfig:
         names = ("tensor_parallel_size", "replicas", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env",
                  "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries", "max_response_bytes",
@@ -80,7 +83,8 @@ class CaptionerResource(dg.ConfigurableResource):
         return CaptionerConfig(
             backend=self.backend, model=self.model, prompt_version=self.prompt_version,
             max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            max_pixels=self.max_pixels, batch_size=self.batch_size, max_caption_chars=self.max_caption_chars, **optional,
+            max_pixels=self.max_pixels, batch_size=self.batch_size, max_caption_chars=self.max_caption_chars,
+            dtype=self.dtype, **optional,
         )
 
     def caption_cap_version(self) -> str:

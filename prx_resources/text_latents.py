@@ -29,6 +29,9 @@ class TextLatentsResource(dg.ConfigurableResource):
     batch_size: int = Field(default=16, description="Captions per model call.")
     actors: int = Field(default=1, description="Ray actors (model replicas) encoding in parallel.")
     gpus: float = Field(default=0.0, description="GPUs per actor (1 on a GPU cluster); 0 runs on CPU.")
+    fused: bool = Field(default=False, description="Compute each caption's latent inside `captions`, on the captioner's "
+                                                   "own model (one model loaded): needs captioner.backend transformers, "
+                                                   "captioner.dtype bfloat16 and the same checkpoint. Not for vllm.")
 
     @property
     def enabled(self) -> bool:

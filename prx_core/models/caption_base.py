@@ -25,6 +25,7 @@ TRANSFORMERS = "transformers"
 OPENAI = "openai"  # any OpenAI-compatible chat-completions endpoint (vllm serve, a hosted VLM)
 VLLM = "vllm"  # a whole Ray Data stage (prx_core.models.captioning_vllm), not a per-batch Captioner
 KNOWN_BACKENDS: tuple[str, ...] = (SOURCE, TRANSFORMERS, OPENAI, VLLM)
+DTYPES = ("float32", "bfloat16")  # transformers captioner weights
 MIN_MAX_PIXELS = 28 * 28  # one merged Qwen-VL patch; anything smaller cannot be seen at all
 
 # vllm engine_kwargs that change what is generated (the others change only speed or memory)
@@ -76,6 +77,9 @@ class CaptionerConfig:
     # every backend: captions (generated, and source captions at ingest) are cleaned and cut to
     # this many characters (prx_core.models.caption_text); enters version() when not the default.
     max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
+    # transformers backend only: the weights' dtype; bfloat16 is what text latents are computed in,
+    # so a captioner fused with the text-latent encoder loads it. Enters version() when not float32.
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.backend not in KNOWN_BACKENDS:
@@ -97,6 +101,8 @@ class CaptionerConfig:
         if self.max_pixels < MIN_MAX_PIXELS:
             raise ValueError(f"max_pixels must be at least {MIN_MAX_PIXELS}, got {self.max_pixels}")
         check_max_chars(self.max_caption_chars)
+        if self.dtype not in DTYPES:
+            raise ValueError(f"captioner.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.backend == OPENAI:
             check_endpoint(self.endpoint, self.api_key_env, self.allow_insecure_http, self.max_response_bytes)
 
@@ -132,6 +138,8 @@ class CaptionerConfig:
         }
         if self.max_caption_chars != DEFAULT_MAX_CAPTION_CHARS:  # the default keeps earlier versions valid
             inputs["max_caption_chars"] = self.max_caption_chars
+        if self.backend == TRANSFORMERS and self.dtype != "float32":  # float32 keeps earlier versions valid
+            inputs["dtype"] = self.dtype
         if self.backend == VLLM:
             inputs["engine"] = {k: self.engine_kwargs[k] for k in OUTPUT_ENGINE_KWARGS if k in self.engine_kwargs}
         return inputs

@@ -28,7 +28,7 @@ class TransformersCaptioner(Captioner):
     (production uses vLLM on GPUs)."""
 
     def __init__(self, config: CaptionerConfig, model: Any = None, processor: Any = None) -> None:
-        """Loads `config.model` (a local checkpoint, float32), unless a built `model` and its
+        """Loads `config.model` (a local checkpoint, in `config.dtype`), unless a built `model` and its
         `processor` are given (benchmarks: a randomly initialised architecture on a GPU)."""
         super().__init__(config)
         import torch
@@ -39,7 +39,8 @@ class TransformersCaptioner(Captioner):
         self.processor.tokenizer.padding_side = "left"  # batched generation appends on the right
         cap_image_processor(self.processor.image_processor, config.max_pixels)
         if model is None:
-            model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+            model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True,
+                                                                dtype=getattr(torch, config.dtype))
         self.model = model.eval()
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": CAPTION_PROMPT}]}]
         self.prompt = self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

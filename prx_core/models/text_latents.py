@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from prx_core.models.caption_base import fingerprint_checkpoint
+from prx_core.store import schemas
 
 DEFAULT_MAX_TOKENS = 256  # PRX's prompt_max_tokens
 CLEANINGS = ("basic", "none")
@@ -163,3 +165,17 @@ class EncodeBatch:
             "encoder_id": np.full(n, self.encoder_id, dtype=object),
             "encoder_version": np.full(n, self.encoder_version, dtype=object),
         }
+
+
+def to_latent_rows(batch: Mapping[str, Sequence[Any]], captioner_version: str) -> pa.Table:
+    """An encoder's output (EncodeBatch's columns) as `text_latents` rows of `captioner_version`'s captions."""
+    n = len(batch["content_id"])
+    return pa.table({
+        "content_id": pa.array([str(c) for c in batch["content_id"]], pa.string()),
+        "captioner_version": pa.array([captioner_version] * n, pa.string()),
+        "encoder_version": pa.array([str(v) for v in batch["encoder_version"]], pa.string()),
+        "encoder_id": pa.array([str(v) for v in batch["encoder_id"]], pa.string()),
+        "tokens": pa.array([int(t) for t in batch["tokens"]], pa.int32()),
+        "hidden": pa.array([int(h) for h in batch["hidden"]], pa.int32()),
+        "latent": pa.array(list(batch["latent"]), pa.large_binary()),
+    }, schema=schemas.TEXT_LATENTS)

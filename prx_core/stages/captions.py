@@ -31,6 +31,8 @@ from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.caption_base import NO_SOURCE_CAPTION, SOURCE, VLLM, CaptionerConfig
 from prx_core.models.captioning import CaptionBatch, no_source_captions_message
+from prx_core.models.fused import FusedCaptionBatch, check_fusable
+from prx_core.models.text_latents import TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
     FAILED_EXAMPLES,
     UNIT_ROWS,
@@ -83,6 +85,8 @@ class CaptionsReport:
     units: UnitResults | None = None
     without_source_caption: int = 0  # `source` captioner: eligible contents the source has no caption for
     without_source_caption_examples: list[str] = field(default_factory=list)  # sample_ids of a few of them
+    latents_encoded: int = 0  # text_latents.fused: latents the captioners computed with their captions
+    text_latents_version: int | None = None
 
     @property
     def images_per_second(self) -> float:
@@ -150,7 +154,22 @@ def caption_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
         outputs, seconds = model_batches(host, inputs, config.batch_size)
         parts += [pa.table(out) for out in outputs]
         model_seconds += seconds
-    return {**summary, **caption_summary(run.storage, parts), "model_seconds": round(model_seconds, 4)}
+    fused = fused_summary(run.storage, parts, config.version()) if "fused_encoder_version" in run.manifest.params else {}
+    return {**summary, **caption_summary(run.storage, parts), **fused, "model_seconds": round(model_seconds, 4)}
+
+
+def fused_summary(storage: Storage, parts: list[pa.Table], captioner_version: str) -> dict[str, Any]:
+    """The latents a fused captioner computed with its captions, written as `text_latents` fragments."""
+    rows = [p.filter(pc.is_valid(p["latent"])) for p in parts]
+    rows = [to_latent_rows(p.to_pydict(), captioner_version) for p in rows if p.num_rows]
+    written = lance_io.write_fragments(storage.lance_uri("text_latents"), pa.concat_tables(rows), schemas.TEXT_LATENTS,
+                                       storage.lance_storage_options()) if rows else []
+    return {"encoded": sum(r.num_rows for r in rows), "latent_fragments": [f.to_json() for f in written]}
+
+
+def latent_appends(summary: dict[str, Any]) -> dict[str, Any]:
+    """A fused unit's summary as the `text_latents` appends read it."""
+    return {"fragments": summary.get("latent_fragments") or []}
 
 
 def read_pipeline_inputs(run: UnitRun, todo: pa.Table, config: CaptionerConfig) -> pa.Table:
@@ -190,11 +209,18 @@ def to_caption_rows(batch: pa.Table) -> pa.Table:
 
 
 def pin_captions(run: StageRun) -> dict[str, int]:
-    """The pinned versions and units; the captioner's version (and the vLLM path) in the manifest."""
+    """The pinned versions and units; the captioner's version (and the vLLM path, the fused encoder)
+    in the manifest. Fused, the latents recorded units wrote and no commit took are appended first."""
     config: CaptionerConfig = run["config"]
     run.params["captioner_version"] = config.version()
     if config.backend == VLLM:
         run.params["path"] = "pipeline"
+    if run["fused"] is not None:
+        check_fusable(config, run["fused"])
+        run.params["fused_encoder_version"] = run["fused"].version()
+        run.state["latents"] = BatchedAppend(run.storage, "text_latents", merge_rows=0)
+        recorded = UnitRun.recorded(run.storage, run.stage.name, run.partition)
+        run.state["latents"].commit_recorded(latent_appends(s) for s in recorded)
     return pin_contents(run, run["appends"] or BatchedAppend(run.storage, "captions",
                                                              failed_rows=partial(failed_captions, config)))
 
@@ -208,8 +234,25 @@ def caption_units(run: StageRun) -> None:
         pipeline_units(run, prepare=partial(pending_captions, config=config),
                        read=partial(read_pipeline_inputs, config=config), write=write_captions,
                        pipeline=partial(captioning_vllm.caption_dataset, config=config))
+    elif run["fused"] is not None:  # one model per actor makes captions and their latents
+        appends, latents = run.state["appends"], run.state["latents"]
+
+        def on_result(summary: dict[str, Any]) -> None:
+            appends.add(summary)
+            latents.add(latent_appends(summary))
+
+        run.units("units", run.state["units"], caption_unit, on_result=on_result,
+                  model=ModelSpec(partial(FusedCaptionBatch, config, run["fused"]), actors=run["actors"]))
     else:
         model_units(run, caption_unit, ModelSpec(partial(CaptionBatch, config), actors=run["actors"]))
+
+
+def commit_captions(run: StageRun) -> dict[str, int | None]:
+    """The last appends: the captions, and fused, their latents (indexed like any append)."""
+    versions = commit_appends(run)
+    if run["fused"] is not None:
+        versions["text_latents"] = run.state["latents"].finish()
+    return versions
 
 
 def report_captions(run: StageRun) -> CaptionsReport:
@@ -226,6 +269,7 @@ def report_captions(run: StageRun) -> CaptionsReport:
         actors=config.replicas * config.tensor_parallel_size if vllm else run["actors"],
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
     report.without_source_caption = results.total("without_source_caption")
+    report.latents_encoded, report.text_latents_version = results.total("encoded"), run.versions.get("text_latents")
     failed = [d for s in results.summaries for d in s.get("failed_detail") or []]
     report.offenders = offending_samples(run.storage, source, failed, versions["buckets"])
     uncaptioned = [d for s in results.summaries for d in s.get("uncaptioned_detail") or []]
@@ -241,17 +285,19 @@ def report_captions(run: StageRun) -> CaptionsReport:
 
 CAPTIONS = Stage(
     "captions", reads=("samples", "buckets"), writes=("captions",), code_version="1", report_type=CaptionsReport,
-    settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None},
+    settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None, "fused": None},
     unit_sizes=(UnitSize("unit_rows", "Samples per `captions` unit: minutes of GPU work, so a crash loses little."),),
-    unpinned=("config", "actors", "appends"),  # the captioner enters as its version; actors and appends shape no output
-    phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_appends, report=report_captions,
+    # the captioner (and a fused encoder) enter as versions; actors and appends shape no output
+    unpinned=("config", "actors", "appends", "fused"),
+    phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_captions, report=report_captions,
 )
 
 
 def build_captions(
     source: str, storage: Storage, config: CaptionerConfig, *, actors: int = 1, progress: Throttle | None = None,
-    unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None,
+    unit_rows: int = UNIT_ROWS, appends: BatchedAppend | None = None, fused: TextLatentsConfig | None = None,
 ) -> CaptionsReport:
-    """`captions` of one source (`run_partition` of CAPTIONS); `appends` replaces the default batched appends."""
+    """`captions` of one source (`run_partition` of CAPTIONS); `appends` replaces the default batched
+    appends; `fused` computes the captions' text latents on the captioner's model (transformers)."""
     return run_partition(CAPTIONS, storage, source, progress=progress, config=config, actors=actors,
-                         unit_rows=unit_rows, appends=appends)
+                         unit_rows=unit_rows, appends=appends, fused=fused)

@@ -19,7 +19,7 @@ import pyarrow as pa
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
-from prx_core.models.text_latents import EncodeBatch, TextLatentsConfig
+from prx_core.models.text_latents import EncodeBatch, TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
     UNIT_ROWS,
     captioned_pending,
@@ -78,19 +78,6 @@ def encode_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
             "truncated": sum(1 for t in tokens if t >= params["max_tokens"]),
             "latent_bytes": sum(len(b) for b in rows["latent"].to_pylist()) if rows is not None else 0,
             "fragments": [f.to_json() for f in written], "model_seconds": round(seconds, 4)}
-
-
-def to_latent_rows(batch: dict[str, Any], captioner_version: str) -> pa.Table:
-    n = len(batch["content_id"])
-    return pa.table({
-        "content_id": pa.array([str(c) for c in batch["content_id"]], pa.string()),
-        "captioner_version": pa.array([captioner_version] * n, pa.string()),
-        "encoder_version": pa.array([str(v) for v in batch["encoder_version"]], pa.string()),
-        "encoder_id": pa.array([str(v) for v in batch["encoder_id"]], pa.string()),
-        "tokens": pa.array([int(t) for t in batch["tokens"]], pa.int32()),
-        "hidden": pa.array([int(h) for h in batch["hidden"]], pa.int32()),
-        "latent": pa.array(list(batch["latent"]), pa.large_binary()),
-    }, schema=schemas.TEXT_LATENTS)
 
 
 def pin_latents(run: StageRun) -> dict[str, int]:

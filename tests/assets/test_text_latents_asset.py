@@ -20,6 +20,7 @@ from conftest import (
     read,
     resources_for,
     stream_dirs,
+    transformers_config,
     tree_digest,
 )
 
@@ -125,3 +126,45 @@ def test_off_by_default_encodes_nothing(corpus: Corpus) -> None:
     meta = corpus.metadata("text_latents", SOURCE)
     assert meta["configured"] is False and meta["encoded"] == 0
     assert not any(k.startswith("latent_") for s in stored_samples(corpus.root) for k in s)
+
+
+def test_fused_captioning_computes_the_same_latents_in_the_captioners_pass(corpus: Corpus, tiny_vlm: Path,
+                                                                           tmp_path: Path) -> None:
+    """One bfloat16 model per actor captions and encodes; `text_latents` then finds every latent
+    stored, and they are the ones the encoder's own pass computes."""
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    config = latents_config(tiny_vlm)
+    config["text_latents"]["fused"] = True
+    config["captioner"] = {**transformers_config(tiny_vlm), "dtype": "bfloat16"}
+    resources = resources_for(corpus, root, config)
+    result = materialize(resources, ["captions", "text_latents"], SOURCE, fresh_instance(corpus.catalog))
+    assert result.success, [e.event_specific_data for e in result.all_events if e.is_failure]
+    meta = materialized(result)
+    assert meta["captions"]["captioned"] > 0 and meta["captions"]["latents_encoded"] == meta["captions"]["captioned"]
+    assert meta["text_latents"]["encoded"] == 0 and meta["text_latents"]["reused"] == meta["captions"]["captioned"]
+    version = resources["captioner"].config().version()
+    captions = {r["content_id"]: r["caption"] for r in read(root, "captions").to_pylist()
+                if r["captioner_version"] == version}
+    rows = [r for r in read(root, "text_latents").to_pylist() if r["captioner_version"] == version]
+    assert {r["content_id"] for r in rows} == set(captions)
+    latents, masks = direct_latents(tiny_vlm, [captions[r["content_id"]] for r in rows])
+    for row, latent, mask in zip(rows, latents, masks):
+        assert row["tokens"] == int(mask.sum())
+        stored = torch.frombuffer(bytearray(row["latent"]), dtype=torch.bfloat16).reshape(row["tokens"], -1)
+        assert torch.equal(stored, latent[:row["tokens"]])
+
+
+@pytest.mark.parametrize(("captioner", "message"), [
+    ({}, "needs captioner.backend: transformers, not 'source'"),
+    ({"dtype": "float32"}, "needs captioner.dtype: bfloat16"),
+])
+def test_fused_is_refused_when_one_model_cannot_serve(corpus: Corpus, tiny_vlm: Path, tmp_path: Path,
+                                                      captioner: dict, message: str) -> None:
+    from prx_assets.definitions import build_assets
+
+    config = latents_config(tiny_vlm)
+    config["text_latents"]["fused"] = True
+    if captioner:
+        config["captioner"] = {**transformers_config(tiny_vlm), **captioner}
+    with pytest.raises(ValueError, match=message):
+        build_assets(resources_for(corpus, tmp_path / "corpus", config))
