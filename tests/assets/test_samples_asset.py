@@ -37,7 +37,7 @@ def test_build_runs_every_chain_then_duplicates_then_skip_lists(corpus: Corpus, 
     """`run_build`'s order, one run each, all successful; the build time is recorded."""
     record_property("build_seconds", round(corpus.seconds, 1))
     headers = [line for line in corpus.log if line.startswith("==> ")]
-    chain = "raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, mds_shards"
+    chain = "raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, text_latents, mds_shards"
     assert headers == [f"==> {chain} [{s}]" for s in SOURCES] + ["==> duplicates"] + [f"==> skip_lists [{s}]" for s in SOURCES]
     assert corpus.outcome.runs == 2 * len(SOURCES) + 1 and corpus.outcome.ok  # a chain and skip_lists per source, duplicates
     assert {(a, p) for a, p in corpus.outcome.metadata} == (

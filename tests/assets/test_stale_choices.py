@@ -12,9 +12,9 @@ from prx_assets.stale import Choice, choice_lines, stale_choices
 PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
 DEPS = {"raw_source": [], "samples": ["raw_source"], "buckets": ["samples"], "phashes": ["samples"],
         "captions": ["buckets"], "caption_labels": ["captions"], "caption_embeddings": ["captions"],
-        "mds_shards": ["buckets", "captions"], "duplicates": ["phashes"],
+        "text_latents": ["captions"], "mds_shards": ["buckets", "captions", "text_latents"], "duplicates": ["phashes"],
         "skip_lists": ["caption_labels", "mds_shards", "duplicates"]}
-CAPTIONER_DRIVEN = ("captions", "caption_labels", "caption_embeddings", "mds_shards", "skip_lists")
+CAPTIONER_DRIVEN = ("captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists")
 
 
 def stand_in(name: str, code_version: str, data: dict[str, str]) -> dg.AssetsDefinition:
@@ -53,9 +53,9 @@ def test_each_cause_is_chosen_and_said_and_nothing_else() -> None:
     data: dict[str, str] = {}
     defs = graph("cap3", data)
     fresh = stale_choices(defs, instance, ["a", "b"])
-    assert all(c.reason == "never materialized" for c in fresh) and len(fresh) == 2 * 9 + 1
-    assert pairs(fresh)[:8] == [(n, "a") for n in list(DEPS)[:8]]  # run order: a's chain first
-    assert pairs(fresh)[16:] == [("duplicates", None), ("skip_lists", "a"), ("skip_lists", "b")]
+    assert all(c.reason == "never materialized" for c in fresh) and len(fresh) == 2 * 10 + 1
+    assert pairs(fresh)[:9] == [(n, "a") for n in list(DEPS)[:9]]  # run order: a's chain first
+    assert pairs(fresh)[18:] == [("duplicates", None), ("skip_lists", "a"), ("skip_lists", "b")]
 
     build_all(defs, instance, ["a", "b"])
     assert stale_choices(defs, instance, ["a", "b"]) == []
@@ -64,10 +64,10 @@ def test_each_cause_is_chosen_and_said_and_nothing_else() -> None:
 
     # a captioner setting changed: exactly what it drives, in both sources, with both versions
     changed = stale_choices(graph("cap4", data), instance, ["a", "b"])
-    assert pairs(changed) == [(n, p) for p in "ab" for n in CAPTIONER_DRIVEN[:4]] + [("skip_lists", "a"),
+    assert pairs(changed) == [(n, p) for p in "ab" for n in CAPTIONER_DRIVEN[:5]] + [("skip_lists", "a"),
                                                                                      ("skip_lists", "b")]
     assert {c.reason for c in changed} == {"code version cap3 -> cap4"}
-    assert choice_lines(changed)[:2] == ["stale: 10 asset partitions to materialize",
+    assert choice_lines(changed)[:2] == ["stale: 12 asset partitions to materialize",
                                          "  captions [a]: code version cap3 -> cap4"]
     assert pairs(stale_choices(graph("cap4", data), instance, ["b"], select=["captions", "skip_lists"])) == [
         ("captions", "b"), ("skip_lists", "b")]  # --source and --select narrow it
@@ -79,6 +79,7 @@ def test_each_cause_is_chosen_and_said_and_nothing_else() -> None:
     assert by_key == {("captions", "a"): "upstream buckets changed", ("mds_shards", "a"): "upstream buckets changed",
                       ("caption_labels", "a"): "upstream captions is rebuilt",
                       ("caption_embeddings", "a"): "upstream captions is rebuilt",
+                      ("text_latents", "a"): "upstream captions is rebuilt",
                       ("skip_lists", "a"): "upstream caption_labels, mds_shards are rebuilt"}
 
 
