@@ -60,7 +60,9 @@ def plan_models(settings: Any, caption_rate: float) -> Any:
     """The models a build would run, from the settings' captioner, labeler and training sections."""
     from prx_assets.corpus_plan import models_of
     from prx_resources.models import CaptionerResource, LabelerResource
+    from prx_resources.text_latents import TextLatentsResource
     from prx_resources.training import TrainingResource
 
     return models_of(CaptionerResource(**settings.section("captioner")), LabelerResource(**settings.section("labeler")),
-                     TrainingResource(**settings.section("training")), caption_rate)
+                     TrainingResource(**settings.section("training")), TextLatentsResource(**settings.section("text_latents")),
+                     caption_rate)

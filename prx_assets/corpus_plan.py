@@ -8,8 +8,16 @@ from dagster_ray import RayResource
 from pydantic import Field
 
 from prx_assets.common import GROUP, OWNERS, md_table
-from prx_core.stages.plan_estimates import CAPTION_RATE, Models, format_plan, plan_corpus
-from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, TrainingResource
+from prx_core.models.text_latents import latent_sizing
+from prx_core.stages.plan_estimates import CAPTION_RATE, LatentSizing, Models, format_plan, plan_corpus
+from prx_resources import (
+    CaptionerResource,
+    CatalogResource,
+    LabelerResource,
+    StorageResource,
+    TextLatentsResource,
+    TrainingResource,
+)
 
 DESCRIPTION = ("What a build of every catalog source will cost, estimated from a sample of each (1,000 images by "
                "default) read on Ray workers: rows, rejects, MDS samples and streams (and those smaller than one "
@@ -25,10 +33,15 @@ class PlanConfig(dg.Config):
 
 
 def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: TrainingResource,
-              caption_rate: float = CAPTION_RATE) -> Models:
+              latents: TextLatentsResource, caption_rate: float = CAPTION_RATE) -> Models:
     """The models a build would run, as the resources configure them."""
+    config = latents.config()
+    sizing = None
+    if config is not None:
+        hidden, per_word = latent_sizing(config)
+        sizing = LatentSizing(hidden, config.max_tokens, config.masks, per_word)
     return Models(vlm_captions=captioner.backend != "source", gpu_labels=labeler.uses_gpus(), caption_rate=caption_rate,
-                  batch_size=training.global_batch_size)
+                  batch_size=training.global_batch_size, latents=sizing)
 
 
 def digits(hours: float) -> float:
@@ -39,8 +52,8 @@ def digits(hours: float) -> float:
 @dg.asset(group_name=GROUP, kinds={"ray"}, code_version="1", description=DESCRIPTION, owners=OWNERS)
 def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: CatalogResource,
                 storage: StorageResource, captioner: CaptionerResource, labeler: LabelerResource,
-                training: TrainingResource, ray: RayResource) -> dg.MaterializeResult:
-    models = models_of(captioner, labeler, training, config.caption_rate)
+                training: TrainingResource, text_latents: TextLatentsResource, ray: RayResource) -> dg.MaterializeResult:
+    models = models_of(captioner, labeler, training, text_latents, config.caption_rate)
     plan = plan_corpus(list(catalog.load().sources), models, config.sample, config.cpus, config.gpus,
                        storage.storage().storage_options, echo=context.log.info)
     totals = plan.totals()

@@ -70,6 +70,30 @@ class TextLatentsConfig:
         return f"{self.preset}:{self.version()[:12]}"
 
 
+# What a latent's size is measured on: a VLM caption of the kind the captioner prompt asks for.
+REFERENCE_CAPTION = (
+    "A wide photograph of a quiet harbour at dusk. In the foreground, three small wooden fishing boats "
+    "painted blue, red and white rest on calm water, their reflections broken by gentle ripples. A man in a "
+    "yellow raincoat stands on the nearest boat, coiling a thick rope. Behind them, a stone pier leads to a "
+    "row of narrow houses with orange roofs and lit windows. The sky fades from pale pink near the horizon "
+    "to deep violet above, with a few thin clouds. Seagulls perch on wooden posts along the pier. The image "
+    "is sharp, evenly exposed, with soft warm light and muted colours; no text or watermark is visible.")
+
+
+def latent_sizing(config: TextLatentsConfig) -> tuple[int, float]:
+    """(hidden size, tokens per word of the checkpoint's tokenizer on REFERENCE_CAPTION): what a plan
+    needs to size latents, read from the checkpoint's files (config and tokenizer, no weights)."""
+    from transformers import AutoTokenizer
+
+    settings = json.loads((Path(config.model) / "config.json").read_text())
+    hidden = (settings.get("text_config") or {}).get("hidden_size") or settings.get("hidden_size")
+    if not hidden:
+        raise ValueError(f"{config.model}/config.json names no hidden_size (nor text_config.hidden_size)")
+    tokenizer = AutoTokenizer.from_pretrained(config.model, local_files_only=True)
+    tokens = len(tokenizer(clean_caption(REFERENCE_CAPTION, config.cleaning))["input_ids"])
+    return int(hidden), tokens / len(REFERENCE_CAPTION.split())
+
+
 def clean_caption(text: str | None, cleaning: str = "basic") -> str:
     """PRX's basic cleaning (ftfy's mojibake repair, HTML entities unescaped twice, stripped);
     `none` encodes the caption as stored."""

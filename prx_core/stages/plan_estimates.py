@@ -30,6 +30,28 @@ MDS_SAMPLE_OVERHEAD = 100  # bytes per MDS sample beside image and captions (int
 TABLE_ROW_BYTES = {"samples": 400, "rejects": 300, "buckets": 120, "phashes": 110, "captions": 1_200,
                    "caption_labels": 120, "caption_embeddings": 1_650, "mds_index": 150}  # without image bytes
 FRAGMENT_ROWS = 1_000_000
+VLM_CAPTION_WORDS = 150  # the caption prompt asks for 100-200 words
+BF16_HEADER, MASK_HEADER = 12, 16  # a 2-D `bf16` encoding's ndim and shape; the `ndarray` mask's dtype and shape
+LATENT_ROW_BYTES = 150  # a `text_latents` row beside its latent: ids, versions, counts
+
+
+@dataclass
+class LatentSizing:
+    """What decides a text latent's bytes (text_latents configured): the encoder's width, the preset's
+    max_tokens, masks, and its tokenizer's tokens per word (prx_core.models.text_latents.latent_sizing)."""
+
+    hidden: int
+    max_tokens: int
+    masks: bool
+    tokens_per_word: float
+
+    def latent_bytes(self, words: float) -> float:
+        """A caption's latent as stored: its tokens with masks, else every max_tokens row."""
+        rows = min(self.max_tokens, max(1, round(words * self.tokens_per_word))) if self.masks else self.max_tokens
+        return BF16_HEADER + rows * self.hidden * 2
+
+    def mds_bytes(self, words: float) -> float:
+        return self.latent_bytes(words) + (MASK_HEADER + self.max_tokens if self.masks else 0)
 
 
 @dataclass
@@ -40,6 +62,7 @@ class Models:
     gpu_labels: bool = False  # labels by an LLM on vLLM (else MiniLM on CPUs)
     caption_rate: float = CAPTION_RATE
     batch_size: int = 256  # training.global_batch_size: a stream smaller than one batch is unusable
+    latents: LatentSizing | None = None  # text_latents configured: stored in the table and in every MDS sample
 
 
 @dataclass
@@ -79,6 +102,9 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
     written = [b for b in stats.bucketed if models.vlm_captions or b.captioned]  # what mds_shards stores
     streams = {k: round(v * scale) for k, v in sorted(Counter(b.bucket for b in written).items())}
     per_sample = mds_sample_bytes(written, models.vlm_captions) + MDS_SAMPLE_OVERHEAD + 2 * source_name_bytes
+    words = VLM_CAPTION_WORDS if models.vlm_captions else stats.caption_words / max(stats.captions, 1)
+    if models.latents is not None:
+        per_sample += models.latents.mds_bytes(words)
     mds_samples, bucketed = round(len(written) * scale), round(len(stats.bucketed) * scale)
     contents = round(len({b.content for b in stats.bucketed}) * scale)
     rejected = round(sum(stats.rejected.values()) * scale)
@@ -88,6 +114,8 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
                **{t: ingested * TABLE_ROW_BYTES[t] for t in ("buckets", "phashes")},
                **{t: contents * TABLE_ROW_BYTES[t] for t in ("captions", "caption_labels", "caption_embeddings")},
                "mds_index": mds_samples * TABLE_ROW_BYTES["mds_index"]}
+    if models.latents is not None:
+        storage["text_latents"] = round(contents * (models.latents.latent_bytes(words) + LATENT_ROW_BYTES))
     fragments = {t: max(1, math.ceil(ingested / FRAGMENT_ROWS)) for t in ("buckets", "phashes", "mds_index")}
     fragments["samples"] = max(fragments["buckets"], math.ceil(storage["samples"] / TARGET_BYTES))
     validate_ms = 1000 * stats.inspect_s / max(stats.decoded, 1)
@@ -101,6 +129,9 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
     if not models.gpu_labels:
         core_ms["caption_labels"] = contents * 1000 / LABEL_RATE_CORE
     notes = [] if stats.read else ["no record could be read: every estimate is 0"]
+    if models.latents is not None:
+        notes.append(f"text latents: ~{models.latents.latent_bytes(words):,.0f} bytes per caption of ~{words:.0f} "
+                     "words, in the table and again in MDS; their GPU time is not estimated (no measured rate)")
     if size.rows is None:
         notes.append(f"rows estimated from {size.bytes:,} listed bytes at {image_bytes:,.0f} bytes per sampled record")
     return SourcePlan(

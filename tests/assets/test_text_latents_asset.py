@@ -6,6 +6,7 @@ Off (the default), the asset encodes nothing and the streams carry no latent col
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,25 @@ def test_fused_is_refused_when_one_model_cannot_serve(corpus: Corpus, tiny_vlm: 
         config["captioner"] = {**transformers_config(tiny_vlm), **captioner}
     with pytest.raises(ValueError, match=message):
         build_assets(resources_for(corpus, tmp_path / "corpus", config))
+
+
+def test_the_plan_sizes_the_latents_within_10_percent_of_the_build(encoded, corpus: Corpus, tiny_vlm: Path) -> None:
+    """`prx-corpus plan` with text_latents configured: the MDS bytes (latents and masks included) and
+    the `text_latents` table's latent bytes against what the build wrote."""
+    from prx_assets.cli_plan import plan_models
+    from prx_assets.settings import Settings
+    from prx_core.stages.plan import sample_source
+    from prx_core.stages.plan_estimates import estimate
+
+    root, _, _ = encoded
+    models = plan_models(Settings(str(root), str(corpus.sources), latents_config(tiny_vlm)), 20.0)
+    assert models.latents is not None and models.latents.max_tokens == 16 and models.latents.masks
+    spec = next(s for s in corpus.catalog.sources if s.name == SOURCE)
+    plan = estimate(SOURCE, spec.format, *sample_source(spec), models, source_name_bytes=len(SOURCE))
+    shards = sum(shard["raw_data"]["bytes"] for folder in stream_dirs(root, SOURCE)  # the published ones: the
+                 for shard in json.loads((folder / "index.json").read_text())["shards"])  # old chunks are still there
+    assert abs(plan.mds_bytes - shards) <= 0.1 * shards, (plan.mds_bytes, shards)
+    latents = sum(len(r["latent"]) for r in read(root, "text_latents", ["latent"]).to_pylist())
+    estimated = plan.storage_bytes["text_latents"] - plan.contents * 150  # the latents alone
+    assert abs(estimated - latents) <= 0.1 * latents, (estimated, latents)
+    assert any("text latents" in note for note in plan.notes)
