@@ -3,7 +3,6 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.buckets import CHEAP
 from prx_assets.common import (
     GROUP,
     OWNERS,
@@ -31,13 +30,14 @@ CHECKS = [source_check("text_latents_coverage", "text_latents", blocking=True, d
 DESCRIPTION = ("Optional, off unless `text_latents.model` is set in PRX_CONFIG: PRX's precomputed text latents (the "
                "last hidden state of a checkpoint's text backbone over each caption, bfloat16, with attention masks), "
                "in the shared `text_latents` table keyed by (content_id, captioner version, encoder version). "
-               "mds_shards stores them in each sample as `latent_caption_<preset>` / `attention_mask_caption_<preset>`.")
+               "mds_shards stores them in each sample as `latent_caption_<preset>` / `attention_mask_caption_<preset>`. "
+               "Never automatic (a model pass over every caption): materialize it before mds_shards.")
 
 
 def text_latents_asset(captioner: CaptionerResource, latents: TextLatentsResource) -> dg.AssetsDefinition:
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions", "samples"], check_specs=CHECKS,
               kinds={"ray", "lance"}, code_version=f"1-{latents.version()}-{captioner.config().version()}",
-              automation_condition=CHEAP, description=DESCRIPTION, owners=OWNERS,
+              description=DESCRIPTION, owners=OWNERS,  # never automatic: GPU work, for mds_shards (never automatic)
               pool="gpu" if latents.gpus else None)  # GPU encoders wait their turn with the captioner
     def text_latents(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,

@@ -118,7 +118,7 @@ def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
     for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists"):
         assert conditions[name] == cheap, (name, conditions[name])
     assert conditions["duplicates"] == dg.AutomationCondition.eager()
-    for name in ("captions", "mds_shards", "samples", "raw_source"):
+    for name in ("captions", "text_latents", "mds_shards", "samples", "raw_source"):
         assert conditions[name] is None, name
     assets = {key.to_user_string(): a for a in build_assets(defs.resources) for key in a.keys}
     assert assets["captions"].op.pool == "gpu"
