@@ -65,12 +65,12 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
         text_latents: TextLatentsResource,
     ) -> dg.MaterializeResult:
         source = catalog_source(context, catalog).name
-        store = storage.storage()
+        store, latents = storage.storage(), text_latents.mds_settings()  # mds_settings fingerprints the checkpoint
         published: PublishReport = run_stage(
             context, ray, "mds_shards", source=source, storage=store,
             captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
             progress=Progress(f"mds_shards[{source}]", unit="chunks"), min_stream_samples=training.min_stream_samples(),
-            latents=text_latents.mds_settings(), **units.settings("mds_shards"))
+            latents=latents, **units.settings("mds_shards"))
         report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
         for stream, count in zip(report.streams, published.expectations):
@@ -92,7 +92,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
                       "streams_below_batch": dg.MetadataValue.json(small),
                       "streams_dropped": dg.MetadataValue.json(report.dropped),  # training.small_streams: drop
                       **dataset_metadata(store, sum(s.samples for s in report.streams), uri=store.uri("mds", source),
-                                         schema=mds_schema(text_latents.mds_settings())),
+                                         schema=mds_schema(latents)),
                       **ops_metadata(report.units, report.seconds),
                       **lance_versions(**report.read_versions, buckets=buckets_version, mds_index=report.mds_index_version)},
             check_results=[

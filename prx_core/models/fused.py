@@ -19,7 +19,7 @@ import numpy as np
 
 from prx_core.models.caption_base import TRANSFORMERS, CaptionerConfig, fingerprint_checkpoint
 from prx_core.models.captioning import CaptionBatch
-from prx_core.models.text_latents import TextLatentsConfig, clean_caption, encode_captions, latent_rows, text_backbone
+from prx_core.models.text_latents import TextLatentsConfig, encode_texts, latent_outputs, text_backbone
 
 
 def check_fusable(captioner: CaptionerConfig, latents: TextLatentsConfig) -> None:
@@ -39,10 +39,11 @@ class FusedCaptionBatch(CaptionBatch):
     `latent` (bytes, None for a failure), `tokens`, `hidden`, `encoder_id`, `encoder_version`."""
 
     def __init__(self, config: CaptionerConfig, latents: TextLatentsConfig) -> None:
-        check_fusable(config, latents)
+        """`check_fusable` has passed: the captions stage checks it when it pins its attempt."""
         super().__init__(config)
         self.latents = latents
-        self.encoder_id, self.encoder_version = latents.encoder_id(), latents.version()
+        self.encoder_version = latents.version()
+        self.encoder_id = latents.encoder_id(self.encoder_version)
         self.model = self.captioner.model
         self.tokenizer = self.captioner.processor.tokenizer  # padding side is given per encode call
         self.hidden = int(text_backbone(self.model).config.hidden_size)
@@ -50,15 +51,7 @@ class FusedCaptionBatch(CaptionBatch):
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
         out = super().__call__(batch)
         ok = [i for i, error in enumerate(out["error"]) if not error]
-        latents: list[bytes | None] = [None] * len(out["content_id"])
-        tokens = np.zeros(len(latents), np.int32)
-        for start in range(0, len(ok), self.latents.batch_size):
-            rows = ok[start:start + self.latents.batch_size]
-            texts = [clean_caption(out["caption"][i], self.latents.cleaning) for i in rows]
-            encoded, mask = encode_captions(self.model, self.tokenizer, texts, self.latents.max_tokens)
-            for i, (data, count) in zip(rows, latent_rows(encoded, mask, self.latents.masks)):
-                latents[i], tokens[i] = data, count
-        n = len(latents)
-        return {**out, "latent": np.array(latents, dtype=object), "tokens": tokens,
-                "hidden": np.full(n, self.hidden, np.int32), "encoder_id": np.full(n, self.encoder_id, dtype=object),
-                "encoder_version": np.full(n, self.encoder_version, dtype=object)}
+        encoded: list[tuple[bytes, int] | None] = [None] * len(out["content_id"])
+        for i, row in zip(ok, encode_texts(self.model, self.tokenizer, self.latents, [out["caption"][i] for i in ok])):
+            encoded[i] = row
+        return {**out, **latent_outputs(encoded, self.hidden, self.encoder_id, self.encoder_version)}

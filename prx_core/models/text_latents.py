@@ -65,9 +65,10 @@ class TextLatentsConfig:
                   "format": LATENT_FORMAT}
         return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
-    def encoder_id(self) -> str:
-        """Human-readable and stable: `<preset>:<12 hex of version>`."""
-        return f"{self.preset}:{self.version()[:12]}"
+    def encoder_id(self, version: str | None = None) -> str:
+        """Human-readable and stable: `<preset>:<12 hex of version>` (`version` when already computed:
+        it fingerprints the checkpoint)."""
+        return f"{self.preset}:{(version or self.version())[:12]}"
 
 
 # What a latent's size is measured on: a VLM caption of the kind the captioner prompt asks for.
@@ -160,46 +161,54 @@ def latent_rows(latents: Any, mask: Any, masks: bool) -> list[tuple[bytes, int]]
     return [((row[:n] if masks else row).tobytes(), int(n)) for row, n in zip(bits, counts)]
 
 
+def encode_texts(model: Any, tokenizer: Any, config: TextLatentsConfig,
+                 captions: Sequence[str | None]) -> list[tuple[bytes, int]]:
+    """(latent bits, token count) per caption: cleaned, then encoded `config.batch_size` at a time."""
+    texts = [clean_caption(c, config.cleaning) for c in captions]
+    rows: list[tuple[bytes, int]] = []
+    for start in range(0, len(texts), config.batch_size):
+        latents, mask = encode_captions(model, tokenizer, texts[start:start + config.batch_size], config.max_tokens)
+        rows += latent_rows(latents, mask, config.masks)
+    return rows
+
+
+def latent_outputs(encoded: Sequence[tuple[bytes, int] | None], hidden: int, encoder_id: str,
+                   encoder_version: str) -> dict[str, np.ndarray]:
+    """An encoder's output columns (None where a caption has no latent): `latent`, `tokens`,
+    `hidden`, `encoder_id`, `encoder_version`."""
+    n = len(encoded)
+    return {"latent": np.array([e[0] if e else None for e in encoded], dtype=object),
+            "tokens": np.array([e[1] if e else 0 for e in encoded], dtype=np.int32),
+            "hidden": np.full(n, hidden, dtype=np.int32), "encoder_id": np.full(n, encoder_id, dtype=object),
+            "encoder_version": np.full(n, encoder_version, dtype=object)}
+
+
 class EncodeBatch:
     """A model actor's callable: one bfloat16 model per actor. In: `content_id`, `caption`.
-    Out: `content_id`, `latent` (bytes), `tokens`, `hidden`, `encoder_id`, `encoder_version`."""
+    Out: `content_id` and the `latent_outputs` columns."""
 
     def __init__(self, config: TextLatentsConfig) -> None:
         self.config = config
-        self.encoder_id, self.encoder_version = config.encoder_id(), config.version()
+        self.encoder_version = config.version()
+        self.encoder_id = config.encoder_id(self.encoder_version)
         self.model, self.tokenizer = load_text_model(config.model, config.device)
         self.hidden = int(text_backbone(self.model).config.hidden_size)
 
     def __call__(self, batch: Mapping[str, Sequence[Any]]) -> dict[str, np.ndarray]:
         content_ids = np.asarray(batch["content_id"], dtype=object)
-        texts = [clean_caption(c, self.config.cleaning) for c in batch["caption"]]
-        if len(content_ids) != len(texts):
-            raise ValueError(f"{len(content_ids)} content ids for {len(texts)} captions")
-        rows: list[tuple[bytes, int]] = []
-        for start in range(0, len(texts), self.config.batch_size):
-            latents, mask = encode_captions(self.model, self.tokenizer, texts[start:start + self.config.batch_size],
-                                            self.config.max_tokens)
-            rows += latent_rows(latents, mask, self.config.masks)
-        n = len(rows)
-        return {
-            "content_id": content_ids,
-            "latent": np.array([r[0] for r in rows], dtype=object),
-            "tokens": np.array([r[1] for r in rows], dtype=np.int32),
-            "hidden": np.full(n, self.hidden, dtype=np.int32),
-            "encoder_id": np.full(n, self.encoder_id, dtype=object),
-            "encoder_version": np.full(n, self.encoder_version, dtype=object),
-        }
+        if len(content_ids) != len(batch["caption"]):
+            raise ValueError(f"{len(content_ids)} content ids for {len(batch['caption'])} captions")
+        encoded = encode_texts(self.model, self.tokenizer, self.config, list(batch["caption"]))
+        return {"content_id": content_ids, **latent_outputs(encoded, self.hidden, self.encoder_id, self.encoder_version)}
 
 
-def to_latent_rows(batch: Mapping[str, Sequence[Any]], captioner_version: str) -> pa.Table:
-    """An encoder's output (EncodeBatch's columns) as `text_latents` rows of `captioner_version`'s captions."""
-    n = len(batch["content_id"])
-    return pa.table({
-        "content_id": pa.array([str(c) for c in batch["content_id"]], pa.string()),
-        "captioner_version": pa.array([captioner_version] * n, pa.string()),
-        "encoder_version": pa.array([str(v) for v in batch["encoder_version"]], pa.string()),
-        "encoder_id": pa.array([str(v) for v in batch["encoder_id"]], pa.string()),
-        "tokens": pa.array([int(t) for t in batch["tokens"]], pa.int32()),
-        "hidden": pa.array([int(h) for h in batch["hidden"]], pa.int32()),
-        "latent": pa.array(list(batch["latent"]), pa.large_binary()),
-    }, schema=schemas.TEXT_LATENTS)
+def to_latent_rows(batch: Mapping[str, Any], captioner_version: str) -> pa.Table:
+    """An encoder's columns (numpy arrays, or a pyarrow table's) as `text_latents` rows of
+    `captioner_version`'s captions."""
+    columns = {f.name: _column(batch[f.name], f.type) for f in schemas.TEXT_LATENTS if f.name != "captioner_version"}
+    columns["captioner_version"] = pa.array([captioner_version] * len(batch["content_id"]), pa.string())
+    return pa.table({f.name: columns[f.name] for f in schemas.TEXT_LATENTS}, schema=schemas.TEXT_LATENTS)
+
+
+def _column(values: Any, kind: pa.DataType) -> Any:
+    return values.cast(kind) if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, kind)

@@ -46,6 +46,7 @@ from prx_core.stages.contents import (
     prefetched,
     stored_rows,
     without,
+    write_latents,
 )
 from prx_core.stages.model_pipeline import pipeline_units
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
@@ -159,12 +160,12 @@ def caption_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
 
 
 def fused_summary(storage: Storage, parts: list[pa.Table], captioner_version: str) -> dict[str, Any]:
-    """The latents a fused captioner computed with its captions, written as `text_latents` fragments."""
-    rows = [p.filter(pc.is_valid(p["latent"])) for p in parts]
-    rows = [to_latent_rows(p.to_pydict(), captioner_version) for p in rows if p.num_rows]
-    written = lance_io.write_fragments(storage.lance_uri("text_latents"), pa.concat_tables(rows), schemas.TEXT_LATENTS,
-                                       storage.lance_storage_options()) if rows else []
-    return {"encoded": sum(r.num_rows for r in rows), "latent_fragments": [f.to_json() for f in written]}
+    """The latents a fused captioner computed with its captions (none for a failed caption),
+    written as `text_latents` fragments."""
+    rows = pa.concat_tables([schemas.TEXT_LATENTS.empty_table()] + [
+        to_latent_rows(p.filter(pc.is_valid(p["latent"])), captioner_version) for p in parts])
+    written = write_latents(storage, rows)
+    return {"encoded": written["encoded"], "latent_fragments": written["fragments"]}
 
 
 def latent_appends(summary: dict[str, Any]) -> dict[str, Any]:

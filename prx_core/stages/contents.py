@@ -24,7 +24,7 @@ from prx_core.compute.actors import ModelHost
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
 from prx_core.stages.stage import StageRun
-from prx_core.store import lance_io
+from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
@@ -155,3 +155,13 @@ def commit_appends(run: StageRun) -> dict[str, int | None]:
 def model_seconds(results: UnitResults) -> float:
     """Seconds the models spent inside the model, summed over units (floats: `total` counts whole numbers)."""
     return sum(float(s.get("model_seconds") or 0) for s in results.summaries)
+
+
+def write_latents(storage: Storage, rows: pa.Table) -> dict[str, Any]:
+    """`text_latents` rows (of `text_latents` or of a fused captioner) written as uncommitted fragments:
+    their counts (summed in Arrow: a unit's latents are gigabytes at 8B) and the fragments."""
+    written = lance_io.write_fragments(storage.lance_uri("text_latents"), rows, schemas.TEXT_LATENTS,
+                                       storage.lance_storage_options()) if rows.num_rows else []
+    return {"encoded": rows.num_rows, "tokens": int(pc.sum(rows["tokens"]).as_py() or 0),
+            "latent_bytes": int(pc.sum(pc.binary_length(rows["latent"])).as_py() or 0),
+            "fragments": [f.to_json() for f in written]}

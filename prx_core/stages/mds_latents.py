@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_core.shards.encodings import latent_key, mask_key
+from prx_core.shards.encodings import CAPTION_KEY, latent_key, mask_key
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.storage import Storage
@@ -41,11 +41,11 @@ def latent_fields(storage: Storage, latents: Mapping[str, Any], captioner_versio
     preset, max_tokens = latents["preset"], latents["max_tokens"]
     out: dict[str, dict[str, np.ndarray]] = {}
     for content_id, tokens, hidden, data in zip(*(table[c].to_pylist() for c in table.column_names)):
-        fields = {latent_key("caption", preset): np.frombuffer(data, np.uint16).reshape(-1, hidden)}
+        fields = {latent_key(CAPTION_KEY, preset): np.frombuffer(data, np.uint16).reshape(-1, hidden)}
         if latents["masks"]:
             mask = np.zeros(max_tokens, np.uint8)
             mask[:tokens] = 1
-            fields[mask_key("caption", preset)] = mask
+            fields[mask_key(CAPTION_KEY, preset)] = mask
         out[content_id] = fields
     return out
 

@@ -15,22 +15,23 @@ from functools import partial
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.text_latents import EncodeBatch, TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
-    UNIT_ROWS,
     captioned_pending,
     commit_appends,
     model_batches,
     model_seconds,
     model_units,
     pin_contents,
+    write_latents,
 )
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
-from prx_core.store import lance_io, schemas
+from prx_core.store import schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
 
@@ -68,16 +69,11 @@ def encode_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
     captions, _, todo = captioned_pending(unit, run, "text_latents", "encoder_version")
     params = run.manifest.params
     outputs, seconds = model_batches(host, todo, params["batch_size"])
-    parts = [to_latent_rows(out, params["captioner_version"]) for out in outputs]
-    rows = pa.concat_tables(parts) if parts else None
-    written = lance_io.write_fragments(run.storage.lance_uri("text_latents"), rows, schemas.TEXT_LATENTS,
-                                       run.storage.lance_storage_options()) if rows is not None else []
-    tokens = rows["tokens"].to_pylist() if rows is not None else []
+    rows = pa.concat_tables([schemas.TEXT_LATENTS.empty_table()]
+                            + [to_latent_rows(out, params["captioner_version"]) for out in outputs])
+    truncated = int(pc.sum(pc.greater_equal(rows["tokens"], params["max_tokens"])).as_py() or 0)
     return {"rows": unit.rows, "captioned": captions.num_rows, "reused": captions.num_rows - todo.num_rows,
-            "encoded": todo.num_rows, "tokens": sum(tokens),
-            "truncated": sum(1 for t in tokens if t >= params["max_tokens"]),
-            "latent_bytes": sum(len(b) for b in rows["latent"].to_pylist()) if rows is not None else 0,
-            "fragments": [f.to_json() for f in written], "model_seconds": round(seconds, 4)}
+            **write_latents(run.storage, rows), "truncated": truncated, "model_seconds": round(seconds, 4)}
 
 
 def pin_latents(run: StageRun) -> dict[str, int]:
