@@ -3,10 +3,14 @@ Ray, torch, mosaicml-streaming or dagster (they all write caches and sockets the
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import shutil
+import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -37,6 +41,24 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     shutil.rmtree(_SANDBOX, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_streaming_shared_memory() -> Iterator[None]:
+    """Close the shared memory of the StreamingDatasets a test module made.
+
+    mosaicml-streaming registers each segment's cleanup with `atexit`, so a dataset's ~36 file
+    descriptors stay open until the process exits, however dead the dataset: one pytest reading
+    a few hundred streams ran out of descriptors (CI's limit is 1,024). The trainer makes one
+    dataset per process; only a test suite makes hundreds."""
+    yield
+    memory = sys.modules.get("streaming.base.shared.memory")
+    if memory is None:
+        return
+    for shm in [o for o in gc.get_objects() if isinstance(o, memory.SharedMemory)]:
+        atexit.unregister(shm.cleanup)
+        shm.cleanup()
+        shm.created_shms, shm.opened_shms = [], []
 
 
 @pytest.fixture(scope="session")
