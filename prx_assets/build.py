@@ -108,7 +108,7 @@ def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names:
     outcome = BuildOutcome()
     plan: list[tuple[list[str], str | None]] = [([a for a in PER_SOURCE if a in chosen], n) for n in names]
     plan += [(["duplicates"], None)] if "duplicates" in chosen else []
-    plan += [(["skip_lists"], n) for n in names] if "skip_lists" in chosen else []
+    plan += [([a for a in ("skip_lists", "explorer") if a in chosen], n) for n in names]  # after the global duplicates
     plan = [([k for k in keys if wanted is None or (k, p) in wanted], p) for keys, p in plan]  # --stale's choice
     with SigintWatch() as sigint:
         for keys, partition in [(k, p) for k, p in plan if k]:

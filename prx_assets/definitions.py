@@ -5,6 +5,7 @@ raw_source -> samples -> buckets -> captions -> caption_labels -> skip_lists
                          buckets + captions -> mds_shards ----------^
               samples + captions -> caption_embeddings (for the explorer; nothing depends on it)
               samples + captions -> text_latents (optional, off unless configured) -> mds_shards
+              every per-source table + skip_lists -> explorer (what `prx-corpus browse` reads)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from prx_assets.captions import captions_asset
 from prx_assets.common import with_conventions
 from prx_assets.corpus_plan import corpus_plan
 from prx_assets.duplicates import duplicates
+from prx_assets.explorer import explorer_asset
 from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
 from prx_assets.raw_source import raw_source
@@ -72,7 +74,7 @@ def build_assets(resources: dict[str, dg.ConfigurableResource]) -> list[dg.Asset
         caption_embeddings_asset(captioner, embedder),
         text_latents_asset(captioner, resources["text_latents"]),
         mds_shards_asset(storage, captioner, resources["training"], resources["text_latents"]),
-        skip_lists_asset(captioner, labeler, policy), corpus_plan,
+        skip_lists_asset(captioner, labeler, policy), explorer_asset(captioner, labeler), corpus_plan,
     ], resources)  # owners, and kinds true for the configured root and the catalog's formats
 
 

@@ -26,7 +26,7 @@ SECTIONS = ("storage", "captioner", "labeler", "embedder", "text_latents", "skip
             "training", "checks", "automation")
 PER_SOURCE = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
               "text_latents", "mds_shards"]
-ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists"]
+ALL_ASSETS = [*PER_SOURCE, "duplicates", "skip_lists", "explorer"]
 UNSTORED = ["corpus_plan"]  # assets beside the corpus: they write nothing under the root
 # A per-source backfill runs in two runs (prx_assets.backfill): the CPU stages, then the chain whose
 # root is `captions` (pool gpu), so a run waiting for the GPU waits in the queue, never in a run slot.

@@ -27,6 +27,7 @@ FIELDS: dict[str, tuple[str, str]] = {  # resource field -> (stage, its setting)
     "duplicates_rows_per_bucket": ("duplicates", "rows_per_bucket"),
     "mds_route_rows": ("mds_shards", "route_rows"),
     "mds_chunk_rows": ("mds_shards", "chunk_rows"),
+    "explorer_rows": ("explorer", "unit_rows"),
 }
 
 
@@ -54,6 +55,7 @@ class UnitsResource(dg.ConfigurableResource):
     duplicates_rows_per_bucket: int = unit_field("duplicates_rows_per_bucket")
     mds_route_rows: int = unit_field("mds_route_rows")
     mds_chunk_rows: int = unit_field("mds_chunk_rows")
+    explorer_rows: int = unit_field("explorer_rows")
 
     def settings(self, stage: str) -> dict[str, Any]:
         """The unit-size settings of `stage`, as its run takes them (`run_stage(..., **settings)`)."""

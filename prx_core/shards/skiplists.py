@@ -300,12 +300,22 @@ def read_skip_lists(root: str, source: str | None = None, storage_options: dict 
 def skipped_indices(root: str, source: str, tier: int, width: int, height: int,
                     storage_options: dict | None = None) -> set[int]:
     """Union over reasons of the stream's indices to skip (empty when it has no skip-list)."""
+    out: set[int] = set()
+    for indices in stream_skip_reasons(root, source, tier, width, height, storage_options).values():
+        out.update(indices.tolist())
+    return out
+
+
+def stream_skip_reasons(root: str, source: str, tier: int, width: int, height: int,
+                        storage_options: dict | None = None) -> dict[str, np.ndarray]:
+    """reason -> the stream's sorted indices to skip for it (empty when it has no skip-list)."""
     fs = filesystem_for(_normalize(root), storage_options)
     folder = stream_folder(root, source, tier, width, height)
     fs.invalidate_cache()
-    out: set[int] = set()
+    out: dict[str, np.ndarray] = {}
     for path in fs.glob(join_uri(folder, f"*{SUFFIX}")) if fs.exists(folder) else []:
-        out.update(decode(fs.cat_file(path), path)[1].tolist())
+        header, indices = decode(fs.cat_file(path), path)
+        out[header["reason"]] = indices
     return out
 
 

@@ -24,6 +24,7 @@ from prx_core.stages.caption_embeddings import CAPTION_EMBEDDINGS
 from prx_core.stages.captions import CAPTIONS
 from prx_core.stages.duplicates import DUPLICATES, DuplicatesReport
 from prx_core.stages.duplicates_check import KeeperCheck, check_keepers
+from prx_core.stages.explorer import EXPLORER
 from prx_core.stages.labels import CAPTION_LABELS
 from prx_core.stages.mds_shards import MDS_SHARDS, MdsReport
 from prx_core.stages.phashes import PHASHES
@@ -140,7 +141,7 @@ GROUPS = dataclasses.replace(  # `duplicates` as the asset runs it: the groups, 
 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (INGEST, BUCKETS, PHASHES, PUBLISH, SKIP_LISTS, GROUPS,
                                                              CAPTIONS, CAPTION_LABELS, CAPTION_EMBEDDINGS,
-                                                             TEXT_LATENTS)}
+                                                             TEXT_LATENTS, EXPLORER)}
 def run_stage(name: str, kwargs: dict[str, Any], log: Callable[[str], None]) -> Any:
     """Run stage `name` with `kwargs` (storage, source, settings); every `Progress` among them
     reports through `log`."""

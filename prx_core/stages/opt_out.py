@@ -48,7 +48,7 @@ REASON = "opt_out"  # the skip policy's own reason (SkipPolicy.opt_out), so audi
 SKIP_LOCKS = ("mds_shards", "skip_lists")
 # per-source tables keyed by sample_id, and the asset whose lock guards each
 DELETE_TABLES = {"samples": "samples", "buckets": "buckets", "phashes": "phashes",
-                 "source_embeddings": "caption_embeddings"}
+                 "source_embeddings": "caption_embeddings", "explorer": "explorer"}
 
 
 @dataclass

@@ -23,6 +23,7 @@ from prx_core.stages.caption_embeddings import CaptionEmbeddingsReport
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.duplicates import DuplicatesReport
 from prx_core.stages.duplicates_check import KeeperCheck
+from prx_core.stages.explorer import ExplorerReport
 from prx_core.stages.labels import LabelsReport
 from prx_core.stages.mds_shards import MdsReport
 from prx_core.stages.phashes import PhashesReport
@@ -43,7 +44,7 @@ REPORTS: tuple[type, ...] = (
     entry.GroupsReport, DuplicatesReport, KeeperCheck,
     CaptionsReport, LabelsReport, CaptionEmbeddingsReport, IndexReport, VectorIndexCoverage,
     entry.PublishReport, MdsReport, StreamReport, VerifyReport, entry.StreamCount,
-    SkipReport, StreamSkips, TextLatentsReport,
+    SkipReport, StreamSkips, TextLatentsReport, ExplorerReport,
 )
 for _cls in ARGUMENTS + REPORTS:
     wire.register(_cls)

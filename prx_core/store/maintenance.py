@@ -16,7 +16,7 @@ import pyarrow as pa
 from lance import LanceDataset
 
 from prx_core.store.lance_io import StorageOptions, is_commit_conflict, require_table
-from prx_core.store.schemas import BTREE_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
+from prx_core.store.schemas import BTREE_COLUMNS, FILTER_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ROWS = 10_000_000  # index rows one run merges per index: ~12 min of a full-text index (74 s per 1M rows)
@@ -177,7 +177,7 @@ def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions 
     failed materialization: the next write or compaction catches them up."""
     try:
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
-                               bitmap_columns=PARTITION_COLUMNS.get(table, ()),
+                               bitmap_columns=[*PARTITION_COLUMNS.get(table, ()), *FILTER_COLUMNS.get(table, ())],
                                btree_columns=BTREE_COLUMNS.get(table, ()), merge_rows=merge_rows)
     except OSError as exc:  # CommitConflictError is one
         if not is_commit_conflict(exc):

@@ -162,6 +162,54 @@ MDS_INDEX = pa.schema(
     ]
 )
 
+# The explorer's own tables (prx_core.stages.explorer): one denormalized row per sample or ingest
+# reject of a source, the columns its pages filter on and show, so a page is one filtered Lance scan
+# with a limit, never a join of corpus-sized tables in the explorer's memory.
+EXPLORER = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("source_key", pa.string()),
+        ("content_id", pa.string()),  # null for an ingest reject that was never read
+        ("stored", pa.bool_()),  # a `samples` row holds its bytes (false: an ingest reject)
+        ("width", pa.int32()),
+        ("height", pa.int32()),
+        ("format", pa.string()),
+        ("jpeg_quality", pa.int16()),
+        ("num_bytes", pa.int64()),
+        ("meta_label", pa.string()),  # metadata's `label` value, where short and printable
+        ("original_caption", pa.string()),
+        ("reject_reason", pa.string()),
+        ("reject_stage", pa.string()),
+        ("reject_message", pa.string()),
+        ("tier", pa.int32()),
+        ("bucket", pa.string()),
+        ("phash", pa.string()),  # 16 hex digits
+        ("group_id", pa.string()),
+        ("group_size", pa.int32()),
+        ("keeper", pa.bool_()),
+        ("keeper_sample_id", pa.string()),
+        ("captioner_version", pa.string()),  # the caption shown: the version mds_shards writes
+        ("caption", pa.string()),
+        ("word_count", pa.int32()),
+        ("caption_error", pa.string()),
+        ("label", pa.string()),
+        ("score", pa.float32()),
+        ("mds_index", pa.int64()),
+        ("skip_reason", pa.string()),  # the stream's skip reasons for it, sorted and comma-joined
+    ]
+)
+
+# The explorer's filter menus, counted per partition when its rows are written: (facet, value) -> rows.
+EXPLORER_FACETS = pa.schema(
+    [
+        ("source", pa.string()),
+        ("facet", pa.string()),  # label | tier | bucket | group | skipped | rejected | meta
+        ("value", pa.string()),
+        ("count", pa.int64()),
+    ]
+)
+
 TABLES: dict[str, pa.Schema] = {
     "samples": SAMPLES,
     "rejects": REJECTS,
@@ -174,6 +222,8 @@ TABLES: dict[str, pa.Schema] = {
     "text_latents": TEXT_LATENTS,
     "source_embeddings": SOURCE_EMBEDDINGS,
     "mds_index": MDS_INDEX,
+    "explorer": EXPLORER,
+    "explorer_facets": EXPLORER_FACETS,
 }
 
 
@@ -182,20 +232,27 @@ TABLES: dict[str, pa.Schema] = {
 # (upserted by content) or global (`duplicates`).
 PARTITION_COLUMNS: dict[str, list[str]] = {
     "samples": ["source"], "buckets": ["source"], "phashes": ["source"], "source_embeddings": ["source"],
-    "mds_index": ["source"], "rejects": ["source", "stage"],
+    "mds_index": ["source"], "rejects": ["source", "stage"], "explorer": ["source"], "explorer_facets": ["source"],
 }
+# Low-cardinality columns the explorer filters and counts by: BITMAP indexes beside the partition's.
+FILTER_COLUMNS: dict[str, list[str]] = {"explorer": ["label", "tier", "bucket", "reject_reason", "skip_reason"]}
 # The other indexes tables keep (prx_core.store.maintenance.refresh_table_indexes; the partition
 # columns get BITMAP indexes, so a partition's rows are found without scanning the table: 40 ms
 # -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
-FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"]}
+FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"],
+                                     "explorer": ["caption", "original_caption"]}
 # BTREE indexes on the keys other stages look rows up by, a batch of keys at a time (IN-lists in
 # prx_core.store.lookups): a partition's captions, labels and vectors by content_id, the other
 # samples of a content by content_id (which unit owns it), the members of a pHash group by phash,
-# losing duplicates by sample_id and a group's rows by group_id, without scanning the table.
-BTREE_COLUMNS: dict[str, list[str]] = {"captions": ["content_id"], "caption_labels": ["content_id"],
+# losing duplicates by sample_id and a group's rows by group_id, a unit's rows of every per-sample
+# table by sample_id (the explorer's rows), an explorer page's sample or group, without scanning.
+BTREE_COLUMNS: dict[str, list[str]] = {"samples": ["sample_id"], "rejects": ["sample_id"],
+                                       "captions": ["content_id"], "caption_labels": ["content_id"],
                                        "caption_embeddings": ["content_id"], "text_latents": ["content_id"],
-                                       "buckets": ["content_id"],
-                                       "phashes": ["phash"], "duplicates": ["sample_id", "group_id"]}
+                                       "buckets": ["content_id", "sample_id"], "mds_index": ["sample_id"],
+                                       "phashes": ["phash", "sample_id"], "source_embeddings": ["sample_id"],
+                                       "duplicates": ["sample_id", "group_id"],
+                                       "explorer": ["sample_id", "content_id", "group_id"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
 

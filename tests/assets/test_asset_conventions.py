@@ -29,9 +29,10 @@ from prx_core.store.schemas import TABLES
 OPS_KEYS = {"units", "units_run", "units_resumed", "worker_peak_rss_mb", "ray_nodes", "fragments_read", "lance_commits"}
 TABLE_OF = {"samples": "samples", "buckets": "buckets", "phashes": "phashes", "duplicates": "duplicates",
             "captions": "captions", "caption_labels": "caption_labels", "caption_embeddings": "caption_embeddings",
-            "text_latents": "text_latents"}
+            "text_latents": "text_latents", "explorer": "explorer"}
 PLOTTED = {"samples": ["reject_rate", "images_per_second"], "buckets": ["drop_rate"], "captions": ["captioned_share"],
-           "mds_shards": ["images_per_second"], "skip_lists": ["skip_fraction"], "duplicates": ["duplicate_rate"]}
+           "mds_shards": ["images_per_second"], "skip_lists": ["skip_fraction"], "duplicates": ["duplicate_rate"],
+           "explorer": ["captioned_rate"]}
 CHAIN = ["raw_source", "samples", "buckets", "captions", "mds_shards"]
 
 

@@ -13,10 +13,11 @@ READS = {  # asset -> tables it reads
     "mds_shards": {"samples", "buckets", "captions"},
     "caption_embeddings": {"samples", "buckets", "captions"},
     "duplicates": {"phashes"},
+    "explorer": {"samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index"},
 }
 WRITES = {"samples": "samples", "buckets": "buckets", "phashes": "phashes", "captions": "captions",
           "caption_labels": "caption_labels", "caption_embeddings": "caption_embeddings", "mds_shards": "mds_index",
-          "duplicates": "duplicates"}
+          "duplicates": "duplicates", "explorer": "explorer"}
 
 
 @pytest.mark.parametrize("asset", sorted(READS))

@@ -22,7 +22,7 @@ from prx_core.sources.catalog import load_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONED = ["raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
-               "mds_shards", "skip_lists"]
+               "mds_shards", "skip_lists", "explorer"]
 
 
 def failure_text(result: dg.ExecuteInProcessResult) -> str:

@@ -13,7 +13,7 @@ DEPS = {"raw_source": [], "samples": ["raw_source"], "buckets": ["samples"], "ph
         "captions": ["samples"], "caption_labels": ["captions"], "caption_embeddings": ["captions"],
         "text_latents": ["captions", "samples"], "mds_shards": ["buckets", "captions", "text_latents"],
         "duplicates": ["phashes"],
-        "skip_lists": ["mds_shards", "duplicates", "caption_labels"]}
+        "skip_lists": ["mds_shards", "duplicates", "caption_labels"], "explorer": ["skip_lists", "phashes"]}
 
 
 class Refused(RuntimeError):
@@ -49,10 +49,11 @@ def build(fail: dict[str, str]) -> tuple[object, list[str], list[str]]:
 
 def test_a_failed_samples_skips_its_source_and_the_others_go_on() -> None:
     outcome, lines, log = build({"samples": "bad"})
-    downstream = [a for a in PER_SOURCE if a not in ("raw_source", "samples")] + ["skip_lists"]
+    downstream = [a for a in PER_SOURCE if a not in ("raw_source", "samples")] + ["skip_lists", "explorer"]
     assert lines == ["samples [bad] FAILED: source 'bad': 6 of 6 rows refused (one line)",
                      f"{', '.join(downstream)} [bad] skipped: upstream samples failed"]
-    assert "==> skip_lists [bad]: skipped (upstream samples failed)" in log and "==> skip_lists [good]" in log
+    assert "==> skip_lists, explorer [bad]: skipped (upstream samples failed)" in log
+    assert "==> skip_lists, explorer [good]" in log
     assert outcome.runs == 4 and not outcome.ok and len(outcome.failed_runs) == 1
     assert ("mds_shards", "good") in outcome.metadata and ("skip_lists", "good") in outcome.metadata
 
@@ -61,8 +62,8 @@ def test_an_exception_is_named_by_type_and_first_message_a_failed_duplicates_ski
     outcome, lines, _ = build({"captions": "good", "duplicates": "global"})
     assert lines[0] == "captions [good] FAILED: Refused: captions broke second line"
     assert lines[1] == "duplicates [global] FAILED: Refused: duplicates broke second line"
-    assert "caption_labels, caption_embeddings, text_latents, mds_shards, skip_lists [good] skipped: upstream captions, " \
-           "duplicates failed" in lines
-    assert "skip_lists [bad] skipped: upstream duplicates failed" in lines
+    assert "caption_labels, caption_embeddings, text_latents, mds_shards, skip_lists, explorer [good] skipped: upstream " \
+           "captions, duplicates failed" in lines
+    assert "skip_lists, explorer [bad] skipped: upstream duplicates failed" in lines
     assert ("mds_shards", "bad") in outcome.metadata and ("mds_shards", "good") not in outcome.metadata
     assert ("buckets", "good") in outcome.metadata and outcome.runs == 3  # no skip_lists run started

@@ -38,10 +38,10 @@ def test_build_runs_every_chain_then_duplicates_then_skip_lists(corpus: Corpus, 
     record_property("build_seconds", round(corpus.seconds, 1))
     headers = [line for line in corpus.log if line.startswith("==> ")]
     chain = "raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, text_latents, mds_shards"
-    assert headers == [f"==> {chain} [{s}]" for s in SOURCES] + ["==> duplicates"] + [f"==> skip_lists [{s}]" for s in SOURCES]
+    assert headers == [f"==> {chain} [{s}]" for s in SOURCES] + ["==> duplicates"] + [f"==> skip_lists, explorer [{s}]" for s in SOURCES]
     assert corpus.outcome.runs == 2 * len(SOURCES) + 1 and corpus.outcome.ok  # a chain and skip_lists per source, duplicates
     assert {(a, p) for a, p in corpus.outcome.metadata} == (
-        {(a, s) for a in chain.split(", ") + ["skip_lists"] for s in SOURCES} | {("duplicates", None)})
+        {(a, s) for a in chain.split(", ") + ["skip_lists", "explorer"] for s in SOURCES} | {("duplicates", None)})
     # skip fractions above 10% and streams smaller than a training batch (every demo stream) are
     # warnings, never failures
     assert all(w.startswith(("skip_lists_fraction[", "mds_shards_stream_sizes[")) for w in corpus.outcome.warnings)

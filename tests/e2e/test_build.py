@@ -412,7 +412,7 @@ def test_build_succeeds_with_progress_and_a_true_summary(ok_build: Built, stream
     chains = len(sources)
     assert [(p, s) for _, p, s in runs] == [*((n, "ok") for n in sources), (None, "ok"), *((n, "ok") for n in sources)]
     assert all(a.split(", ")[-1] == "mds_shards" for a, p, _ in runs[:chains]), runs
-    assert runs[chains][0] == "duplicates" and all(a == "skip_lists" for a, _, _ in runs[chains + 1:])
+    assert runs[chains][0] == "duplicates" and all(a == "skip_lists, explorer" for a, _, _ in runs[chains + 1:])
     assert re.search(rf"^{len(runs)} runs in \d+ s: ok$", stdout, re.M), stdout
 
     summary = parse_summary(stdout)

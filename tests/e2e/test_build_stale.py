@@ -27,7 +27,7 @@ from prx_resources import CaptionerResource
 
 pytestmark = pytest.mark.slow
 
-DOWNSTREAM = ["captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists"]
+DOWNSTREAM = ["captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists", "explorer"]
 CHOICE_LINE = re.compile(r"^  (?P<asset>[a-z_]+) \[(?P<partition>[a-z0-9_]+)\]: (?P<reason>.+)$")
 
 
@@ -91,7 +91,7 @@ def test_stale_rebuilds_exactly_what_a_captioner_change_unsynced(tmp_path: Path,
     home = root / "_state" / "dagster"  # no DAGSTER_HOME, no --dagster-home: the root's own
     assert f"dagster home {home}" in full.stdout.splitlines(), full.explain()
     assert (home / "dagster.yaml").exists() and not choices(full.stdout)
-    assert len(run_lines(full.stdout)) == 3  # the chain, duplicates, skip_lists
+    assert len(run_lines(full.stdout)) == 3  # the chain, duplicates, skip_lists and explorer
 
     idle = build(before, "--stale")  # a full build leaves nothing unsynced
     assert idle.returncode == 0, idle.explain()
@@ -109,7 +109,7 @@ def test_stale_rebuilds_exactly_what_a_captioner_change_unsynced(tmp_path: Path,
         assert re.fullmatch(rf"code version \S*{old}\S* -> \S*{new}\S*", chosen[(asset, "photos")]), chosen
     assert run_lines(changed.stdout) == [("captions, caption_labels, caption_embeddings, text_latents, mds_shards", "photos",
                                           "ok"),
-                                         ("skip_lists", "photos", "ok")], changed.explain()
+                                         ("skip_lists, explorer", "photos", "ok")], changed.explain()
     assert server.stats.requests > requests  # the new version was captioned, not reused
 
     again = build(after, "--stale")

@@ -26,7 +26,7 @@ from prx_core.demo.photos import load_skimage_photos
 pytestmark = pytest.mark.slow
 
 CHAIN = ["buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards",
-         "skip_lists"]
+         "skip_lists", "explorer"]
 
 
 def write_sources(work: Path) -> Path:
@@ -81,8 +81,8 @@ def test_a_hopeless_source_says_why_and_the_good_one_completes(built: tuple[Path
     assert ("raw_source, samples, buckets, phashes, captions, caption_labels, caption_embeddings, text_latents, "
             "mds_shards",
             "photos", "ok") in run_lines(out)
-    assert ("skip_lists", "photos", "ok") in run_lines(out) and ("duplicates", None, "ok") in run_lines(out)
-    assert not any(p != "photos" and a == "skip_lists" for a, p, _ in run_lines(out))  # never started
+    assert ("skip_lists, explorer", "photos", "ok") in run_lines(out) and ("duplicates", None, "ok") in run_lines(out)
+    assert not any(p != "photos" and a == "skip_lists, explorer" for a, p, _ in run_lines(out))  # never started
     summary = parse_summary(out)
     assert summary["photos"]["samples"] == 3 and summary["photos"]["in_mds"] == 3, result.explain()
     assert published_streams(root / "mds", "photos") and not published_streams(root / "mds", "laion")

@@ -1,0 +1,52 @@
+"""Asset `explorer`: the source's rows of the explorer's table and its filter-menu counts."""
+
+
+import dagster as dg
+from dagster_ray import RayResource
+
+from prx_assets.buckets import CHEAP
+from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_table, dataset_metadata, lance_versions, ops_metadata, rate
+from prx_assets.versions import content_version
+from prx_core.stages.entry import Progress
+from prx_core.stages.explorer import EXPLORER, ExplorerReport
+from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, UnitsResource
+from prx_resources.ray import run_stage
+
+DESCRIPTION = ("One row per sample and per ingest reject of the source with what `prx-corpus browse` filters on and "
+               "shows (size, reject reason, bucket, pHash group, the shipped caption and label, MDS position, skip "
+               "reasons), joined on workers and indexed (BITMAP filters, BTREE keys, full-text captions), plus the "
+               "source's filter-menu counts in `explorer_facets`: the explorer reads pages, never whole tables. "
+               "Follows every upstream change by automation; a rerun over unchanged inputs writes nothing.")
+
+
+def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
+    version = f"{EXPLORER.code_version}-{captioner.config().version()}-{labeler.config().version()}"
+
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, kinds={"ray", "lance"}, owners=OWNERS,
+              deps=["samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "skip_lists"],
+              code_version=version, automation_condition=CHEAP, description=DESCRIPTION)
+    def explorer(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
+                 captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource,
+                 units: UnitsResource) -> dg.MaterializeResult:
+        source = catalog_source(context, catalog).name
+        store = storage.storage()
+        report: ExplorerReport = run_stage(context, ray, "explorer", source=source, storage=store,
+                                           captioner_version=captioner.config().version(),
+                                           labeler_version=labeler.config().version(),
+                                           progress=Progress(f"explorer[{source}]"), **units.settings("explorer"))
+        shown = {"samples": report.samples, "ingest rejects": report.ingest_rejects, "captioned": report.captioned,
+                 "in MDS": report.in_mds, "skipped": report.skipped}
+        return dg.MaterializeResult(
+            metadata={"rows": report.rows, "samples": report.samples, "ingest_rejects": report.ingest_rejects,
+                      "captioned_rate": rate(report.captioned, report.samples), "facet_rows": report.facets,
+                      "coverage": counts_table(shown, "rows", report.rows),
+                      **dataset_metadata(store, report.rows, table="explorer"),
+                      **ops_metadata(report.units),
+                      **lance_versions(**(report.read_versions or {}), explorer=report.explorer_version,
+                                       explorer_facets=report.facets_version)},
+            # what the pages show is a function of the pinned inputs: their versions are the run's content
+            data_version=content_version(context, rows=report.rows, captioned=report.captioned, in_mds=report.in_mds,
+                                         skipped=report.skipped, explorer=report.explorer_version),
+        )
+
+    return explorer

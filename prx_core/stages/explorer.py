@@ -1,0 +1,189 @@
+"""Stage `explorer`: the explorer's rows of one source, and its facet counts.
+
+The explorer's pages filter on and show columns of seven tables. Joining them in the explorer's
+memory costs ~520 B per row in every explorer process (52 GB at 100M rows), rebuilt whenever any
+table moves; here each source's rows are joined once, on workers, when what they read changed:
+one denormalized `explorer` row per sample and per ingest reject (`schemas.EXPLORER`), with the
+caption shown (the captioner version `mds_shards` writes) and the labeler's label, indexed for the
+page filters (BITMAP), keys (BTREE) and the text search (INVERTED). The filter menus' counts are
+summed from the units into `explorer_facets`, a few hundred rows per source, so the explorer's
+home page reads no corpus-sized table at all.
+
+Units are row ranges of the pinned `samples` partition (phase `samples`) and of its ingest rejects
+(phase `rejects`: rows that never reached `samples`); each looks its keys up in the pinned versions
+of the other tables (BTREE on sample_id or content_id). A rerun over the same versions, skip-lists
+and settings commits nothing (`reusable`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core.compute.parallel import Throttle
+from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.units import Unit, UnitResults, UnitRun
+from prx_core.shards.skiplists import source_folder
+from prx_core.stages.explorer_rows import (
+    REJECT_COLUMNS,
+    SAMPLE_COLUMNS,
+    count_facets,
+    explore_rows,
+    facet_labels,
+    facet_rows,
+)
+from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.store import lance_io, schemas
+from prx_core.store.lookups import lookup_keys
+from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, unit_outputs, write_partition
+from prx_core.store.storage import Storage
+from prx_core.upkeep.indexing import index_table
+
+UNIT_ROWS = 250_000  # sizes only: each unit looks its keys up in seven tables, 5,000 keys per query
+JOINED = ("rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index")
+INGEST = "samples"  # the stage name of ingest rejects: rows that never reached `samples`
+
+
+@dataclass
+class ExplorerReport:
+    source: str
+    rows: int  # explorer rows written: samples plus ingest rejects
+    samples: int
+    ingest_rejects: int
+    captioned: int
+    in_mds: int
+    skipped: int
+    facets: int  # explorer_facets rows
+    seconds: float
+    explorer_version: int = 0
+    facets_version: int = 0
+    read_versions: dict[str, int] | None = None  # the pinned inputs (tables written so far)
+    units: dict[str, UnitResults] | None = None
+
+
+def _summary(storage: Storage, rows: pa.Table) -> dict[str, Any]:
+    written = lance_io.write_fragments(storage.lance_uri("explorer"), rows, schemas.EXPLORER,
+                                       storage.lance_storage_options()) if rows.num_rows else []
+    return {"rows": rows.num_rows, "captioned": rows.num_rows - rows["caption"].null_count,
+            "in_mds": rows.num_rows - rows["mds_index"].null_count,
+            "skipped": rows.num_rows - rows["skip_reason"].null_count,
+            "facets": count_facets(rows), **unit_outputs(storage, "explorer", written, [])}
+
+
+def explore_samples_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: the explorer rows of one `samples` row range, as an uncommitted fragment."""
+    storage, inputs = run.storage, run.manifest.inputs
+    uri = storage.lance_uri("samples")
+    has_metadata = "metadata" in lance_io.require_table(uri, storage.lance_storage_options()).schema.names
+    read = read_row_unit(uri, inputs["samples"], unit.spec, SAMPLE_COLUMNS + (["metadata"] if has_metadata else []),
+                         source_predicate(run.manifest.partition), storage.lance_storage_options())
+    labels = facet_labels(pc.map_lookup(read["metadata"], "label", "all") if has_metadata else None, read.num_rows)
+    base = read.select(SAMPLE_COLUMNS).append_column("stored", pa.array([True] * read.num_rows, pa.bool_()))
+    rows = explore_rows(storage, inputs, base.append_column("meta_label", labels), run.manifest.params)
+    return {"samples": rows.num_rows, **_summary(storage, rows)}
+
+
+def explore_rejects_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: the explorer rows of one range of ingest rejects whose id has no `samples` row."""
+    storage, inputs, source = run.storage, run.manifest.inputs, run.manifest.partition
+    refused = read_row_unit(storage.lance_uri("rejects"), inputs["rejects"], unit.spec, REJECT_COLUMNS,
+                            rejects_predicate(source, INGEST), storage.lance_storage_options())
+    ids = sorted(set(refused["sample_id"].to_pylist()))
+    stored = lookup_keys(storage.lance_uri("samples"), "sample_id", ids, ["sample_id"], None,
+                         storage.lance_storage_options(), inputs["samples"]) if inputs.get("samples") else None
+    if stored is not None and stored.num_rows:
+        refused = refused.filter(pc.invert(pc.is_in(refused["sample_id"], stored["sample_id"])))
+    first = {sid: i for i, sid in reversed(list(enumerate(refused["sample_id"].to_pylist())))}
+    refused = refused.take(sorted(first.values()))  # one row per id: a file refused twice is one row
+    n = refused.num_rows
+    base = pa.table({**{c: refused[c] for c in ("sample_id", "content_id", "source", "source_key", "width", "height")},
+                     "format": pa.nulls(n, pa.string()), "jpeg_quality": pa.nulls(n, pa.int16()),
+                     "num_bytes": pa.nulls(n, pa.int64()), "original_caption": pa.nulls(n, pa.string()),
+                     "stored": pa.array([False] * n, pa.bool_()), "meta_label": pa.nulls(n, pa.string())})
+    rows = explore_rows(storage, inputs, base, run.manifest.params)
+    return {"ingest_rejects": n, **_summary(storage, rows)}
+
+
+def skip_fingerprint(storage: Storage, source: str) -> str:
+    """A digest of the source's skip-list files (names and sizes): they change without a table version."""
+    fs = storage.filesystem()
+    folder = source_folder(storage.root, source)
+    fs.invalidate_cache()
+    files = fs.find(folder, detail=True) if fs.exists(folder) else {}
+    listing = sorted((path[len(folder):], info.get("size")) for path, info in files.items())
+    return hashlib.sha256(repr(listing).encode()).hexdigest()[:24]
+
+
+def pin_tables(run: StageRun) -> dict[str, int | None]:
+    """The pinned versions of every table the rows join (None: not written yet), the units planned."""
+    storage, options, source = run.storage, run.storage.lance_storage_options(), run.partition
+    if not lance_io.table_exists(storage.lance_uri("samples"), options):
+        raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
+    samples, run.state["samples"] = plan_row_units(storage.lance_uri("samples"), source_predicate(source),
+                                                   run["unit_rows"], options)
+    inputs: dict[str, int | None] = {"samples": samples}
+    for table in JOINED:
+        inputs[table] = lance_io.table_version(storage.lance_uri(table), options)
+    run.state["rejects"] = []
+    if inputs["rejects"] is not None:
+        _, run.state["rejects"] = plan_row_units(storage.lance_uri("rejects"), rejects_predicate(source, INGEST),
+                                                 run["unit_rows"], options, version=inputs["rejects"])
+    run.params["skip_lists"] = skip_fingerprint(storage, source)
+    return inputs
+
+
+def explore_units(run: StageRun) -> None:
+    run.units("samples", [Unit(f"samples-{u.id}", u.rows, u.spec) for u in run.state["samples"]], explore_samples_unit)
+    run.units("rejects", [Unit(f"rejects-{u.id}", u.rows, u.spec) for u in run.state["rejects"]], explore_rejects_unit)
+
+
+def summed_facets(results: list[UnitResults]) -> dict[str, Counter[str]]:
+    counts: dict[str, Counter[str]] = {}
+    for summary in (s for r in results for s in r.summaries):
+        for facet, values in summary["facets"].items():
+            counts.setdefault(facet, Counter()).update(values)
+    return counts
+
+
+def commit_explorer(run: StageRun) -> dict[str, int]:
+    """The partition's explorer rows replaced in one commit (indexed on a worker), then its facets."""
+    results = [run.results[p] for p in run.stage.phases]
+    fragments = lance_io.fragments_from_json(f for r in results for s in r.summaries for f in s["fragments"])
+    explorer = commit_partition(run.storage, "explorer", source_predicate(run.partition), fragments, index_table)
+    facets = facet_rows(run.partition, summed_facets(results))
+    run.state["facets"] = facets.num_rows
+    return {"explorer": explorer,
+            "explorer_facets": write_partition(run.storage, "explorer_facets", source_predicate(run.partition), facets)}
+
+
+def report_explorer(run: StageRun) -> ExplorerReport:
+    results = {p: run.results[p] for p in run.stage.phases}
+
+    def total(key: str) -> int:
+        return sum(r.total(key) for r in results.values())
+
+    return ExplorerReport(source=run.partition, rows=total("rows"), samples=total("samples"),
+                          ingest_rejects=total("ingest_rejects"), captioned=total("captioned"), in_mds=total("in_mds"),
+                          skipped=total("skipped"), facets=run.state["facets"], seconds=run.seconds,
+                          explorer_version=run.versions["explorer"], facets_version=run.versions["explorer_facets"],
+                          read_versions={t: v for t, v in run.inputs.items() if v is not None}, units=results)
+
+
+EXPLORER = Stage(
+    "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="1",
+    report_type=ExplorerReport, phases=("samples", "rejects"),
+    settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
+    unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),
+    pin=pin_tables, work=explore_units, commit=commit_explorer, report=report_explorer,
+    reusable=lambda report: True,
+)
+
+
+def build_explorer(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> ExplorerReport:
+    """`explorer` of one source (`run_partition` of EXPLORER): captioner_version, labeler_version, unit_rows."""
+    return run_partition(EXPLORER, storage, source, progress=progress, **settings)

@@ -1,0 +1,186 @@
+"""The explorer's rows of a unit: one `samples` row range (or ingest rejects) joined with every
+table the explorer's pages filter on or show, by key, through BTREE lookups of the unit's keys.
+
+Every lookup reads the version the stage pinned, so the rows agree with one another; a table not
+written yet (no captions, no MDS) leaves its columns null. Skip reasons come from the streams'
+skip-list files of the unit's rows (one glob and a few reads per stream it touches), never from a
+listing of every skip-list of the corpus.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core.shards.skiplists import stream_skip_reasons
+from prx_core.store import lance_io, schemas
+from prx_core.store.lookups import lookup_keys
+from prx_core.store.storage import Storage
+
+META_KEY = "label"  # the metadata key whose values the explorer counts and filters (`meta_label`)
+MAX_META_VALUE = 200  # characters of a metadata value the `meta` filter accepts; longer ones are not counted
+FACET_VALUES = 200  # values per facet a unit counts (the most frequent): summaries stay small
+FACETS = ("label", "tier", "bucket", "group", "skipped", "rejected", "meta", "side", "aspect", "totals")
+SIDE_BINS = 8  # per octave of sqrt(width x height): the overview's resolution histogram, per source
+ASPECT_BINS = 16  # per octave of width / height: its aspect-ratio histogram
+SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "height", "format", "jpeg_quality",
+                  "num_bytes", "original_caption"]
+REJECT_COLUMNS = ["sample_id", "source", "source_key", "content_id", "stage", "reason", "message", "width", "height"]
+
+
+def label_expression(schema: pa.Schema) -> dict[str, str]:
+    """The projection adding `meta_label` to a `samples` read, where the table has metadata."""
+    if "metadata" not in schema.names:
+        return {}
+    return {"meta_label": f"map_extract(metadata, {lance_io.sql_literal(META_KEY)})"}
+
+
+def facet_labels(column: pa.ChunkedArray | pa.Array | None, rows: int) -> pa.Array:
+    """`meta_label` as one string per row: the key's first value, null where absent, over-long
+    (above what the `meta` filter accepts) or holding control characters (which it refuses)."""
+    if column is None:
+        return pa.nulls(rows, pa.string())
+    first = pc.list_element(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column, 0)
+    keep = pc.and_(pc.less_equal(pc.utf8_length(first), MAX_META_VALUE),
+                   pc.invert(pc.match_substring_regex(first, r"[\x00-\x1f\x7f]")))
+    return pc.if_else(pc.fill_null(keep, False), first, pa.scalar(None, pa.string()))
+
+
+def _first_by(table: pa.Table, key: str) -> pa.Table:
+    """One row per `key` (the first): a left join must not multiply the unit's rows."""
+    if table.num_rows == 0:
+        return table
+    index = pa.array(np.arange(table.num_rows))
+    firsts = table.append_column("_i", index).group_by(key, use_threads=False).aggregate([("_i", "min")])
+    return table.take(np.sort(firsts["_i_min"].to_numpy()))
+
+
+def _joined(left: pa.Table, right: pa.Table, key: str, columns: Mapping[str, str]) -> pa.Table:
+    """`left` with `columns` (right name -> explorer name) of its matching `right` row, in `left`'s order."""
+    right = _first_by(right.select([key, *columns]), key).rename_columns([key, *columns.values()])
+    out = left.append_column("_order", pa.array(np.arange(left.num_rows)))
+    out = out.join(right, key, join_type="left outer", use_threads=False).sort_by("_order")
+    return out.drop_columns(["_order"])
+
+
+def _lookup(storage: Storage, inputs: Mapping[str, int], table: str, key: str, keys: Sequence[str],
+            columns: list[str], where: str | None = None) -> pa.Table:
+    """Rows of the pinned `table` by `key` (empty, with the columns' types, where it was never written)."""
+    version = inputs.get(table)
+    if version is None or not keys:
+        schema = schemas.TABLES[table]
+        return pa.schema([schema.field(c) for c in columns]).empty_table()
+    return lookup_keys(storage.lance_uri(table), key, keys, columns, where, storage.lance_storage_options(), version)
+
+
+def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, params: Mapping[str, Any]) -> pa.Table:
+    """EXPLORER rows for `base` (sample_id, source, ... with `stored` and `meta_label`): every
+    per-sample and per-content table joined by key, and the skip reasons of the stream rows."""
+    ids = base["sample_id"].to_pylist()
+    contents = [c for c in set(base["content_id"].to_pylist()) if c]
+    rejects = _lookup(storage, inputs, "rejects", "sample_id", ids, ["sample_id", "reason", "stage", "message"])
+    rows = _joined(base, rejects, "sample_id", {"reason": "reject_reason", "stage": "reject_stage",
+                                                "message": "reject_message"})
+    buckets = _lookup(storage, inputs, "buckets", "sample_id", ids, ["sample_id", "tier", "bucket"])
+    rows = _joined(rows, buckets, "sample_id", {"tier": "tier", "bucket": "bucket"})
+    phashes = _lookup(storage, inputs, "phashes", "sample_id", ids, ["sample_id", "phash"])
+    hexes = pa.array([None if h is None else f"{h:016x}" for h in phashes["phash"].to_pylist()], pa.string())
+    rows = _joined(rows, pa.table({"sample_id": phashes["sample_id"], "phash": hexes}), "sample_id", {"phash": "phash"})
+    groups = _lookup(storage, inputs, "duplicates", "sample_id", ids,
+                     ["sample_id", "group_id", "group_size", "keeper", "keeper_sample_id"])
+    rows = _joined(rows, groups, "sample_id", {c: c for c in ("group_id", "group_size", "keeper", "keeper_sample_id")})
+    captioner, labeler = params["captioner_version"], params["labeler_version"]
+    where = f"captioner_version = {lance_io.sql_literal(captioner)}"
+    captions = _lookup(storage, inputs, "captions", "content_id", contents, ["content_id", "caption", "word_count", "error"],
+                       where)
+    rows = _joined(rows, captions, "content_id", {"caption": "caption", "word_count": "word_count",
+                                                  "error": "caption_error"})
+    labels = _lookup(storage, inputs, "caption_labels", "content_id", contents, ["content_id", "label", "score"],
+                     f"{where} AND labeler_version = {lance_io.sql_literal(labeler)}")
+    rows = _joined(rows, labels, "content_id", {"label": "label", "score": "score"})
+    placed = _lookup(storage, inputs, "mds_index", "sample_id", ids, ["sample_id", "index", "tier", "bucket"])
+    rows = _joined(rows, placed.rename_columns(["sample_id", "index", "mds_tier", "mds_bucket"]), "sample_id",
+                   {"index": "mds_index", "mds_tier": "mds_tier", "mds_bucket": "mds_bucket"})
+    reasons = skip_reasons(storage, rows)
+    rows = rows.drop_columns(["mds_tier", "mds_bucket"])
+    versions = pa.array([captioner if c is not None else None for c in rows["caption"].to_pylist()], pa.string())
+    rows = rows.append_column("captioner_version", versions).append_column("skip_reason", reasons)
+    return rows.select(schemas.EXPLORER.names).cast(schemas.EXPLORER)
+
+
+def skip_reasons(storage: Storage, rows: pa.Table) -> pa.Array:
+    """Per row, the sorted skip reasons of its stream position (mds_tier, mds_bucket, mds_index), or null."""
+    out: list[list[str]] = [[] for _ in range(rows.num_rows)]
+    tiers, buckets = rows["mds_tier"].to_pylist(), rows["mds_bucket"].to_pylist()
+    positions = rows["mds_index"].to_numpy(zero_copy_only=False)
+    source = rows["source"][0].as_py() if rows.num_rows else ""
+    streams: dict[tuple[int, str], list[int]] = {}
+    for i, (tier, bucket) in enumerate(zip(tiers, buckets)):
+        if tier is not None and bucket is not None:
+            streams.setdefault((tier, bucket), []).append(i)
+    for (tier, bucket), members in streams.items():
+        width, height = (int(v) for v in bucket.split("x"))
+        where = np.asarray(members)
+        for reason, indices in stream_skip_reasons(storage.root, source, tier, width, height,
+                                                   storage.storage_options).items():
+            for i in where[np.isin(positions[where].astype(np.int64), indices)]:
+                out[i].append(reason)
+    return pa.array([",".join(sorted(r)) if r else None for r in out], pa.string())
+
+
+def size_bins(rows: pa.Table) -> tuple[Counter[str], Counter[str]]:
+    """The rows with a size, counted in log-spaced bins of sqrt(w*h) and of w/h (bin i covers
+    [2^(i/n), 2^((i+1)/n)) for n bins per octave): the overview's histograms, summed over units."""
+    width = rows["width"].to_numpy(zero_copy_only=False).astype(float)
+    height = rows["height"].to_numpy(zero_copy_only=False).astype(float)
+    sized = (width > 0) & (height > 0)
+    width, height = width[sized], height[sized]
+    side = np.floor(SIDE_BINS * 0.5 * np.log2(width * height)).astype(int)
+    aspect = np.floor(ASPECT_BINS * np.log2(width / height)).astype(int)
+    return Counter(map(str, side.tolist())), Counter(map(str, aspect.tolist()))
+
+
+def count_totals(rows: pa.Table) -> dict[str, int]:
+    """Per-source totals the overview shows (rows, rejected, bucketed, in MDS, skipped, duplicates, captioned)."""
+    def present(column: str) -> int:
+        return rows.num_rows - rows[column].null_count
+
+    keeper = rows["keeper"].to_pylist()
+    return {"rows": rows.num_rows, "stored": sum(bool(v) for v in rows["stored"].to_pylist()),
+            "rejected": present("reject_reason"), "bucketed": present("bucket"), "in_mds": present("mds_index"),
+            "skipped": present("skip_reason"), "captioned": present("caption"),
+            "duplicates": sum(v is False for v in keeper)}
+
+
+def count_facets(rows: pa.Table, top: int = FACET_VALUES) -> dict[str, dict[str, int]]:
+    """value -> rows per facet (the `top` most frequent of each; duplicate groups by size, as the
+    menu offers the largest). Skip reasons count each reason of a comma-joined set; `side` and
+    `aspect` are histogram bins (`size_bins`), `totals` the overview's counts."""
+    def counted(values: list[Any]) -> Counter[str]:
+        return Counter(str(v) for v in values if v is not None and v != "")
+
+    skipped: Counter[str] = Counter()
+    for reasons in rows["skip_reason"].to_pylist():
+        skipped.update(reasons.split(",") if reasons else [])
+    out = {"label": counted(rows["label"].to_pylist()), "tier": counted(rows["tier"].to_pylist()),
+           "bucket": counted(rows["bucket"].to_pylist()), "skipped": skipped,
+           "rejected": counted(rows["reject_reason"].to_pylist()), "meta": counted(rows["meta_label"].to_pylist())}
+    groups = counted(rows["group_id"].to_pylist())
+    sizes = dict(zip(rows["group_id"].to_pylist(), rows["group_size"].to_pylist()))
+    largest = sorted(groups, key=lambda g: (-(sizes.get(g) or 0), g))[:top]
+    side, aspect = size_bins(rows)
+    return {**{name: dict(counts.most_common(top)) for name, counts in out.items()},
+            "group": {g: groups[g] for g in largest}, "side": dict(side), "aspect": dict(aspect),
+            "totals": count_totals(rows)}
+
+
+def facet_rows(source: str, counts: Mapping[str, Mapping[str, int]]) -> pa.Table:
+    """EXPLORER_FACETS rows of one partition from its summed counts."""
+    rows = [{"source": source, "facet": facet, "value": value, "count": int(n)}
+            for facet in FACETS for value, n in sorted(counts.get(facet, {}).items()) if n]
+    return pa.Table.from_pylist(rows, schema=schemas.EXPLORER_FACETS)
