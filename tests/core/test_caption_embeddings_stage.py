@@ -188,7 +188,7 @@ def test_vector_indexes_cover_every_fragment_and_survive_compaction(tmp_path: Pa
         assert second.indexes[name].created == ["embedding_vector"], name
         assert second.coverage[name].complete and second.coverage[name].index == "embedding_vector", name
         desc = lance_io.require_table(storage.lance_uri(name)).describe_indices()
-        expected = {("embedding_vector", "IVF_FLAT")} | ({("source_bitmap", "Bitmap")} if name == "source_embeddings"
+        expected = {("embedding_vector", "IVF_FLAT")} | ({("source_bitmap", "Bitmap"), ("sample_id_btree", "BTree")} if name == "source_embeddings"
                                                         else {("content_id_btree", "BTree")})  # per source / by content
         assert {(d.name, d.index_type) for d in desc} == expected, name  # source_embeddings is per source
     write_source(storage, "c", varied_captions(40, 2), [vector(5000 + i, 32) for i in range(40)])

@@ -47,5 +47,5 @@ def test_a_stage_commit_indexes_on_a_worker(tmp_path: Path, ray_cluster, monkeyp
     monkeypatch.setattr(maintenance, "refresh_table_indexes", refresh_anywhere_but_the_driver)
     report = build_buckets("photos", storage)
     assert report.bucketed > 0
-    assert index_names(storage, "buckets") == {"content_id_btree", "source_bitmap"}
+    assert index_names(storage, "buckets") == {"content_id_btree", "sample_id_btree", "source_bitmap"}
     assert "source_bitmap" in index_names(storage, "rejects")
