@@ -45,6 +45,13 @@ dedup_corpus_job = dg.define_asset_job(
     "dedup_corpus", selection=dg.AssetSelection.assets("duplicates"), executor_def=dg.in_process_executor,
     description="Recompute the duplicate groups over every source; each source's skip_lists follows by automation.",
 )
+# Per source, after the global duplicates: what training and the explorer read (both eager, so this job is
+# for a manual rerun, e.g. after a skip policy change).
+publish_source_job = dg.define_asset_job(
+    "publish_source", selection=dg.AssetSelection.assets("skip_lists", "explorer"), executor_def=dg.in_process_executor,
+    description="One source's skip_lists and explorer rows, which read the corpus-wide duplicates: run it after "
+                "dedup_corpus, or after a skip policy change (both follow by automation otherwise).",
+)
 
 
 @dg.sensor(minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING)

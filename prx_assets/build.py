@@ -2,7 +2,7 @@
 
 Runs go into a real Dagster instance (DAGSTER_HOME), so `dagster dev` on the same home shows
 them with their metadata and checks. Order: every source's per-source chain (job `build_source`),
-then the global `duplicates` (`dedup_corpus`), then every source's `skip_lists`. One embedded Ray
+then the global `duplicates` (`dedup_corpus`), then every source's `skip_lists` and `explorer`. One embedded Ray
 serves all runs.
 
 A failed step is reported with its cause in one line (the error's message, never a traceback:
@@ -171,9 +171,12 @@ def execute(defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str],
 
 def job_name(keys: list[str]) -> str:
     """The run's job, as the definitions name theirs (prx_assets.automation): a source's chain is
-    `build_source`, `duplicates` is `dedup_corpus`; else `build_<assets>` (not `__ephemeral_asset_job__`)."""
+    `build_source`, `duplicates` is `dedup_corpus`, `skip_lists` and `explorer` are `publish_source`;
+    else `build_<assets>` (not `__ephemeral_asset_job__`)."""
     if set(keys) <= set(PER_SOURCE):
         return "build_source"
+    if set(keys) <= {"skip_lists", "explorer"}:
+        return "publish_source"
     return "dedup_corpus" if keys == ["duplicates"] else "build_" + "_".join(keys)
 
 

@@ -83,6 +83,7 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     return dg.Definitions(
         assets=build_assets(resources),
         jobs=[automation.build_source_job, automation.refresh_source_job, automation.dedup_corpus_job,
+              automation.publish_source_job,
               automation.compact_corpus, backfill.ingest_source_job, backfill.caption_source_job],
         schedules=[automation.weekly_source_refresh, automation.compact_schedule],
         sensors=[automation.sources_sensor, automation.automation_condition_sensor, backfill.caption_after_ingest],

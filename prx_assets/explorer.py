@@ -23,7 +23,7 @@ def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg
     version = f"{EXPLORER.code_version}-{captioner.config().version()}-{labeler.config().version()}"
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, kinds={"ray", "lance"}, owners=OWNERS,
-              deps=["samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "skip_lists"],
+              deps=["samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"],
               code_version=version, automation_condition=CHEAP, description=DESCRIPTION)
     def explorer(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
                  captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource,

@@ -69,9 +69,10 @@ def stale_choices(defs: dg.Definitions, instance: dg.DagsterInstance, partitions
 
 
 def run_order(choice: Choice, partitions: list[str]) -> tuple[int, int, int]:
-    """run_build's order: each source's chain, then the global `duplicates`, then each source's `skip_lists`."""
+    """run_build's order: each source's chain, then the global `duplicates`, then each source's
+    `skip_lists` and `explorer` (which read the duplicates)."""
     where = partitions.index(choice.partition) if choice.partition in partitions else 0
-    phase = 1 if choice.partition is None else 2 if choice.asset == "skip_lists" else 0
+    phase = 1 if choice.partition is None else 2 if choice.asset in ("skip_lists", "explorer") else 0
     return phase, where, ALL_ASSETS.index(choice.asset)
 
 

@@ -16,17 +16,15 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceDataset
 
+from prx_core.stages.explorer_rows import META_KEY as FACET_KEY  # the key whose most common values the index offers
 from prx_core.store import lance_io
 from prx_explorer.params import MAX_META_KEY, MAX_META_VALUE
 
 if TYPE_CHECKING:
     from prx_explorer.snapshot import Snapshot
 
-FACET_KEY = "label"  # the key whose most common values the index page offers
 MAX_SHOWN = 100  # metadata entries on a detail page
 MAX_SHOWN_CHARS = 2000  # of one value (or URL) on a detail page
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -34,22 +32,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def has_metadata(ds: LanceDataset | None) -> bool:
     return ds is not None and "metadata" in ds.schema.names
-
-
-def label_expression(ds: LanceDataset | None) -> dict[str, str]:
-    """The projection adding `meta_label` to the snapshot's samples read, where the table has metadata."""
-    return {"meta_label": f"map_extract(metadata, {lance_io.sql_literal(FACET_KEY)})"} if has_metadata(ds) else {}
-
-
-def facet_labels(column: pa.ChunkedArray | None, rows: int) -> pa.Array:
-    """`meta_label` as one string per row: the key's first value, null where absent, over-long
-    (above what the `meta` filter accepts) or holding control characters (which it refuses)."""
-    if column is None:
-        return pa.nulls(rows, pa.string())
-    first = pc.list_element(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column, 0)
-    keep = pc.and_(pc.less_equal(pc.utf8_length(first), MAX_META_VALUE),
-                   pc.invert(pc.match_substring_regex(first, r"[\x00-\x1f\x7f]")))
-    return pc.if_else(pc.fill_null(keep, False), first, pa.scalar(None, pa.string()))
 
 
 def split_filter(value: str) -> tuple[str, str]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
+from prx_core.stages.explorer_rows import MAX_META_VALUE  # longer values are shown, not filtered on
+
 MAX_TEXT = 500  # characters: a sample id, a reason or a search, never a document
 MAX_META_KEY = 64  # characters of a metadata key in the `meta` filter
-MAX_META_VALUE = 200  # characters of a metadata value in it (longer values are shown, not filtered on)
 MAX_DIGITS = 9
 _DIGITS = re.compile(r"[0-9]{1,%d}" % MAX_DIGITS)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")

@@ -24,7 +24,7 @@ from lance import LanceDataset
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
-from prx_explorer.metadata import facet_labels, label_expression
+from prx_core.stages.explorer_rows import facet_labels, label_expression
 
 TABLES = ("samples", "rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index",
           "caption_embeddings", "source_embeddings")
@@ -70,7 +70,7 @@ def _read_samples(ds: LanceDataset | None) -> pd.DataFrame:
     """The samples' scalar columns with their row addresses (`rowaddr`) and `meta_label`."""
     if ds is None:
         return pd.DataFrame(columns=SAMPLE_COLUMNS)
-    columns = {c: c for c in SAMPLE_COLUMNS if c in ds.schema.names} | label_expression(ds)
+    columns = {c: c for c in SAMPLE_COLUMNS if c in ds.schema.names} | label_expression(ds.schema)
     table = ds.to_table(columns=columns, with_row_address=True)
     labels = facet_labels(table["meta_label"] if "meta_label" in table.column_names else None, table.num_rows)
     table = table.drop_columns([c for c in ("meta_label",) if c in table.column_names]).append_column("meta_label", labels)

@@ -180,7 +180,8 @@ def count_facets(rows: pa.Table, top: int = FACET_VALUES) -> dict[str, dict[str,
 
 
 def facet_rows(source: str, counts: Mapping[str, Mapping[str, int]]) -> pa.Table:
-    """EXPLORER_FACETS rows of one partition from its summed counts."""
+    """EXPLORER_FACETS rows of one partition from its summed counts: values with no rows are left
+    out, but every total is kept (a source with no duplicates says 0)."""
     rows = [{"source": source, "facet": facet, "value": value, "count": int(n)}
-            for facet in FACETS for value, n in sorted(counts.get(facet, {}).items()) if n]
+            for facet in FACETS for value, n in sorted(counts.get(facet, {}).items()) if n or facet == "totals"]
     return pa.Table.from_pylist(rows, schema=schemas.EXPLORER_FACETS)

@@ -12,8 +12,9 @@ from conftest import make_settings, transformers_config
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 
 ALL = {"raw_source", "samples", "buckets", "phashes", "duplicates", "captions", "caption_labels", "caption_embeddings",
-       "text_latents", "mds_shards", "skip_lists", "corpus_plan"}  # corpus_plan: a plan, stored nowhere
-CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists"}
+       "text_latents", "mds_shards", "skip_lists", "explorer", "corpus_plan"}  # corpus_plan: a plan, stored nowhere
+CAPTIONER_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists",
+                       "explorer"}  # the explorer shows the captions and labels of the current versions
 
 
 def code_versions(demo_dir: Path, tmp_path: Path, config: dict | None = None) -> dict[str, str]:
@@ -72,9 +73,9 @@ def test_skip_policy_change_marks_only_skip_lists(demo_dir, tmp_path, base) -> N
         assert changed(base, code_versions(demo_dir, tmp_path, {"skip_policy": policy})) == {"skip_lists"}, policy
 
 
-def test_labeler_change_marks_labels_and_skip_lists(demo_dir, tmp_path, base) -> None:
+def test_labeler_change_marks_labels_skip_lists_and_explorer(demo_dir, tmp_path, base) -> None:
     after = code_versions(demo_dir, tmp_path, {"labeler": {"text_threshold": 0.5}})
-    assert changed(base, after) == {"caption_labels", "skip_lists"}
+    assert changed(base, after) == {"caption_labels", "skip_lists", "explorer"}
 
 
 def test_embedder_model_change_marks_only_caption_embeddings(demo_dir, tmp_path, base, monkeypatch) -> None:
@@ -115,7 +116,7 @@ def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
     graph = defs.resolve_asset_graph()
     conditions = {key.to_user_string(): graph.get(key).automation_condition for key in graph.get_all_asset_keys()}
     cheap = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
-    for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists"):
+    for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists", "explorer"):
         assert conditions[name] == cheap, (name, conditions[name])
     assert conditions["duplicates"] == dg.AutomationCondition.eager()
     for name in ("captions", "text_latents", "mds_shards", "samples", "raw_source"):

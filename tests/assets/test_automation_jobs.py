@@ -11,7 +11,7 @@ from prx_assets.automation import AutomationSettings, automation_settings, condi
 from prx_assets.definitions import build_definitions
 from prx_assets.settings import PER_SOURCE, Settings, SettingsError
 
-EAGER = {"buckets", "caption_labels", "caption_embeddings", "duplicates", "skip_lists"}
+EAGER = {"buckets", "caption_labels", "caption_embeddings", "duplicates", "skip_lists", "explorer"}
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,7 @@ def test_a_sigint_in_a_step_stops_the_build_after_that_run() -> None:
     assert log[1].startswith("    interrupted in "), log
     chain = ", ".join(a for a in PER_SOURCE if a not in ("raw_source", "samples"))
     assert outcome.not_started == [f"{chain} [good]", f"{', '.join(PER_SOURCE)} [bad]", "duplicates [global]",
-                                   "skip_lists [good]", "skip_lists [bad]"], outcome.not_started
+                                   "skip_lists, explorer [good]", "skip_lists, explorer [bad]"], outcome.not_started
     lines = failure_lines(outcome)
     assert lines[0] == "samples [good] interrupted" and lines[1] == f"{chain} [good] not started: interrupted", lines
     assert not any("FAILED" in line or "skipped" in line for line in lines), lines
@@ -117,4 +117,4 @@ def test_the_runs_are_named_jobs_not_the_ephemeral_one() -> None:
     instance.add_dynamic_partitions(SOURCES.name, ["good"])
     outcome = run_build(dg.Definitions(assets=stand_ins({})), instance, ["good"], None, None, echo=lambda *a, **k: None)
     assert outcome.ok and outcome.runs == 3
-    assert sorted(r.job_name for r in instance.get_runs()) == ["build_skip_lists", "build_source", "dedup_corpus"]
+    assert sorted(r.job_name for r in instance.get_runs()) == ["build_source", "dedup_corpus", "publish_source"]

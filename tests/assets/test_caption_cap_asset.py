@@ -12,7 +12,8 @@ from prx_assets.definitions import build_assets, build_resources
 from prx_core.models.caption_text import clean_caption
 from prx_core.sources.catalog import load_catalog
 
-CAPTION_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists"}
+CAPTION_DEPENDENT = {"captions", "caption_labels", "caption_embeddings", "text_latents", "mds_shards", "skip_lists",
+                     "explorer"}
 
 
 def code_versions(root: Path, catalog: Path, config: dict | None = None) -> dict[str, str]:
