@@ -41,7 +41,13 @@ from prx_core.shards.manifest import (
 )
 from prx_core.shards.mds import INDEX, _normalize, list_streams
 from prx_core.shards.node_cache import default_cache_dir, skip_union
-from prx_core.shards.retention import RETENTION_SECONDS, note_superseded, read_superseded, write_superseded
+from prx_core.shards.retention import (
+    RETENTION_SECONDS,
+    note_superseded,
+    read_superseded,
+    split_expired,
+    write_superseded,
+)
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
 from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
 from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
@@ -206,18 +212,12 @@ def prune_manifests(fs: fsspec.AbstractFileSystem, folder: str, current: str,
     long); one never recorded (a crash before its pointer, an assembler's temporary) counts from now."""
     now = time.time() if now is None else now
     record = read_superseded(fs, folder)
-    kept, removed = {}, []
     fs.invalidate_cache()
-    for path in fs.ls(folder, detail=False):
-        name = path.rstrip("/").rsplit("/", 1)[-1]
-        if not (name.startswith(("m-", ".assembling-")) and name.endswith(SUFFIX)) or name == current:
-            continue
-        since = record.get(name, now)
-        if now - since >= retention_seconds:
-            fs.rm_file(join_uri(folder, name))
-            removed.append(name)
-        else:
-            kept[name] = since
+    names = [path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(folder, detail=False)]
+    old = [n for n in names if n.startswith(("m-", ".assembling-")) and n.endswith(SUFFIX) and n != current]
+    removed, kept = split_expired(old, record, now, retention_seconds)
+    for name in removed:
+        fs.rm_file(join_uri(folder, name))
     if kept != record:
         write_superseded(fs, folder, kept)
     return removed

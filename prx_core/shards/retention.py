@@ -79,6 +79,20 @@ def note_superseded(fs: fsspec.AbstractFileSystem, stream: str, before: Iterable
         write_superseded(fs, stream, updated)
 
 
+def split_expired(names: Iterable[str], record: dict[str, float], now: float,
+                  retention_seconds: float) -> tuple[list[str], dict[str, float]]:
+    """Unreferenced `names` as (those unreferenced for the whole retention, name -> since for the
+    rest); a name the record lacks counts from `now` (a crash's leftover is kept a retention too)."""
+    expired, kept = [], {}
+    for name in names:
+        since = record.get(name, now)
+        if now - since >= retention_seconds:
+            expired.append(name)
+        else:
+            kept[name] = since
+    return expired, kept
+
+
 @dataclass
 class PruneReport:
     streams: int = 0
@@ -100,17 +114,9 @@ def prune_streams(root: str, retention_seconds: float = RETENTION_SECONDS, stora
         report.streams += 1
         referenced = referenced_chunks(fs, stream)
         record = read_superseded(fs, stream)
-        kept: dict[str, float] = {}
-        expired = []
-        for name in _entries(fs, stream):
-            if name in referenced:
-                continue
-            since = record.get(name, now)
-            if now - since >= retention_seconds:
-                expired.append(name)
-            else:
-                kept[name] = since
-                report.kept_recent += 1
+        unreferenced = [name for name in _entries(fs, stream) if name not in referenced]
+        expired, kept = split_expired(unreferenced, record, now, retention_seconds)
+        report.kept_recent += len(kept)
         if expired:
             referenced = referenced_chunks(fs, stream)  # a publish may have taken one back meanwhile
         for name in expired:
