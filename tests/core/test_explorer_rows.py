@@ -93,4 +93,22 @@ def test_facets_count_rows_and_keep_only_the_top_values() -> None:
     assert [int(k) for k in counts["side"]] == [int(8 * 0.5 * np.log2(640 * 480))]
     assert counts["totals"]["duplicates"] == sum(i % 3 != 0 for i in range(n)) and counts["totals"]["rows"] == n
     facets = facet_rows("s", counts)
-    assert facets.schema == schemas.EXPLORER_FACETS and facets.num_rows == sum(bool(n) for v in counts.values() for n in v.values())
+    assert facets.schema == schemas.EXPLORER_FACETS and facets.num_rows == sum(
+        bool(n) or facet == "totals" for facet, v in counts.items() for n in v.values())  # zero totals kept
+
+
+def test_summed_unit_facets_keep_the_top_values_every_bin_and_every_total() -> None:
+    """Units count their own top values; the partition's sum would otherwise grow with its units."""
+    from collections import Counter
+
+    from prx_core.stages.explorer_rows import FACET_VALUES
+
+    units = 5
+    summed = {"group": Counter({f"g{u}-{i}": 2 + (i == 0) for u in range(units) for i in range(FACET_VALUES)}),
+              "side": Counter({str(b): 1 for b in range(FACET_VALUES + 7)}),
+              "totals": Counter({"rows": 10, "duplicates": 0})}
+    facets = facet_rows("s", summed).to_pylist()
+    groups = [f for f in facets if f["facet"] == "group"]
+    assert len(groups) == FACET_VALUES and {f"g{u}-0" for u in range(units)} <= {g["value"] for g in groups}
+    assert len([f for f in facets if f["facet"] == "side"]) == FACET_VALUES + 7
+    assert {f["value"]: f["count"] for f in facets if f["facet"] == "totals"} == {"rows": 10, "duplicates": 0}
