@@ -9,6 +9,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -61,9 +62,11 @@ def _cmd_browse(args: argparse.Namespace) -> int:
     import uvicorn
 
     from prx_explorer.app import create_app
+    from prx_explorer.disk_cache import DiskThumbnails
 
+    thumbnails = DiskThumbnails(args.thumb_cache, args.thumb_cache_mb << 20) if args.thumb_cache_mb > 0 else None
     try:
-        app = create_app(storage, allowed_hosts=[args.host, *args.allow_host])
+        app = create_app(storage, allowed_hosts=[args.host, *args.allow_host], thumbnails=thumbnails)
     except ValueError as exc:  # a malformed --allow-host
         raise SettingsError(f"--allow-host: {exc}") from exc
     print(f"explorer for {storage.root} on http://{args.host}:{args.port}/", flush=True)
@@ -195,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also answer requests whose Host is NAME (repeatable; *.domain or *); localhost, "
                              "127.0.0.1, ::1 and --host always are: other Hosts get 400 (DNS rebinding)")
     browse.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
+    browse.add_argument("--thumb-cache", default=str(Path.home() / ".cache" / "prx-corpus" / "thumbnails"), metavar="DIR",
+                        help="rendered thumbnails kept here across restarts, keyed by image content (shareable "
+                             "between roots; default ~/.cache/prx-corpus/thumbnails)")
+    browse.add_argument("--thumb-cache-mb", type=int, default=1024, metavar="MB",
+                        help="bound of that folder; least recently used thumbnails go first (default 1024; 0: no disk cache)")
     browse.set_defaults(func=_cmd_browse)
 
     bench = sub.add_parser("bench", help="image-path benchmark: naive vs process_image vs floor (one core)")

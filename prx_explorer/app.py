@@ -1,5 +1,8 @@
 """`prx-corpus browse`: a read-only, server-rendered explorer over the corpus's Lance tables.
 
+Every request is a bounded query over the `explorer` table and its facet counts (`view`), never
+a whole-table read; a corpus without them shows one line saying so and how to build them.
+
 Starlette + Jinja2 with autoescaping and no JavaScript at all; a Content-Security-Policy that
 forbids scripts backs that up, so an untrusted caption can neither run nor load anything. Every
 route is GET; request values are only lookup keys and quoted SQL literals, checked first
@@ -19,7 +22,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -30,14 +32,18 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
+from prx_core.store.lance_io import sql_literal
 from prx_core.store.storage import Storage
 from prx_explorer import plots
+from prx_explorer.disk_cache import DiskThumbnails
+from prx_explorer.facets import MENUS, facet_rows, totals
 from prx_explorer.metadata import sample_details
 from prx_explorer.params import BadRequest, int_param, text_param
+from prx_explorer.query import MAX_PAGE, Query
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, query_terms, snippet
-from prx_explorer.search import MAX_PAGE, MENUS, NeighbourCache, Query, QueryCache, run_query, with_captions
-from prx_explorer.snapshot import SnapshotCache
+from prx_explorer.search import NeighbourCache, QueryCache, run_query
 from prx_explorer.thumbnails import REFUSED, RETRY_AFTER, Busy, ThumbnailRenders, placeholder, render_thumbnail
+from prx_explorer.view import View, ViewCache, one_row
 
 HERE = Path(__file__).parent
 STYLESHEET = (HERE / "templates" / "style.css").read_text()  # served from memory: no request maps to a file
@@ -81,7 +87,7 @@ def _intish(value: Any) -> str:
 
 
 def _present(value: Any) -> bool:
-    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)) or value == "")
+    return not (value is None or (isinstance(value, float) and math.isnan(value)) or value == "")
 
 
 def _templates() -> Jinja2Templates:
@@ -92,12 +98,12 @@ def _templates() -> Jinja2Templates:
 
 
 class Explorer:
-    """The routes over one corpus root; holds the snapshot, thumbnail and plot caches."""
+    """The routes over one corpus root; holds the view, thumbnail and plot caches."""
 
-    def __init__(self, storage: Storage, ttl: float = 5.0) -> None:
+    def __init__(self, storage: Storage, ttl: float = 5.0, thumbnails: DiskThumbnails | None = None) -> None:
         self.storage = storage
-        self.snapshots = SnapshotCache(storage, ttl)
-        self.thumbs = ThumbnailCache()
+        self.views = ViewCache(storage, ttl)
+        self.thumbs = ThumbnailCache(disk=thumbnails)
         self.renders = ThumbnailRenders(self.thumbs)
         self.nearest = NeighbourCache()
         self.queries = QueryCache(nearest=self.nearest)
@@ -106,49 +112,51 @@ class Explorer:
         self._plot_lock = threading.Lock()
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
-        snapshot = context.get("snapshot") or self.snapshots.get()
-        base = {"root": self.storage.root, "snapshot": snapshot, "filters": MENUS}
+        view = context.get("view") or self.views.get()
+        base = {"root": self.storage.root, "view": view, "filters": MENUS}
         return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
 
+    def _missing(self, request: Request, view: View) -> HTMLResponse:
+        """The one-line page of a corpus without the explorer's tables: what is missing, and the fix."""
+        return self._page(request, "error.html", {"view": view, "message": view.missing})
+
     def index(self, request: Request) -> HTMLResponse:
-        snapshot = self.snapshots.get()
+        view = self.views.get()
         query = Query.from_params(request.query_params)
-        results = run_query(snapshot, query, self.queries)
+        results = run_query(view, query, self.queries)
         terms = query_terms(query.q)
-        cards = [{**row, "snippet": snippet(row["caption"] or row["original_caption"], terms)}
-                 for row in results.rows.to_dict("records")]
-        return self._page(request, "index.html", {"snapshot": snapshot, "query": query, "results": results, "cards": cards})
+        cards = [{**row, "snippet": snippet(row["caption"] or row["original_caption"], terms)} for row in results.rows]
+        return self._page(request, "index.html", {"view": view, "query": query, "results": results, "cards": cards})
 
     def api_search(self, request: Request) -> JSONResponse:
         """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
-        results = run_query(self.snapshots.get(), Query.from_params(request.query_params), self.queries)
+        results = run_query(self.views.get(), Query.from_params(request.query_params), self.queries)
         columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
-                   "meta_label", "caption", "original_caption"] + (["score"] if "score" in results.rows else [])
-        rows = results.rows[columns].astype(object).where(results.rows[columns].notna(), None).to_dict("records")
+                   "meta_label", "caption", "original_caption"] + (["score"] if results.mode != "browse" else [])
+        rows = [{c: row.get(c) for c in columns} for row in results.rows]
         return JSONResponse({"total": results.total, "page": results.query.page, "pages": results.pages,
                              "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets})
 
     def sample(self, request: Request) -> HTMLResponse:
         sample_id = text_param(request.query_params, "id")
         group_page = int_param(request.query_params, "group_page", 1, 1, MAX_PAGE) or 1
-        snapshot = self.snapshots.get()
-        if sample_id not in snapshot.frame.index:
+        view = self.views.get()
+        if view.missing:
+            return self._missing(request, view)
+        row = one_row(view.table("explorer"), "sample_id", sample_id)  # a BTREE lookup
+        if row is None:
             return self._page(request, "error.html", {"message": f"No sample {sample_id!r} in this corpus."}, 404)
-        row = {k: (v if _present(v) or (isinstance(v, str) and v == "") else None)
-               for k, v in with_captions(snapshot, snapshot.frame.loc[[sample_id]]).iloc[0].to_dict().items()}
-        group, total, start = pd.DataFrame(), 0, (group_page - 1) * GROUP_PAGE
+        group, total, start = [], 0, (group_page - 1) * GROUP_PAGE
         if _present(row.get("group_id")):
-            members = snapshot.frame[snapshot.frame["group_id"] == row["group_id"]]
-            total = len(members)
-            group = members.sort_values(["keeper", "sample_id"], ascending=[False, True]).iloc[start:start + GROUP_PAGE]
-        clip = _present(row.get("clip_rowaddr"))
+            group, total = group_members(view, row["group_id"], start)
+        clip = one_row(view.table("source_embeddings"), "sample_id", sample_id, ["sample_id"]) is not None
         return self._page(request, "sample.html", {
-            "snapshot": snapshot, "row": row, "group": group.to_dict("records"), "has_clip": clip,
+            "view": view, "row": row, "group": group, "has_clip": clip,
             "group_total": total, "group_page": group_page, "group_start": start,
             "group_pages": max(1, math.ceil(total / GROUP_PAGE)),
             "crop": crop_rect(row.get("width"), row.get("height"), row.get("bucket"), _tier(row.get("tier"))),
             "caption_html": highlight(row["caption"], set()), "original_html": highlight(row["original_caption"], set()),
-            "details": sample_details(snapshot, row.get("rowaddr")),
+            "details": sample_details(view, sample_id),
         })
 
     def thumbnail(self, request: Request) -> Response:
@@ -156,15 +164,16 @@ class Explorer:
         size = int_param(request.query_params, "size", THUMB_SIZES[0], 1, max(THUMB_SIZES))
         if size not in THUMB_SIZES:
             raise BadRequest("size", "must be one of " + ", ".join(map(str, THUMB_SIZES)))
-        snapshot = self.snapshots.get()
-        if sample_id not in snapshot.frame.index:
+        view = self.views.get()
+        if view.missing:
+            return PlainTextResponse(view.missing, 404)
+        row = one_row(view.table("explorer"), "sample_id", sample_id, ["content_id", "stored"])
+        if row is None:
             return Response("not found", 404, media_type="text/plain")
-        row = snapshot.frame.loc[sample_id]
-        if snapshot.table("samples") is None or not _present(row.get("rowaddr")):
+        if view.table("samples") is None or not row["stored"]:
             return Response("no image", 404, media_type="text/plain")  # an ingest reject: its bytes were never stored
-        address = int(row["rowaddr"])
         try:
-            data = self.renders.get((f"{row['content_id']}", size), lambda: render_thumbnail(snapshot, address, size))
+            data = self.renders.get((f"{row['content_id']}", size), lambda: render_thumbnail(view, sample_id, size))
         except Busy:
             return PlainTextResponse("Thumbnails are busy; retry shortly.", 503, headers={"Retry-After": RETRY_AFTER})
         if data == REFUSED:  # did not decode (within the thumbnail budget): a placeholder, not an error
@@ -172,27 +181,21 @@ class Explorer:
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
 
     def overview(self, request: Request) -> HTMLResponse:
-        snapshot = self.snapshots.get()
-        frame = snapshot.frame
-        per_source = []
-        for source, part in frame.groupby("source", sort=True):
-            per_source.append({"source": source, "rows": len(part), "rejected": int(part["reject_reason"].notna().sum()),
-                               "bucketed": int(part["bucket"].notna().sum()),
-                               "in_mds": int(part["mds_index"].notna().sum()),
-                               "skipped": int(part["skip_reason"].notna().sum()),
-                               "duplicates": int((part.get("keeper") == False).sum())})  # noqa: E712 (NaN-safe)
-        return self._page(request, "overview.html", {"snapshot": snapshot, "plots": plots.PLOTS, "per_source": per_source})
+        view = self.views.get()
+        if view.missing:
+            return self._missing(request, view)
+        return self._page(request, "overview.html", {"view": view, "plots": plots.PLOTS, "per_source": totals(view)})
 
     def plot(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in plots.PLOTS:
             return Response("not found", 404, media_type="text/plain")
-        snapshot = self.snapshots.get()
-        key = (snapshot.serial, name)
+        view = self.views.get()
+        key = (view.serial, name)
         with self._plot_lock:  # matplotlib's pyplot state is global: one figure at a time
             if key not in self._plots:
-                self._plots = {k: v for k, v in self._plots.items() if k[0] == snapshot.serial}
-                self._plots[key] = plots.PLOTS[name][1](snapshot.frame)
+                self._plots = {k: v for k, v in self._plots.items() if k[0] == view.serial}
+                self._plots[key] = plots.PLOTS[name][1](facet_rows(view).to_pylist())
             data = self._plots[key]
         return Response(data, media_type="image/png", headers={"Cache-Control": "no-cache"})
 
@@ -200,15 +203,16 @@ class Explorer:
         return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
     def health(self, request: Request) -> JSONResponse:
-        snapshot = self.snapshots.get()
-        return JSONResponse({"root": self.storage.root, "rows": len(snapshot.frame), "versions": snapshot.versions,
-                             "captioner_version": snapshot.captioner_version, **self.snapshots.status(),
-                             "thumbnails": self.renders.stats()})
+        view = self.views.get()
+        return JSONResponse({"root": self.storage.root, "rows": view.rows, "versions": view.versions,
+                             "missing": view.missing, "captioner_version": view.captioner_version,
+                             **self.views.status(), "thumbnails": self.renders.stats()})
 
     def more_like(self, request: Request) -> JSONResponse:
         """Nearest neighbours of one sample as JSON (ids and cosine distances)."""
         query = Query.from_params(request.query_params)
-        distances, note = self.nearest.get(self.snapshots.get(), query.like, query.by)
+        view = self.views.get()
+        distances, note = self.nearest.get(view, query.like, query.by) if not view.missing else ({}, view.missing)
         return JSONResponse({"like": query.like, "by": query.by, "note": note,
                              "neighbours": [{"sample_id": k, "distance": float(v)} for k, v in distances.items()]})
 
@@ -220,6 +224,20 @@ class Explorer:
         if request.url.path == "/thumb":
             return PlainTextResponse(message, 400)
         return self._page(request, "error.html", {"message": message}, 400)
+
+
+def group_members(view: View, group_id: str, start: int) -> tuple[list[dict], int]:
+    """One page of a duplicate group's members (GROUP_PAGE from `start`, keepers first, then in
+    table order) and the group's size: a group can hold thousands, a page reads its members only."""
+    explorer, group = view.table("explorer"), f"group_id = {sql_literal(group_id)}"
+    columns = ["sample_id", "keeper", "width", "height"]
+    keepers = explorer.to_table(columns=columns, filter=f"{group} AND keeper").to_pylist()
+    others = f"{group} AND (keeper IS NULL OR NOT keeper)"
+    shown = keepers[start:start + GROUP_PAGE]
+    if len(shown) < GROUP_PAGE:
+        shown += explorer.to_table(columns=columns, filter=others, offset=max(0, start - len(keepers)),
+                                   limit=GROUP_PAGE - len(shown), scan_in_order=True).to_pylist()
+    return shown, len(keepers) + explorer.count_rows(others)
 
 
 def _tier(value: Any) -> int | None:
@@ -250,9 +268,11 @@ def _ipv6(text: str) -> bool:
     return True
 
 
-def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] = ()) -> Starlette:
-    """The explorer app; requests must carry a Host among the loopback names and `allowed_hosts`."""
-    explorer = Explorer(storage, ttl)
+def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] = (),
+               thumbnails: DiskThumbnails | None = None) -> Starlette:
+    """The explorer app; requests must carry a Host among the loopback names and `allowed_hosts`.
+    `thumbnails`: a disk cache of rendered thumbnails (none: memory only)."""
+    explorer = Explorer(storage, ttl, thumbnails)
     routes = [
         Route("/", explorer.index, methods=["GET"]),
         Route("/sample", explorer.sample, methods=["GET"]),

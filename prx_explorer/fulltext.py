@@ -1,4 +1,6 @@
-"""Full-text candidates: BM25 over the VLM captions and the original captions, in Lance.
+"""Full-text candidates: BM25 over the `explorer` table's VLM caption and original caption, in Lance,
+with the query's filter applied before the ranking (a prefilter), so the best matches are of the
+filtered rows.
 
 What a user types never reaches Lance's query-string parser: each search is a `MatchQuery` on
 one column. A quoted phrase ("red car") cannot be a Lance phrase query, which needs an INVERTED
@@ -15,12 +17,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-import pandas as pd
 from lance import LanceDataset
 from lance.query import FullTextOperator, MatchQuery
 
 from prx_explorer.render import stems
-from prx_explorer.snapshot import Snapshot, by_content, versions_filter
+from prx_explorer.view import View
 
 TEXT_HITS = 2000  # per caption column: BM25's best are what anyone pages through
 _QUOTED = re.compile(r'"([^"]*)"')
@@ -50,31 +51,23 @@ def holds_phrases(text: str | None, phrases: tuple[tuple[str, ...], ...]) -> boo
     return all(any(words[i:i + len(p)] == p for i in range(len(words) - len(p) + 1)) for p in phrases)
 
 
-def _search(ds: LanceDataset, column: str, key: str, query: TextQuery, where: str | None = None) -> pd.DataFrame:
-    """`key` and `_score` of the best matches of `query` on `column` (phrases checked on its text)."""
-    columns = [key, "_score"] + ([column] if query.phrases else [])
+def _search(ds: LanceDataset, column: str, query: TextQuery, where: str | None) -> dict[str, float]:
+    """sample_id -> `_score` of the best matches of `query` on `column` among the rows `where`
+    selects (phrases checked on the text)."""
+    columns = ["sample_id", "_score"] + ([column] if query.phrases else [])
     hits = ds.to_table(full_text_query=MatchQuery(query.words, column, operator=query.operator), columns=columns,
-                       limit=TEXT_HITS, filter=where).to_pandas()
-    if query.phrases:
-        hits = hits.loc[hits[column].map(lambda t: holds_phrases(t, query.phrases)).astype(bool)]
-    return hits[[key, "_score"]]
+                       limit=TEXT_HITS, filter=where, prefilter=where is not None).to_pylist()
+    return {h["sample_id"]: h["_score"] for h in hits if not query.phrases or holds_phrases(h[column], query.phrases)}
 
 
-def text_hits(snapshot: Snapshot, text: str) -> pd.Series:
-    """sample_id -> best BM25 score over the VLM caption and the original caption."""
+def text_hits(view: View, text: str, where: str | None = None) -> dict[str, float]:
+    """sample_id -> best BM25 score over the VLM caption and the original caption, best first."""
     query = parse_text(text)
-    if not query.words:
-        return pd.Series(dtype="float64")
-    scores: list[pd.Series] = []
-    captions = snapshot.table("captions")
-    if captions is not None and snapshot.captioner_version:
-        hits = _search(captions, "caption", "content_id", query, versions_filter(snapshot))
-        scores.append(by_content(snapshot.frame, hits, "_score"))
-    samples = snapshot.table("samples")
-    if samples is not None:
-        scores.append(_search(samples, "original_caption", "sample_id", query).set_index("sample_id")["_score"])
-    scores = [s for s in scores if len(s)]
-    if not scores:
-        return pd.Series(dtype="float64")
-    combined = pd.concat(scores)
-    return combined.groupby(level=0).max().sort_values(ascending=False, kind="stable")
+    explorer = view.table("explorer")
+    if not query.words or explorer is None:
+        return {}
+    best: dict[str, float] = {}
+    for column in ("caption", "original_caption"):
+        for sample_id, score in _search(explorer, column, query, where).items():
+            best[sample_id] = max(score, best.get(sample_id, score))
+    return dict(sorted(best.items(), key=lambda kv: -kv[1]))

@@ -3,27 +3,22 @@
 
 Both are untrusted source text: pages escape them like captions, and a URL becomes a link only
 when it is plain http(s) (rel="noopener noreferrer nofollow"), else it is shown as text. The
-snapshot frame holds one bounded column of them, `meta_label` (the `label` key: class folders,
-`.cls` members), for facet counts; the `meta=key:value` filter asks the pinned `samples` dataset
-(`array_has(map_extract(metadata, key), value)`), so any key filters without the maps in memory.
-A table written before these columns existed simply has none: no facet, no match.
+`explorer` table holds one bounded column of them, `meta_label` (the `label` key: class folders,
+`.cls` members), for facet counts and the `label` filter; a filter on another key asks the pinned
+`samples` dataset (`query.meta_filter`), so any key filters without the maps in memory. A table
+written before these columns existed simply has none: no facet, no match.
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
-import pandas as pd
 from lance import LanceDataset
 
-from prx_core.stages.explorer_rows import META_KEY as FACET_KEY  # the key whose most common values the index offers
-from prx_core.store import lance_io
 from prx_explorer.params import MAX_META_KEY, MAX_META_VALUE
-
-if TYPE_CHECKING:
-    from prx_explorer.snapshot import Snapshot
+from prx_explorer.view import View, one_row
 
 MAX_SHOWN = 100  # metadata entries on a detail page
 MAX_SHOWN_CHARS = 2000  # of one value (or URL) on a detail page
@@ -38,17 +33,6 @@ def split_filter(value: str) -> tuple[str, str]:
     """`key:value` (validated by `params.meta_param`) as its key and value."""
     key, _, wanted = value.partition(":")
     return key, wanted
-
-
-def matching_ids(snapshot: Snapshot, value: str) -> tuple[pd.Index, str | None]:
-    """sample_ids whose metadata maps `key` to `value` (exactly), or a note why none can."""
-    samples = snapshot.table("samples")
-    if not has_metadata(samples):
-        return pd.Index([], dtype=object), "this corpus's samples carry no metadata"
-    key, wanted = split_filter(value)
-    where = f"array_has(map_extract(metadata, {lance_io.sql_literal(key)}), {lance_io.sql_literal(wanted)})"
-    ids = samples.to_table(columns=["sample_id"], filter=where)["sample_id"].to_pylist()
-    return pd.Index(ids, dtype=object), None
 
 
 def filter_link(key: str, value: str) -> str | None:
@@ -75,15 +59,15 @@ def _shown(text: str) -> str:
     return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "…"
 
 
-def sample_details(snapshot: Snapshot, address: Any) -> dict[str, Any]:
+def sample_details(view: View, sample_id: str) -> dict[str, Any]:
     """The detail page's metadata entries (key, value, filter value or None; at most MAX_SHOWN,
     values cut for display), how many more there are, and the source URL with its link, if any."""
-    samples = snapshot.table("samples")
+    samples = view.table("samples")
     out: dict[str, Any] = {"entries": [], "more": 0, "source_url": None, "source_link": None}
     columns = [c for c in ("metadata", "source_url") if samples is not None and c in samples.schema.names]
-    if not columns or address is None or pd.isna(address):
+    row = one_row(samples, "sample_id", sample_id, columns) if columns else None  # a BTREE lookup, not a scan
+    if row is None:
         return out
-    row = samples._take_rows([int(address)], columns=columns).to_pylist()[0]  # a take, not a scan
     pairs = [(str(k), "" if v is None else str(v)) for k, v in (row.get("metadata") or [])]
     out["entries"] = [(_shown(k), _shown(v), filter_link(k, v)) for k, v in sorted(pairs)[:MAX_SHOWN]]
     out["more"] = max(0, len(pairs) - MAX_SHOWN)

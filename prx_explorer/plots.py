@@ -1,14 +1,16 @@
 """Overview plots rendered server-side to PNG (matplotlib's Agg backend: no browser code).
 
 Each plot is split by source, because cut-offs are chosen per source: a crawl and a stock
-library have very different resolution and aspect-ratio distributions.
+library have very different resolution and aspect-ratio distributions. They are drawn from the
+`explorer_facets` rows (the `explorer` asset's counts per source: log-spaced size bins, buckets,
+labels, reject reasons), never from the corpus's rows.
 """
 
 from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import matplotlib
 
@@ -19,6 +21,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from prx_core.image.buckets import FLOOR_SIDE, MAX_UPSCALE, TIERS  # noqa: E402
+from prx_core.stages.explorer_rows import ASPECT_BINS, SIDE_BINS  # noqa: E402
+from prx_explorer.facets import by_source  # noqa: E402
 
 MIN_ASPECT, MAX_ASPECT = 0.5, 2.0
 
@@ -30,39 +34,24 @@ def _png(fig: plt.Figure) -> bytes:
     return out.getvalue()
 
 
-def _sized(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[(frame["width"].fillna(0) > 0) & (frame["height"].fillna(0) > 0)]
-
-
-def _by_source(frame: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    return [(str(source), part) for source, part in frame.groupby("source", sort=True)]
-
-
 def _empty(fig: plt.Figure, ax: plt.Axes) -> bytes:
     ax.text(0.5, 0.5, "no data yet", ha="center", va="center", transform=ax.transAxes)
     ax.set_axis_off()
     return _png(fig)
 
 
-def _side(frame: pd.DataFrame) -> pd.Series:
-    return np.sqrt(frame["width"].astype(float) * frame["height"].astype(float))
-
-
-def _aspect(frame: pd.DataFrame) -> pd.Series:
-    return frame["width"].astype(float) / frame["height"].astype(float)
-
-
-def _log_histogram(frame: pd.DataFrame, measure: Callable[[pd.DataFrame], pd.Series],
-                   span: Callable[[pd.Series], tuple[float, float]], bins: int, title: str, xlabel: str,
+def _log_histogram(rows: Sequence[dict], facet: str, per_octave: int, title: str, xlabel: str,
                    decorate: Callable[[plt.Axes], None]) -> bytes:
-    """A histogram of `measure` stacked by source on a log axis, with the cut-offs `decorate` draws."""
-    frame = _sized(frame)
+    """The facet's log-spaced bins (bin i covers [2^(i/n), 2^((i+1)/n)), `explorer_rows.size_bins`)
+    stacked by source on a log axis, with the cut-offs `decorate` draws."""
+    parts = sorted(by_source(rows, facet).items())
     fig, ax = plt.subplots(figsize=(9, 4.2))
-    if frame.empty:
+    if not parts:
         return _empty(fig, ax)
-    parts = _by_source(frame)
-    ax.hist([measure(p) for _, p in parts], bins=np.geomspace(*span(measure(frame)), bins), stacked=True,
-            label=[s for s, _ in parts])
+    bins = sorted({int(b) for _, counts in parts for b in counts})
+    edges = 2.0 ** (np.arange(bins[0], bins[-1] + 2) / per_octave)
+    ax.hist([[2.0 ** ((int(b) + 0.5) / per_octave) for b in counts] for _, counts in parts], bins=edges,
+            weights=[list(counts.values()) for _, counts in parts], stacked=True, label=[s for s, _ in parts])
     ax.set_xscale("log")
     decorate(ax)
     ax.set_xlabel(xlabel)
@@ -87,30 +76,27 @@ def _aspect_band(ax: plt.Axes) -> None:
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-def resolution(frame: pd.DataFrame) -> bytes:
+def resolution(rows: Sequence[dict]) -> bytes:
     """Histogram of sqrt(W*H) per source, log scale, with the 384 floor and tier thresholds."""
-    return _log_histogram(frame, _side, lambda v: (max(16.0, v.min() * 0.9), v.max() * 1.1), 40,
-                          "Resolution distribution (a tier T takes sqrt(W·H) ≥ 0.75·T)",
+    return _log_histogram(rows, "side", SIDE_BINS, "Resolution distribution (a tier T takes sqrt(W·H) ≥ 0.75·T)",
                           "sqrt(width × height), pixels (log)", _tier_lines)
 
 
-def aspect_ratio(frame: pd.DataFrame) -> bytes:
+def aspect_ratio(rows: Sequence[dict]) -> bytes:
     """Histogram of width/height per source on a log axis, with the accepted [0.5, 2] range."""
-    return _log_histogram(frame, _aspect, lambda v: (min(0.25, v.min() * 0.9), max(4.0, v.max() * 1.1)), 41,
-                          "Aspect-ratio distribution", "aspect ratio width/height (log)", _aspect_band)
+    return _log_histogram(rows, "aspect", ASPECT_BINS, "Aspect-ratio distribution", "aspect ratio width/height (log)",
+                          _aspect_band)
 
 
-def _stacked_bars(frame: pd.DataFrame, column: str, title: str, xlabel: str, top: int = 30,
+def _stacked_bars(rows: Sequence[dict], facet: str, title: str, xlabel: str, top: int = 30,
                   order: Callable[[pd.Index], pd.Index] | None = None) -> bytes:
-    counts = frame.dropna(subset=[column]).astype({column: "string"})
-    if column == "reject_reason":
-        counts = counts.assign(reject_reason=counts[column].str.split(",")).explode(column)
-    table = pd.crosstab(counts[column], counts["source"]) if not counts.empty else pd.DataFrame()
+    table = pd.DataFrame(by_source(rows, facet)).fillna(0)  # value x source
+    table = table[sorted(table.columns)]
     height = 3.2 + 0.22 * min(top, len(table))
     fig, ax = plt.subplots(figsize=(9, height))
     if table.empty:
         return _empty(fig, ax)
-    table = table.loc[table.sum(axis=1).sort_values(ascending=False).index[:top]]
+    table = table.loc[table.sum(axis=1).sort_values(ascending=False, kind="stable").index[:top]]
     if order is not None:
         table = table.loc[order(table.index)]
     left = np.zeros(len(table))
@@ -133,20 +119,20 @@ def _bucket_order(index: pd.Index) -> pd.Index:
     return pd.Index(sorted(index, key=key))
 
 
-def buckets(frame: pd.DataFrame) -> bytes:
-    return _stacked_bars(frame, "bucket", "Images per bucket (by patch budget, then aspect)", "images",
+def buckets(rows: Sequence[dict]) -> bytes:
+    return _stacked_bars(rows, "bucket", "Images per bucket (by patch budget, then aspect)", "images",
                          order=_bucket_order)
 
 
-def labels(frame: pd.DataFrame) -> bytes:
-    return _stacked_bars(frame, "label", "Caption labels", "captioned images")
+def labels(rows: Sequence[dict]) -> bytes:
+    return _stacked_bars(rows, "label", "Caption labels", "captioned images")
 
 
-def reject_reasons(frame: pd.DataFrame) -> bytes:
-    return _stacked_bars(frame, "reject_reason", "Reject reasons (ingest and bucketing)", "rejected images")
+def reject_reasons(rows: Sequence[dict]) -> bytes:
+    return _stacked_bars(rows, "rejected", "Reject reasons (ingest and bucketing)", "rejected images")
 
 
-PLOTS: dict[str, tuple[str, Callable[[pd.DataFrame], bytes]]] = {
+PLOTS: dict[str, tuple[str, Callable[[Sequence[dict]], bytes]]] = {
     "resolution": ("Resolution", resolution),
     "aspect": ("Aspect ratio", aspect_ratio),
     "buckets": ("Buckets", buckets),

@@ -14,6 +14,7 @@ from PIL import Image
 
 from prx_core.image.buckets import Bucket, crop_box
 from prx_core.image.decode import Rejection, decode_image
+from prx_explorer.disk_cache import DiskThumbnails
 
 THUMB_SIZES = (256, 768)
 THUMB_DECODE_SECONDS = 5.0  # per thumbnail; the pipeline's budget is 30 s (prx_core.image.budget)
@@ -82,23 +83,31 @@ def make_thumbnail(data: bytes, size: int, budget_s: float | None = None) -> byt
 
 
 class ThumbnailCache:
-    """LRU of encoded thumbnails by (content_id, size), bounded in bytes; thread-safe because
+    """LRU of encoded thumbnails by (content_id, size), bounded in bytes, in front of an optional
+    disk cache (`disk_cache.DiskThumbnails`: what outlives the process); thread-safe because
     Starlette serves sync endpoints from a thread pool."""
 
-    def __init__(self, max_bytes: int = 64 << 20) -> None:
-        self.max_bytes, self.bytes = max_bytes, 0
+    def __init__(self, max_bytes: int = 64 << 20, disk: DiskThumbnails | None = None) -> None:
+        self.max_bytes, self.bytes, self.disk = max_bytes, 0, disk
         self._items: OrderedDict[tuple[str, int], bytes] = OrderedDict()
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.disk_hits = 0
 
     def get(self, key: tuple[str, int]) -> bytes | None:
         with self._lock:
             if (value := self._items.get(key)) is not None:
                 self._items.move_to_end(key)
                 self.hits += 1
-            else:
-                self.misses += 1
+                return value
+        if self.disk is not None and (value := self.disk.get(key)) is not None:
+            self._remember(key, value)
+            with self._lock:
+                self.hits += 1
+                self.disk_hits += 1
             return value
+        with self._lock:
+            self.misses += 1
+        return None
 
     def peek(self, key: tuple[str, int]) -> bytes | None:
         """The value, not counted as a hit or a miss and not refreshed."""
@@ -106,6 +115,11 @@ class ThumbnailCache:
             return self._items.get(key)
 
     def put(self, key: tuple[str, int], value: bytes) -> None:
+        if self.disk is not None:
+            self.disk.put(key, value)
+        self._remember(key, value)
+
+    def _remember(self, key: tuple[str, int], value: bytes) -> None:
         with self._lock:
             if key in self._items:
                 return

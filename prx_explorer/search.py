@@ -1,8 +1,10 @@
-"""Explorer queries: full-text (`fulltext`) and nearest-neighbour candidates from Lance, filters and facets
-over the snapshot frame, one page of captions read back.
+"""Explorer queries, each a bounded Lance query over the `explorer` table: a browse is a filtered
+count and one page (offset, limit); a text search is Lance full-text search with the filter as a
+prefilter (`fulltext`); "more like this" a vector search of an embedding table whose hits are
+mapped to explorer rows by key. The menus' counts come from `facets`.
 
-Request parameters only ever become Lance SQL literals (quoted by `sql_literal`), pandas masks
-or dictionary keys: never paths, never markup.
+Request parameters only ever become Lance SQL literals (quoted by `sql_literal`, in `query`) or
+dictionary keys: never paths, never markup.
 """
 
 from __future__ import annotations
@@ -10,74 +12,33 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
-from urllib.parse import urlencode
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-import pandas as pd
-from lance import LanceDataset
+import pyarrow as pa
 
-from prx_explorer import metadata
+from prx_explorer.facets import COUNTED, menus, query_menus
 from prx_explorer.fulltext import text_hits
-from prx_explorer.params import choice_param, int_param, meta_param, text_param
-from prx_explorer.snapshot import Snapshot, by_content, rows_by_key, versions_filter
+from prx_explorer.query import Query, lance_filter
+from prx_explorer.view import View, one_row, rows_by_key, versions_filter
 
 PAGE_SIZE = 48
 NEIGHBOURS = 200
-MAX_PAGE = 1_000_000
-MAX_TIER = 1 << 16
-BY = ("caption", "clip")
-FACET_VALUES = 50  # options per filter menu; duplicate groups alone can number in the millions
-FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected")
-FRAME_COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
-                "skipped": "skip_reason", "rejected": "reject_reason"}
-MENUS = (*FILTERS, "meta")  # the index page's filter menus; `meta` (key:value) offers the common metadata labels
+# What a card, the API and the facet counts of a search read of a row: never the whole row.
+PAGE_COLUMNS = ["sample_id", "source", "stored", "label", "tier", "bucket", "group_id", "keeper", "skip_reason",
+                "reject_reason", "meta_label", "caption", "original_caption"]
+MATCH_COLUMNS = sorted({"sample_id", *COUNTED.values()})
 # What a page says when a search fails: never the exception, which names paths inside the corpus.
 SEARCH_FAILED = "The text search could not be run; the details are in the explorer log."
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Query:
-    """A search as it appears in the URL. `skipped` / `rejected`: "" any, "no", "yes" or a reason."""
-
-    q: str = ""
-    like: str = ""  # a sample_id: "more like this"
-    by: str = "caption"  # caption | clip
-    source: str = ""
-    label: str = ""
-    tier: str = ""
-    bucket: str = ""
-    group: str = ""
-    skipped: str = ""
-    rejected: str = ""
-    meta: str = ""  # key:value of the samples' source metadata, e.g. label:cat
-    page: int = 1
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> Query:
-        """The query of a request; a malformed value raises `BadRequest` (a 400)."""
-        checked = ("by", "tier", "page", "meta")
-        values = {f.name: text_param(params, f.name) for f in fields(cls) if f.name not in checked}
-        tier = int_param(params, "tier", None, 1, MAX_TIER)
-        return cls(**values, by=choice_param(params, "by", BY, "caption"), tier="" if tier is None else str(tier),
-                   meta=meta_param(params, "meta"), page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
-
-    def url(self, **changes: object) -> str:
-        """This query with `changes`, as a `?...` string (page resets unless given)."""
-        values = asdict(replace(self, **{"page": 1, **changes}))
-        kept = {k: v for k, v in values.items() if v not in ("", None) and not (k == "page" and v == 1)
-                and not (k == "by" and v == "caption")}
-        return "?" + urlencode(kept) if kept else "?"
 
 
 @dataclass
 class Results:
     query: Query
     total: int
-    rows: pd.DataFrame  # the page, with `caption`, `original_caption` and `score` columns
+    rows: list[dict]  # the page: explorer columns, captions "" where none, `score` in text and like modes
     facets: dict[str, list[tuple[str, int]]]
     mode: str  # browse | text | like
     notes: list[str] = field(default_factory=list)
@@ -87,54 +48,57 @@ class Results:
         return max(1, math.ceil(self.total / PAGE_SIZE))
 
 
-def neighbours(snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, str | None]:
-    """sample_id -> cosine distance of the nearest samples to `sample_id`, or a note why none."""
-    frame = snapshot.frame
-    if sample_id not in frame.index:
-        return pd.Series(dtype="float64"), f"no sample {sample_id!r}"
+def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], str | None]:
+    """sample_id -> cosine distance of the nearest samples to `sample_id` (nearest first), or a note why none."""
+    row = one_row(view.table("explorer"), "sample_id", sample_id, ["content_id"])
+    if row is None:
+        return {}, f"no sample {sample_id!r}"
     if by == "clip":
-        table = snapshot.table("source_embeddings")
+        table = view.table("source_embeddings")
         if table is None:
-            return pd.Series(dtype="float64"), "no source (CLIP) embeddings in this corpus"
+            return {}, "no source (CLIP) embeddings in this corpus"
         key, where = "sample_id", None
-        address = frame.at[sample_id, "clip_rowaddr"]  # recorded by the snapshot: a take, not a scan
-        own = table._take_rows([int(address)], columns=["embedding"]) if pd.notna(address) else table.schema.empty_table()
+        own = rows_by_key(table, "sample_id", [sample_id], ["embedding"])
     else:
-        table = snapshot.table("caption_embeddings")
-        if table is None or not snapshot.captioner_version:
-            return pd.Series(dtype="float64"), "no caption embeddings in this corpus (materialize caption_embeddings)"
-        key, where = "content_id", versions_filter(snapshot, embeddings=True)
-        own = rows_by_key(table, "content_id", [str(frame.at[sample_id, "content_id"])], ["embedding"], where)
+        table = view.table("caption_embeddings")
+        if table is None or not view.captioner_version:
+            return {}, "no caption embeddings in this corpus (materialize caption_embeddings)"
+        key, where = "content_id", versions_filter(view, embeddings=True)
+        own = rows_by_key(table, "content_id", [row["content_id"]] if row["content_id"] else [], ["embedding"], where)
     if own.num_rows == 0:
-        return pd.Series(dtype="float64"), f"{sample_id} has no {by} embedding"
+        return {}, f"{sample_id} has no {by} embedding"
     vector = np.asarray(own["embedding"][0].as_py(), dtype=np.float32)
     # refine: IVF_PQ alone found 42% of the true top 50 at 1M rows, 99% re-ranked (docs/benchmarks.md)
     nearest = {"column": "embedding", "q": vector, "k": NEIGHBOURS + 1, "nprobes": 20, "refine_factor": 10,
                "metric": "cosine"}  # also without an index (below 256 rows), where Lance defaults to L2
-    hits = table.to_table(nearest=nearest, filter=where,
-                          prefilter=where is not None, columns=[key, "_distance"]).to_pandas()
-    distances = (by_content(frame, hits, "_distance") if key == "content_id"
-                 else hits.set_index("sample_id")["_distance"]).drop(sample_id, errors="ignore")
-    return distances.groupby(level=0).min().sort_values(kind="stable"), None
+    hits = table.to_table(nearest=nearest, filter=where, prefilter=where is not None, columns=[key, "_distance"])
+    distance: dict[str, float] = {}
+    for hit, value in zip(hits[key].to_pylist(), hits["_distance"].to_pylist()):
+        distance[hit] = min(value, distance.get(hit, value))
+    if key == "content_id":  # every sample of a content is as near as it is
+        samples = rows_by_key(view.table("explorer"), "content_id", list(distance), ["sample_id", "content_id"])
+        distance = {s: distance[c] for s, c in zip(samples["sample_id"].to_pylist(), samples["content_id"].to_pylist())}
+    distance.pop(sample_id, None)
+    return dict(sorted(distance.items(), key=lambda kv: (kv[1], kv[0]))), None
 
 
 class NeighbourCache:
     """The nearest neighbours of the last `size` (sample, embedding) asks, keyed on every table
-    version and the model versions the snapshot chose: an ANN search per request is what a
-    script looping over /api/neighbours would otherwise cost, and any new table version (a
-    changed corpus) misses instead of answering from stale results."""
+    version and the model versions the view chose: an ANN search per request is what a script
+    looping over /api/neighbours would otherwise cost, and any new table version (a changed
+    corpus) misses instead of answering from stale results."""
 
     def __init__(self, size: int = 256) -> None:
         self.size = size
-        self._items: OrderedDict[tuple, tuple[pd.Series, str | None]] = OrderedDict()
+        self._items: OrderedDict[tuple, tuple[dict[str, float], str | None]] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, snapshot: Snapshot, sample_id: str, by: str) -> tuple[pd.Series, str | None]:
-        versions = (tuple(sorted(snapshot.versions.items())), snapshot.captioner_version, snapshot.embedder_version)
+    def get(self, view: View, sample_id: str, by: str) -> tuple[dict[str, float], str | None]:
+        versions = (tuple(sorted(view.versions.items())), view.captioner_version, view.embedder_version)
         key = (versions, sample_id, by)
         with self._lock:
             if (found := self._items.get(key)) is not None:
@@ -142,7 +106,7 @@ class NeighbourCache:
                 self.hits += 1
                 return found
             self.misses += 1
-        found = neighbours(snapshot, sample_id, by)
+        found = neighbours(view, sample_id, by)
         with self._lock:
             self._items = OrderedDict((k, v) for k, v in self._items.items() if k[0] == versions)
             self._items[key] = found
@@ -151,78 +115,52 @@ class NeighbourCache:
         return found
 
 
-def _mask(frame: pd.DataFrame, name: str, value: str) -> pd.Series:
-    column = frame[FRAME_COLUMN[name]]
-    if name in ("skipped", "rejected"):
-        if value in ("no", "yes"):
-            return column.isna() if value == "no" else column.notna()
-        categories = column.cat.categories  # comma-joined reason sets: few, so test each set once
-        return column.isin([c for c in categories if value in str(c).split(",")])
-    if name == "tier":
-        return column == (int(value) if value.isascii() and value.isdigit() and len(value) < 10 else -1)
-    return column == value
-
-
-def facet_counts(frame: pd.DataFrame, top: int = FACET_VALUES) -> dict[str, list[tuple[str, int]]]:
-    """value -> count per filter over `frame` (the most frequent `top`; tiers in order)."""
-    out: dict[str, list[tuple[str, int]]] = {}
-    for name in FILTERS:
-        counts = frame[FRAME_COLUMN[name]].value_counts()
-        counts = counts[counts > 0]
-        if name in ("skipped", "rejected"):  # a sample skipped for two reasons counts under both
-            totals: Counter[str] = Counter()
-            for reasons, count in counts.items():
-                for reason in str(reasons).split(","):
-                    totals[reason] += int(count)
-            counts = pd.Series(totals, dtype="int64")
-        pairs = [(str(int(k)) if name == "tier" else str(k), int(v)) for k, v in counts.items()]
-        pairs.sort(key=lambda kv: (int(kv[0]), 0) if name == "tier" else (-kv[1], kv[0]))
-        out[name] = pairs if name == "tier" else pairs[:top]
-    labels = frame["meta_label"].value_counts() if "meta_label" in frame else pd.Series(dtype="int64")
-    pairs = [(f"{metadata.FACET_KEY}:{k}", int(v)) for k, v in labels[labels > 0].items()]
-    out["meta"] = sorted(pairs, key=lambda kv: (-kv[1], kv[0]))[:top]
-    return out
-
-
 @dataclass
 class Matches:
-    """A query's whole result (before paging): what a page request reuses."""
+    """A query's result before paging, what a page request reuses: a browse's filter and count,
+    or a search's ranked sample ids (already filtered)."""
 
-    frame: pd.DataFrame
+    where: str | None
+    scores: dict[str, float] | None  # text and like modes: sample_id -> score, in rank order
+    total: int
     facets: dict[str, list[tuple[str, int]]]
     mode: str
     notes: list[str]
 
 
-def match(snapshot: Snapshot, query: Query, nearest: NeighbourCache | None = None) -> Matches:
-    frame, notes, mode = snapshot.frame, [], "browse"
-    scores: pd.Series | None = None
+def _ranked(view: View, scores: dict[str, float], where: str | None) -> tuple[dict[str, float], pa.Table]:
+    """The ranked hits that `where` selects, and their rows' counted columns (an IN lookup)."""
+    rows = rows_by_key(view.table("explorer"), "sample_id", list(scores), MATCH_COLUMNS, where)
+    kept = set(rows["sample_id"].to_pylist())
+    return {k: v for k, v in scores.items() if k in kept}, rows
+
+
+def match(view: View, query: Query, nearest: NeighbourCache | None = None) -> Matches:
+    if view.missing:
+        return Matches(None, None, 0, menus({}), "browse", [view.missing])
+    where, notes = lance_filter(view, query)
+    scores: dict[str, float] | None = None
+    mode = "like" if query.like else "text" if query.q else "browse"
     if query.like:
-        scores, note = nearest.get(snapshot, query.like, query.by) if nearest else neighbours(snapshot, query.like, query.by)
+        scores, note = nearest.get(view, query.like, query.by) if nearest else neighbours(view, query.like, query.by)
         notes += [note] if note else []
-        mode = "like"
     elif query.q:
         try:
-            scores = text_hits(snapshot, query.q)
+            scores = text_hits(view, query.q, where)
         except Exception:  # a Lance failure: logged in full, a fixed note on the page
             log.exception("text search for %r failed", query.q)
-            scores, notes = pd.Series(dtype="float64"), [SEARCH_FAILED]
-        mode = "text"
+            scores, notes = {}, notes + [SEARCH_FAILED]
     if scores is not None:
-        scores = scores[frame.index.get_indexer(scores.index) >= 0]
-        frame = frame.loc[scores.index].assign(score=scores.to_numpy())
-    for name in FILTERS:
-        if value := getattr(query, name):
-            frame = frame[_mask(frame, name, value)]
-    if query.meta:
-        ids, note = metadata.matching_ids(snapshot, query.meta)
-        frame, notes = frame[frame.index.isin(ids)], notes + ([note] if note else [])
-    return Matches(frame, facet_counts(frame), mode, notes)
+        scores, rows = _ranked(view, scores, where)
+        facets, more = query_menus(view, query, where, rows)
+        return Matches(where, scores, len(scores), facets, mode, notes + more)
+    facets, more = query_menus(view, query, where)
+    return Matches(where, None, view.table("explorer").count_rows(where), facets, mode, notes + more)
 
 
 class QueryCache:
-    """The last `size` queries' matches per snapshot, so paging (and the back button) costs one
-    page read instead of the filters and facet counts again (600 ms at 1M rows)."""
+    """The last `size` queries' matches per view, so paging (and the back button) costs one page
+    read instead of the count, the search and the menus' counts again."""
 
     def __init__(self, size: int = 32, nearest: NeighbourCache | None = None) -> None:
         self.size, self.nearest = size, nearest
@@ -233,42 +171,40 @@ class QueryCache:
         with self._lock:
             self._items.clear()
 
-    def get(self, snapshot: Snapshot, query: Query) -> Matches:
-        key = (snapshot.serial, replace(query, page=1))
+    def get(self, view: View, query: Query) -> Matches:
+        key = (view.serial, replace(query, page=1))
         with self._lock:
             if (found := self._items.get(key)) is not None:
                 self._items.move_to_end(key)
                 return found
-        found = match(snapshot, query, self.nearest)
+        found = match(view, query, self.nearest)
         with self._lock:
-            self._items = OrderedDict((k, v) for k, v in self._items.items() if k[0] == snapshot.serial)
+            self._items = OrderedDict((k, v) for k, v in self._items.items() if k[0] == view.serial)
             self._items[key] = found
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
         return found
 
 
-def run_query(snapshot: Snapshot, query: Query, cache: QueryCache | None = None) -> Results:
-    found = cache.get(snapshot, query) if cache is not None else match(snapshot, query)
-    start = (query.page - 1) * PAGE_SIZE
-    page = found.frame.iloc[start:start + PAGE_SIZE]
-    return Results(query, len(found.frame), with_captions(snapshot, page), found.facets, found.mode, list(found.notes))
+def page_rows(view: View, found: Matches, start: int) -> list[dict]:
+    """The PAGE_SIZE rows of a result from `start`. A browse pages in the pinned version's table
+    order (deterministic, and a page reads at most start + PAGE_SIZE matching rows): ordering by
+    (source, sample_id) would sort every matching row on every request, as the table is written
+    in ingest order, not sorted. A search's rows come in rank order."""
+    explorer = view.table("explorer")
+    if explorer is None or start >= found.total:
+        return []
+    if found.scores is None:
+        rows = explorer.to_table(columns=PAGE_COLUMNS, filter=found.where, offset=start, limit=PAGE_SIZE,
+                                 scan_in_order=True).to_pylist()
+    else:
+        ids = list(found.scores)[start:start + PAGE_SIZE]
+        by_id = {r["sample_id"]: r for r in rows_by_key(explorer, "sample_id", ids, PAGE_COLUMNS).to_pylist()}
+        rows = [{**by_id[s], "score": found.scores[s]} for s in ids if s in by_id]
+    return [{**r, "caption": r["caption"] or "", "original_caption": r["original_caption"] or ""} for r in rows]
 
 
-def _take_text(table: LanceDataset | None, page: pd.DataFrame, address: str, column: str) -> pd.Series:
-    """`column` of the page's rows by their row address in `table` ("" where a row has none):
-    a take of a page, where a filter on a key would scan the key column of the whole table."""
-    out = pd.Series([""] * len(page), index=page.index, dtype=object)
-    addresses = page[address].dropna().astype("int64") if address in page else pd.Series(dtype="int64")
-    if len(addresses) and table is not None:
-        values = table._take_rows(addresses.tolist(), columns=[column])[column].to_pylist()
-        out[addresses.index] = [v or "" for v in values]
-    return out
-
-
-def with_captions(snapshot: Snapshot, page: pd.DataFrame) -> pd.DataFrame:
-    """The page's VLM captions (chosen captioner version) and original captions, read for it only."""
-    page = page.copy()
-    page["caption"] = _take_text(snapshot.table("captions"), page, "caption_rowaddr", "caption")
-    page["original_caption"] = _take_text(snapshot.table("samples"), page, "rowaddr", "original_caption")
-    return page
+def run_query(view: View, query: Query, cache: QueryCache | None = None) -> Results:
+    found = cache.get(view, query) if cache is not None else match(view, query)
+    rows = page_rows(view, found, (query.page - 1) * PAGE_SIZE)
+    return Results(query, found.total, rows, found.facets, found.mode, list(found.notes))

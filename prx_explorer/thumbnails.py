@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw
 
 from prx_explorer.render import ThumbnailCache, make_thumbnail
-from prx_explorer.snapshot import Snapshot
+from prx_explorer.view import View, one_row
 
 REFUSED = b""  # the cached outcome of bytes that did not decode
 RENDERS = 2  # at a time: each holds a core for up to the decode budget
@@ -108,13 +108,10 @@ class ThumbnailRenders:
                 "pending": self.pending}
 
 
-def render_thumbnail(snapshot: Snapshot, rowaddr: int, size: int) -> bytes | None:
-    """The stored image of the samples row at `rowaddr` as a thumbnail (a take of one row)."""
-    samples = snapshot.table("samples")
-    if samples is None:
-        return None
-    image = samples._take_rows([rowaddr], columns=["image"])["image"][0].as_py()
-    return make_thumbnail(image, size) if image else None
+def render_thumbnail(view: View, sample_id: str, size: int) -> bytes | None:
+    """The stored image of the sample as a thumbnail (a BTREE lookup of one row's bytes)."""
+    row = one_row(view.table("samples"), "sample_id", sample_id, ["image"])
+    return make_thumbnail(row["image"], size) if row and row["image"] else None
 
 
 @functools.lru_cache(maxsize=4)

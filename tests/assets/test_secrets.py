@@ -43,7 +43,7 @@ os.environ.setdefault(SECRET_VAR, "prx-s3-secret-" + uuid.uuid4().hex)
 SOURCE = "secret_photos"
 # every stage that runs Ray tasks over the store; the model stages (caption labels and embeddings,
 # then skip_lists) add minutes of model loading and no new way for options to travel
-SELECT = ["raw_source", "samples", "buckets", "phashes", "captions", "mds_shards", "duplicates"]
+SELECT = ["raw_source", "samples", "buckets", "phashes", "captions", "mds_shards", "duplicates", "explorer"]
 
 
 class ArgumentPickler(cloudpickle.CloudPickler):
@@ -163,6 +163,7 @@ def test_a_secret_from_the_environment_is_persisted_nowhere(ray_arguments: list[
     client = TestClient(create_app(storage), base_url="http://localhost")  # an allowed Host
     sample_id = samples["sample_id"][0].as_py()
     pages = ["/", "/overview", "/healthz", "/api/search", f"/sample?id={sample_id}"]
+    assert "materialize `explorer`" not in client.get("/").text  # real pages: the build wrote the explorer's rows
     for page in [*pages, "/sample?id=nope", f"/api/neighbours?like={sample_id}", f"/?like={sample_id}", "/?q=noise"]:
         response = client.get(page)
         assert response.status_code == 200 if page in pages else response.status_code < 500, (page, response.status_code)

@@ -66,8 +66,9 @@ def source_fields(meta: dict[str, str] | None, url: str | None) -> dict[str, Any
 def write_small_corpus(root: Path, n: int = 40,
                        metadata: Callable[[int], tuple[dict[str, str] | None, str | None]] | None = None) -> Storage:
     """`n` bucketed, captioned, embedded samples (one duplicate group of the first five) written
-    straight into real Lance tables with full-text indexes: every explorer route in seconds,
-    without a pipeline build. `metadata(i)` gives sample i's metadata map and source_url."""
+    straight into real Lance tables, with the explorer's rows and facets (`write_explorer`) and
+    the pipeline's indexes: every explorer route in seconds, without a pipeline build.
+    `metadata(i)` gives sample i's metadata map and source_url."""
     import numpy as np
     import pyarrow as pa
 
@@ -94,9 +95,38 @@ def write_small_corpus(root: Path, n: int = 40,
     }
     for name, rows in tables.items():
         lance_io.overwrite(storage.lance_uri(name), pa.Table.from_pylist(rows, schema=schemas.TABLES[name]))
-    lance_io.open_table(storage.lance_uri("samples")).create_scalar_index("original_caption", "INVERTED")
-    lance_io.open_table(storage.lance_uri("captions")).create_scalar_index("caption", "INVERTED")
+    write_explorer(storage)
     return storage
+
+
+def write_explorer(storage: Storage, captioner_version: str = "cap-1", labeler_version: str = "lab-1") -> None:
+    """The `explorer` rows of every `samples` row (no ingest rejects) and each source's
+    `explorer_facets`, made by the stage's own functions (`explore_rows`, `count_facets`,
+    `facet_rows`) in one process, then every table's indexes as the pipeline keeps them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from prx_core.stages.explorer import JOINED
+    from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_labels, facet_rows
+    from prx_core.store import lance_io, schemas
+    from prx_core.store.maintenance import refresh_table_indexes
+
+    tables = ("samples", *JOINED)
+    inputs = {t: lance_io.table_version(storage.lance_uri(t)) for t in tables}
+    samples = lance_io.read_table(storage.lance_uri("samples"))
+    meta = pc.map_lookup(samples["metadata"], "label", "all") if "metadata" in samples.column_names else None
+    base = (samples.select(SAMPLE_COLUMNS).append_column("stored", pa.array([True] * samples.num_rows))
+            .append_column("meta_label", facet_labels(meta, samples.num_rows)))
+    rows = explore_rows(storage, inputs, base, {"captioner_version": captioner_version,
+                                               "labeler_version": labeler_version})
+    sources = sorted(set(rows["source"].to_pylist()))
+    facets = pa.concat_tables([facet_rows(s, count_facets(rows.filter(pc.equal(rows["source"], s)))) for s in sources]
+                              or [schemas.EXPLORER_FACETS.empty_table()])
+    lance_io.overwrite(storage.lance_uri("explorer"), rows)
+    lance_io.overwrite(storage.lance_uri("explorer_facets"), facets)
+    for table in (*tables, "explorer", "explorer_facets", "caption_embeddings", "source_embeddings"):
+        if lance_io.table_exists(storage.lance_uri(table)):
+            refresh_table_indexes(storage.lance_uri(table), table)
 
 
 @pytest.fixture(scope="session")

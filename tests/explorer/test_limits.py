@@ -11,6 +11,7 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pytest
+from conftest import write_explorer
 from starlette.testclient import TestClient
 
 from prx_core.store import lance_io, schemas
@@ -34,6 +35,7 @@ def big_group(tmp_path_factory: pytest.TempPathFactory) -> TestClient:
                    "keeper_sample_id": ids[-1], "pixels": 640 * 480} for s in ids]
     lance_io.overwrite(storage.lance_uri("samples"), pa.Table.from_pylist(samples, schema=schemas.SAMPLES))
     lance_io.overwrite(storage.lance_uri("duplicates"), pa.Table.from_pylist(duplicates, schema=schemas.DUPLICATES))
+    write_explorer(storage)
     return TestClient(create_app(storage), base_url="http://localhost")
 
 
@@ -81,9 +83,9 @@ def counted(small_corpus: Storage, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     calls: list[tuple[str, str]] = []
     real = search_module.neighbours
 
-    def neighbours(snapshot, sample_id: str, by: str):
+    def neighbours(view, sample_id: str, by: str):
         calls.append((sample_id, by))
-        return real(snapshot, sample_id, by)
+        return real(view, sample_id, by)
 
     monkeypatch.setattr(search_module, "neighbours", neighbours)
     monkeypatch.setattr(app_module, "neighbours", neighbours, raising=False)  # where the uncached route called it
@@ -108,7 +110,7 @@ def test_neighbours_are_cached_per_table_versions_and_query(counted: tuple[TestC
     assert lance.dataset(uri).version > version
     deadline = time.monotonic() + 60
     while client.get("/healthz").json()["versions"]["caption_embeddings"] <= version:
-        assert time.monotonic() < deadline, "the snapshot never saw the new version"
+        assert time.monotonic() < deadline, "the view never saw the new version"
         time.sleep(0.05)
     assert client.get("/api/neighbours", params={"like": like, "by": "caption"}).json() == first
     assert calls[-1] == (like, "caption") and len(calls) == 3, "a new table version invalidates the cache"

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 from prx_explorer import search as search_module
-from prx_explorer import snapshot as snapshot_module
+from prx_explorer import view as view_module
 from prx_explorer.app import SERVER_ERROR, create_app
 from prx_explorer.fulltext import holds_phrases, parse_text
 
@@ -110,7 +110,7 @@ def fresh(small_corpus: Storage) -> TestClient:
 
 def test_a_failing_search_shows_a_fixed_note_and_logs_the_details(fresh: TestClient, monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    def failing(snapshot, text: str):
+    def failing(view, text: str, where: str | None = None):
         raise ValueError("Invalid user input: /secret/corpus/lance/captions.lance/_indices/1: position is not found, "
                          "/home/runner/work/lance/lance/rust/lance/src/dataset/scanner.rs:5939:32")
 
@@ -129,7 +129,7 @@ def test_a_failure_in_a_request_is_a_fixed_500_with_the_headers(small_corpus: St
     def broken(storage: Storage):
         raise OSError("/secret/corpus/lance/samples.lance/_versions/7.manifest: object store unreachable")
 
-    monkeypatch.setattr(snapshot_module, "build_snapshot", broken)  # the first build runs in the request
+    monkeypatch.setattr(view_module, "open_view", broken)  # the first open runs in the request
     client = TestClient(create_app(small_corpus), base_url="http://localhost")
     with caplog.at_level(logging.ERROR, logger="prx_explorer.app"):
         for path in ("/", "/api/search", "/sample?id=tiny/001", "/healthz"):
@@ -154,10 +154,10 @@ def test_a_failed_refresh_is_reported_without_its_text(small_corpus: Storage, tm
     def broken(storage: Storage):
         raise OSError("/secret/corpus/lance/samples.lance: object store unreachable")
 
-    monkeypatch.setattr(snapshot_module, "build_snapshot", broken)
+    monkeypatch.setattr(view_module, "open_view", broken)
     lance.dataset(Storage(str(tmp_path)).lance_uri("samples")).delete("sample_id = 'tiny/000'")  # a new version
     deadline = time.monotonic() + 60
     while (error := client.get("/healthz").json()["refresh_error"]) is None:
-        assert time.monotonic() < deadline, "the failed rebuild was never reported"
+        assert time.monotonic() < deadline, "the failed refresh was never reported"
         time.sleep(0.05)
     assert "OSError" in error and "/secret" not in error and "unreachable" not in error

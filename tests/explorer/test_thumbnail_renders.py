@@ -65,7 +65,7 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> Gate:
 @pytest.fixture
 def app(explorer_corpus: ExplorerCorpus):
     app = create_app(Storage(str(explorer_corpus.root)))
-    app.state.explorer.snapshots.get()  # the first snapshot build, before any request is timed by a gate
+    app.state.explorer.views.get()  # the first open of the tables, before any request is timed by a gate
     return app
 
 
@@ -76,9 +76,9 @@ def port(app) -> Iterator[int]:
 
 
 def stored(app) -> pd.DataFrame:
-    """Samples with stored image bytes, one per content, in a stable order."""
-    frame = app.state.explorer.snapshots.get().frame
-    return frame[frame["rowaddr"].notna()].sort_values("sample_id")
+    """Samples with stored image bytes (the explorer's rows of them), in a stable order."""
+    explorer = app.state.explorer.views.get().table("explorer")
+    return explorer.to_table(columns=["sample_id", "content_id"], filter="stored").to_pandas().sort_values("sample_id")
 
 
 def thumb(sample_id: str, size: int = 256) -> str:
@@ -92,7 +92,8 @@ def test_concurrent_requests_for_one_thumbnail_render_it_once(app, port: int, ga
     renders = app.state.explorer.renders
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(fetch, port, thumb(copies[i % 2])) for i in range(8)]
-        wait_for(lambda: renders.pending == 8)  # all eight are in: one renders, seven wait for it
+        # all eight are in, and the leader's render began (after its lookup of the bytes): seven wait for it
+        wait_for(lambda: renders.pending == 8 and len(gate.calls) >= 1)
         assert len(gate.calls) == 1
         gate.open.set()
         answers = [f.result() for f in futures]
