@@ -34,8 +34,8 @@ from prx_core.stages.explorer_rows import (
     SAMPLE_COLUMNS,
     count_facets,
     explore_rows,
-    facet_labels,
     facet_rows,
+    sample_base,
 )
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
@@ -82,9 +82,7 @@ def explore_samples_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     has_metadata = "metadata" in lance_io.require_table(uri, storage.lance_storage_options()).schema.names
     read = read_row_unit(uri, inputs["samples"], unit.spec, SAMPLE_COLUMNS + (["metadata"] if has_metadata else []),
                          source_predicate(run.manifest.partition), storage.lance_storage_options())
-    labels = facet_labels(pc.map_lookup(read["metadata"], "label", "all") if has_metadata else None, read.num_rows)
-    base = read.select(SAMPLE_COLUMNS).append_column("stored", pa.array([True] * read.num_rows, pa.bool_()))
-    rows = explore_rows(storage, inputs, base.append_column("meta_label", labels), run.manifest.params)
+    rows = explore_rows(storage, inputs, sample_base(read), run.manifest.params)
     return {"samples": rows.num_rows, **_summary(storage, rows)}
 
 

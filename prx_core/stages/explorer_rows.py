@@ -51,6 +51,15 @@ def facet_labels(column: pa.ChunkedArray | pa.Array | None, rows: int) -> pa.Arr
     return pc.if_else(pc.fill_null(keep, False), first, pa.scalar(None, pa.string()))
 
 
+def sample_base(read: pa.Table) -> pa.Table:
+    """The explorer's own columns of `samples` rows read with SAMPLE_COLUMNS (and `metadata`,
+    where the table has it): stored, with the metadata's `label` as `meta_label`."""
+    labels = facet_labels(pc.map_lookup(read["metadata"], META_KEY, "all") if "metadata" in read.column_names else None,
+                          read.num_rows)
+    stored = pa.array([True] * read.num_rows, pa.bool_())
+    return read.select(SAMPLE_COLUMNS).append_column("stored", stored).append_column("meta_label", labels)
+
+
 def _first_by(table: pa.Table, key: str) -> pa.Table:
     """One row per `key` (the first): a left join must not multiply the unit's rows."""
     if table.num_rows == 0:

@@ -107,16 +107,13 @@ def write_explorer(storage: Storage, captioner_version: str = "cap-1", labeler_v
     import pyarrow.compute as pc
 
     from prx_core.stages.explorer import JOINED
-    from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_labels, facet_rows
+    from prx_core.stages.explorer_rows import count_facets, explore_rows, facet_rows, sample_base
     from prx_core.store import lance_io, schemas
     from prx_core.store.maintenance import refresh_table_indexes
 
     tables = ("samples", *JOINED)
     inputs = {t: lance_io.table_version(storage.lance_uri(t)) for t in tables}
-    samples = lance_io.read_table(storage.lance_uri("samples"))
-    meta = pc.map_lookup(samples["metadata"], "label", "all") if "metadata" in samples.column_names else None
-    base = (samples.select(SAMPLE_COLUMNS).append_column("stored", pa.array([True] * samples.num_rows))
-            .append_column("meta_label", facet_labels(meta, samples.num_rows)))
+    base = sample_base(lance_io.read_table(storage.lance_uri("samples")))
     rows = explore_rows(storage, inputs, base, {"captioner_version": captioner_version,
                                                "labeler_version": labeler_version})
     sources = sorted(set(rows["source"].to_pylist()))
