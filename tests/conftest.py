@@ -10,6 +10,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -55,7 +56,10 @@ def _release_streaming_shared_memory() -> Iterator[None]:
     memory = sys.modules.get("streaming.base.shared.memory")
     if memory is None:
         return
-    for shm in [o for o in gc.get_objects() if isinstance(o, memory.SharedMemory)]:
+    with warnings.catch_warnings():  # isinstance() on torch's deprecated `reduce_op` object warns
+        warnings.simplefilter("ignore", FutureWarning)
+        segments = [o for o in gc.get_objects() if isinstance(o, memory.SharedMemory)]
+    for shm in segments:
         atexit.unregister(shm.cleanup)
         shm.cleanup()
         shm.created_shms, shm.opened_shms = [], []
