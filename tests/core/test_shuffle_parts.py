@@ -5,6 +5,7 @@ return under its inline limit (100 KiB) in the owner's, the driver's, memory: ma
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import lance
@@ -44,10 +45,18 @@ def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, pa.Tabl
     return uri, rows
 
 
-def in_the_object_store(ray, parts: list[list]) -> list[bool]:
+def in_the_object_store(ray, parts: list[list], patience_s: float = 60.0) -> list[bool]:
+    """Per part, whether it has a node location (an inline return never gets one). A store object's
+    location reaches its owner asynchronously: on a loaded machine it can lag the task's end, so
+    this asks again until every part has one or the patience runs out."""
     refs = [r for bucket in parts for r in bucket]
     ray.wait(refs, num_returns=len(refs))
-    return [bool(loc["node_ids"]) for loc in ray.experimental.get_object_locations(refs).values()]
+    deadline = time.monotonic() + patience_s
+    while True:
+        found = [bool(loc["node_ids"]) for loc in ray.experimental.get_object_locations(refs).values()]
+        if all(found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def test_no_part_is_kept_in_the_driver_and_every_row_arrives(small_inline_ray, table) -> None:
