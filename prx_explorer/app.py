@@ -42,7 +42,7 @@ from prx_explorer.params import BadRequest, int_param, text_param
 from prx_explorer.query import MAX_PAGE, Query
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, query_terms, snippet
 from prx_explorer.search import NeighbourCache, QueryCache, run_query
-from prx_explorer.thumbnails import REFUSED, RETRY_AFTER, Busy, ThumbnailRenders, placeholder, render_thumbnail
+from prx_explorer.thumbnails import BUSY_TEXT, REFUSED, RETRY_AFTER, Busy, ThumbnailRenders, placeholder, render_thumbnail
 from prx_explorer.view import View, ViewCache, one_row
 
 HERE = Path(__file__).parent
@@ -135,7 +135,8 @@ class Explorer:
                    "meta_label", "caption", "original_caption"] + (["score"] if results.mode != "browse" else [])
         rows = [{c: row.get(c) for c in columns} for row in results.rows]
         return JSONResponse({"total": results.total, "page": results.query.page, "pages": results.pages,
-                             "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets})
+                             "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets,
+                             "menus_count": results.menus_count})
 
     def sample(self, request: Request) -> HTMLResponse:
         sample_id = text_param(request.query_params, "id")
@@ -175,7 +176,8 @@ class Explorer:
         try:
             data = self.renders.get((f"{row['content_id']}", size), lambda: render_thumbnail(view, sample_id, size))
         except Busy:
-            return PlainTextResponse("Thumbnails are busy; retry shortly.", 503, headers={"Retry-After": RETRY_AFTER})
+            return Response(placeholder(size, BUSY_TEXT), 503, media_type="image/jpeg",  # a browser shows it
+                            headers={"Retry-After": RETRY_AFTER, "X-Thumbnail": "busy"})
         if data == REFUSED:  # did not decode (within the thumbnail budget): a placeholder, not an error
             return Response(placeholder(size), media_type="image/jpeg", headers={"X-Thumbnail": "placeholder"})
         return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})

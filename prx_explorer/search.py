@@ -42,6 +42,7 @@ class Results:
     facets: dict[str, list[tuple[str, int]]]
     mode: str  # browse | text | like
     notes: list[str] = field(default_factory=list)
+    menus_count: str = "matches"  # or "corpus" (a text search: its hits are ranked, not counted)
 
     @property
     def pages(self) -> int:
@@ -126,6 +127,7 @@ class Matches:
     facets: dict[str, list[tuple[str, int]]]
     mode: str
     notes: list[str]
+    menus_count: str = "matches"  # "corpus": a text search's menus count the corpus (or its source)
 
 
 def _ranked(view: View, scores: dict[str, float], where: str | None) -> tuple[dict[str, float], pa.Table]:
@@ -139,23 +141,21 @@ def match(view: View, query: Query, nearest: NeighbourCache | None = None) -> Ma
     if view.missing:
         return Matches(None, None, 0, menus({}), "browse", [view.missing])
     where, notes = lance_filter(view, query)
-    scores: dict[str, float] | None = None
-    mode = "like" if query.like else "text" if query.q else "browse"
-    if query.like:
+    if query.like:  # neighbours in another table: filtered here, by key
         scores, note = nearest.get(view, query.like, query.by) if nearest else neighbours(view, query.like, query.by)
-        notes += [note] if note else []
-    elif query.q:
+        scores, rows = _ranked(view, scores, where)
+        facets, more = query_menus(view, query, where, rows)
+        return Matches(where, scores, len(scores), facets, "like", notes + ([note] if note else []) + more)
+    if query.q:  # the filter is the search's prefilter: every hit matches it
         try:
             scores = text_hits(view, query.q, where)
         except Exception:  # a Lance failure: logged in full, a fixed note on the page
             log.exception("text search for %r failed", query.q)
             scores, notes = {}, notes + [SEARCH_FAILED]
-    if scores is not None:
-        scores, rows = _ranked(view, scores, where)
-        facets, more = query_menus(view, query, where, rows)
-        return Matches(where, scores, len(scores), facets, mode, notes + more)
+        facets, more = query_menus(view, query, where)
+        return Matches(where, scores, len(scores), facets, "text", notes + more, menus_count="corpus")
     facets, more = query_menus(view, query, where)
-    return Matches(where, None, view.table("explorer").count_rows(where), facets, mode, notes + more)
+    return Matches(where, None, view.table("explorer").count_rows(where), facets, "browse", notes + more)
 
 
 class QueryCache:
@@ -207,4 +207,4 @@ def page_rows(view: View, found: Matches, start: int) -> list[dict]:
 def run_query(view: View, query: Query, cache: QueryCache | None = None) -> Results:
     found = cache.get(view, query) if cache is not None else match(view, query)
     rows = page_rows(view, found, (query.page - 1) * PAGE_SIZE)
-    return Results(query, found.total, rows, found.facets, found.mode, list(found.notes))
+    return Results(query, found.total, rows, found.facets, found.mode, list(found.notes), found.menus_count)

@@ -26,6 +26,7 @@ RENDERS = 2  # at a time: each holds a core for up to the decode budget
 QUEUE = 8  # requests waiting for a render (theirs or another's) beyond those
 WAIT_SECONDS = 30.0  # the longest a request waits for a render slot or another request's render
 RETRY_AFTER = "2"  # seconds, on a 503
+BUSY_TEXT = "busy: reload"  # the image a 503 carries
 
 Key = tuple[str, int]
 
@@ -114,11 +115,12 @@ def render_thumbnail(view: View, sample_id: str, size: int) -> bytes | None:
     return make_thumbnail(row["image"], size) if row and row["image"] else None
 
 
-@functools.lru_cache(maxsize=4)
-def placeholder(size: int) -> bytes:
-    """A plain grey JPEG saying there is no preview: what a page shows for an image that does not decode."""
+@functools.lru_cache(maxsize=8)
+def placeholder(size: int, text: str = "no preview") -> bytes:
+    """A plain grey JPEG saying `text`: what a page shows for an image that does not decode, or
+    (with a 503) while every render slot is taken, instead of a broken image."""
     image = Image.new("RGB", (size, size * 3 // 4), (221, 221, 221))
-    ImageDraw.Draw(image).text((size // 10, size * 3 // 8 - 6), "no preview", fill=(102, 102, 102))
+    ImageDraw.Draw(image).text((size // 10, size * 3 // 8 - 6), text, fill=(102, 102, 102))
     out = io.BytesIO()
     image.save(out, "JPEG", quality=75)
     return out.getvalue()

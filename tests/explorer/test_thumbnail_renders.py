@@ -121,6 +121,8 @@ def test_renders_are_bounded_and_the_overflow_is_refused_with_retry_after(app, p
     assert len(ok) == 5 and len(busy) == 5, [a.status for a in answers]
     assert all(a.headers["retry-after"] == thumbnails.RETRY_AFTER and a.headers["cache-control"] == "no-store"
                for a in busy)
+    assert all(a.headers["x-thumbnail"] == "busy" and Image.open(io.BytesIO(a.body)).format == "JPEG"
+               for a in busy)  # an image a browser shows, not a broken one
     assert all(Image.open(io.BytesIO(a.body)).format == "JPEG" for a in ok)
     assert len(gate.calls) == 5 and gate.peak == 2, "never more than two renders at a time"
     assert explorer.renders.stats()["busy"] == 5
