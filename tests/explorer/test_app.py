@@ -297,7 +297,7 @@ def test_a_new_explorer_version_shows_without_restart(explorer_corpus: ExplorerC
     health = client.get("/healthz").json()
     assert health["versions"]["explorer"] == lance.dataset(uri).version and health["refresh_error"] is None
 
-    def broken(storage: Storage) -> None:
+    def broken(storage: Storage, previous: object = None) -> None:
         raise OSError("object store unreachable")
 
     monkeypatch.setattr(view_module, "open_view", broken)

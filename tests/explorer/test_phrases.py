@@ -126,7 +126,7 @@ def test_a_failing_search_shows_a_fixed_note_and_logs_the_details(fresh: TestCli
 
 def test_a_failure_in_a_request_is_a_fixed_500_with_the_headers(small_corpus: Storage, monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    def broken(storage: Storage):
+    def broken(storage: Storage, previous: object = None):
         raise OSError("/secret/corpus/lance/samples.lance/_versions/7.manifest: object store unreachable")
 
     monkeypatch.setattr(view_module, "open_view", broken)  # the first open runs in the request
@@ -151,7 +151,7 @@ def test_a_failed_refresh_is_reported_without_its_text(small_corpus: Storage, tm
     client = TestClient(create_app(Storage(str(tmp_path)), ttl=0.0), base_url="http://localhost")
     assert client.get("/healthz").json()["refresh_error"] is None
 
-    def broken(storage: Storage):
+    def broken(storage: Storage, previous: object = None):
         raise OSError("/secret/corpus/lance/samples.lance: object store unreachable")
 
     monkeypatch.setattr(view_module, "open_view", broken)
