@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from benchmarks.explorer_data import build_vocabulary, zipf_cdf
+from benchmarks.explorer_data import build_vocabulary, hex_strings, zipf_cdf
 from benchmarks.explorer_pages import latency
 from prx_core.stages.explorer_rows import count_facets, facet_rows
 from prx_core.store import schemas
@@ -49,15 +49,6 @@ REJECTS = ("too_small", "decode_error", "download_error")
 BUCKETS = {256: ["256x256", "320x192", "192x320"], 512: ["512x512", "640x384", "384x640", "576x448"],
            1024: ["1024x1024", "1280x768", "768x1280", "1152x896", "896x1152", "1344x704"]}
 QUERY_SOURCE, QUERY_LABEL = "stock", "text"
-
-
-def hex_strings(rng: np.random.Generator, n: int, nbytes: int) -> pa.Array:
-    """`n` random hex strings of `nbytes` bytes each, vectorized (no Python loop per row)."""
-    digits = np.frombuffer(b"0123456789abcdef", np.uint8)
-    raw = np.frombuffer(rng.bytes(n * nbytes), np.uint8).reshape(n, nbytes)
-    chars = np.empty((n, 2 * nbytes), np.uint8)
-    chars[:, 0::2], chars[:, 1::2] = digits[raw >> 4], digits[raw & 15]
-    return pa.array(chars.view(f"S{2 * nbytes}").ravel()).cast(pa.string())
 
 
 def word_lists(rng: np.random.Generator, vocab: pa.Array, cdf: np.ndarray, n: int, sizes: tuple[int, int]) -> pa.Array:

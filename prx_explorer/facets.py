@@ -9,9 +9,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from prx_core.stages.explorer_rows import META_KEY
+from prx_core.stages.explorer_rows import META_KEY, count_values
 from prx_core.store import lance_io
 from prx_explorer.query import COLUMN, FILTERS, Query
 from prx_explorer.view import View
@@ -49,14 +48,7 @@ def table_counts(view: View, source: str = "") -> dict[str, Counter[str]]:
 
 def row_counts(rows: pa.Table) -> dict[str, Counter[str]]:
     """menu -> value -> rows of `rows` (explorer columns; empty and null values left out)."""
-    counts: dict[str, Counter[str]] = {}
-    for name, column in COUNTED.items():
-        values = rows[column].drop_null()
-        if name in SPLIT:
-            values = pc.list_flatten(pc.split_pattern(values, ","))
-        counted = pc.value_counts(values).to_pylist()
-        counts[name] = Counter({str(c["values"]): c["counts"] for c in counted if c["values"] != ""})
-    return counts
+    return {name: count_values(rows[column], split=name in SPLIT) for name, column in COUNTED.items()}
 
 
 def scanned_counts(view: View, where: str | None) -> tuple[dict[str, Counter[str]], str | None]:

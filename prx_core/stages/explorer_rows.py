@@ -166,20 +166,23 @@ def count_totals(rows: pa.Table) -> dict[str, int]:
             "duplicates": sum(v is False for v in keeper)}
 
 
+def count_values(column: pa.ChunkedArray | pa.Array, split: bool = False) -> Counter[str]:
+    """value (as text) -> rows holding it, nulls and empty values left out; with `split`, each
+    value of a comma-joined set counts (skip reasons). Counted in Arrow, not per row in Python."""
+    values = column.drop_null()
+    if split:
+        values = pc.list_flatten(pc.split_pattern(values, ","))
+    return Counter({str(c["values"]): c["counts"] for c in pc.value_counts(values).to_pylist() if c["values"] != ""})
+
+
 def count_facets(rows: pa.Table, top: int = FACET_VALUES) -> dict[str, dict[str, int]]:
     """value -> rows per facet (the `top` most frequent of each; duplicate groups by size, as the
     menu offers the largest). Skip reasons count each reason of a comma-joined set; `side` and
     `aspect` are histogram bins (`size_bins`), `totals` the overview's counts."""
-    def counted(values: list[Any]) -> Counter[str]:
-        return Counter(str(v) for v in values if v is not None and v != "")
-
-    skipped: Counter[str] = Counter()
-    for reasons in rows["skip_reason"].to_pylist():
-        skipped.update(reasons.split(",") if reasons else [])
-    out = {"label": counted(rows["label"].to_pylist()), "tier": counted(rows["tier"].to_pylist()),
-           "bucket": counted(rows["bucket"].to_pylist()), "skipped": skipped,
-           "rejected": counted(rows["reject_reason"].to_pylist()), "meta": counted(rows["meta_label"].to_pylist())}
-    groups = counted(rows["group_id"].to_pylist())
+    out = {"label": count_values(rows["label"]), "tier": count_values(rows["tier"]),
+           "bucket": count_values(rows["bucket"]), "skipped": count_values(rows["skip_reason"], split=True),
+           "rejected": count_values(rows["reject_reason"]), "meta": count_values(rows["meta_label"])}
+    groups = count_values(rows["group_id"])
     sizes = dict(zip(rows["group_id"].to_pylist(), rows["group_size"].to_pylist()))
     largest = sorted(groups, key=lambda g: (-(sizes.get(g) or 0), g))[:top]
     side, aspect = size_bins(rows)
