@@ -48,6 +48,12 @@ from prx_core.compute.actors import UNITS_PER_ACTOR
 
 GENERATOR = 1  # bump when the photos change: the cache is keyed by it
 SHAPES = ((640, 480), (480, 640))  # two streams (buckets) per size
+# `tiny` photos: the smallest that still bucket (the 384x384 floor), with the detail of a 14x10
+# thumbnail and JPEG q60-75 so that they and their renders are small (~7 KB + ~20 KB): a 1M-row
+# run (source, its copy in `samples`, compaction's copy, the MDS) then fits ~50 GB of disk.
+# Decoding and rendering still cost what their pixels cost.
+TINY_SHAPES = ((448, 336), (336, 448))
+TINY_DETAIL = 32  # rendered at 1/32 of the size, then upscaled
 SCHEMA = pa.schema([("key", pa.string()), ("image", pa.binary()), ("caption", pa.string())])
 
 
@@ -58,54 +64,57 @@ def _base_photos() -> list[tuple[str, Any]]:
     return [(p.caption, p.image.convert("RGB")) for p in load_skimage_photos()]
 
 
-def synth_photo(index: int) -> tuple[bytes, str]:
+def synth_photo(index: int, tiny: bool = False) -> tuple[bytes, str]:
     """Photo `index`: a rotated, zoomed, maybe mirrored, colour-shifted window of a real photo, so
     its bytes and (nearly always) its pHash differ from every other; deterministic in `index`."""
     import io
 
     from PIL import Image, ImageOps
 
-    rng = np.random.default_rng([GENERATOR, index])
+    rng = np.random.default_rng([GENERATOR + tiny, index])
     bases = _base_photos()
     caption, photo = bases[index % len(bases)]
-    w, h = SHAPES[int(rng.integers(len(SHAPES)))]
+    shapes, detail = (TINY_SHAPES, TINY_DETAIL) if tiny else (SHAPES, 2)
+    w, h = shapes[int(rng.integers(len(shapes)))]
     angle = math.radians(rng.uniform(-12, 12))
     cos, sin = abs(math.cos(angle)), abs(math.sin(angle))
     fit = min(photo.width / (w * cos + h * sin), photo.height / (w * sin + h * cos))  # rotated window fits
     scale = fit * rng.uniform(0.35, 0.95)  # source pixels per output pixel
     bw, bh = scale * (w * cos + h * sin), scale * (w * sin + h * cos)
     cx, cy = rng.uniform(bw / 2, photo.width - bw / 2), rng.uniform(bh / 2, photo.height - bh / 2)
-    # output pixel -> source point, at half size then resized: a full-size bilinear affine is 4x slower
-    a, b = 2 * scale * math.cos(angle), -2 * scale * math.sin(angle)
-    coeffs = (a, b, cx - a * w / 4 - b * h / 4, -b, a, cy + b * w / 4 - a * h / 4)
-    image = photo.transform((w // 2, h // 2), Image.Transform.AFFINE, coeffs, Image.Resampling.BILINEAR)
-    image = image.resize((w, h), Image.Resampling.BILINEAR)
+    # output pixel -> source point, at 1/detail size then resized: a full-size bilinear affine is 4x slower
+    a, b = detail * scale * math.cos(angle), -detail * scale * math.sin(angle)
+    half_w, half_h = w / (2 * detail), h / (2 * detail)
+    coeffs = (a, b, cx - a * half_w - b * half_h, -b, a, cy + b * half_w - a * half_h)
+    image = photo.transform((w // detail, h // detail), Image.Transform.AFFINE, coeffs, Image.Resampling.BILINEAR)
+    image = image.resize((w, h), Image.Resampling.BICUBIC if tiny else Image.Resampling.BILINEAR)
     mirrored = bool(rng.random() < 0.5)
     if mirrored:
         image = ImageOps.mirror(image)
     gains = rng.uniform(0.8, 1.2, 3)
     image = image.point([min(255, int(v * g)) for g in gains for v in range(256)])
     buffer = io.BytesIO()
-    image.save(buffer, "JPEG", quality=int(rng.integers(80, 93)))
+    image.save(buffer, "JPEG", quality=int(rng.integers(60, 76) if tiny else rng.integers(80, 93)))
     tone = "warm" if gains[0] > gains[2] else "cool"
     text = (f"{caption}, in {tone} light, {'mirrored, ' if mirrored else ''}turned {math.degrees(angle):+.0f} "
             f"degrees, {1 / scale:.1f}x zoom")
     return buffer.getvalue(), text
 
 
-def _write_part(path: str, start: int, count: int) -> None:
-    rows = [synth_photo(i) for i in range(start, start + count)]
+def _write_part(path: str, start: int, count: int, tiny: bool = False) -> None:
+    rows = [synth_photo(i, tiny) for i in range(start, start + count)]
     table = pa.table({"key": [f"img{i:08d}" for i in range(start, start + count)], "image": [r[0] for r in rows],
                       "caption": [r[1] for r in rows]}, schema=SCHEMA)
     pq.write_table(table, path + ".tmp", row_group_size=128)
     os.replace(path + ".tmp", path)  # a killed generator never leaves a truncated file in the cache
 
 
-def synthetic_source(cache: Path, rows: int, file_rows: int, workers: int) -> Path:
+def synthetic_source(cache: Path, rows: int, file_rows: int, workers: int, tiny: bool = False) -> Path:
     """A folder of parquet files holding photos 0..rows-1, `file_rows` a file. Files are generated
     once into a pool shared by all sizes (a size's files are the first of the pool) and hard-linked."""
-    pool = cache / f"photos-g{GENERATOR}-f{file_rows}"
-    source = cache / "sources" / f"g{GENERATOR}-f{file_rows}-n{rows}"
+    kind = f"g{GENERATOR}{'-tiny' if tiny else ''}-f{file_rows}"
+    pool = cache / f"photos-{kind}"
+    source = cache / "sources" / f"{kind}-n{rows}"
     pool.mkdir(parents=True, exist_ok=True)
     source.parent.mkdir(exist_ok=True)
     parts = [(pool / f"part-{j:05d}-{min(file_rows, rows - start)}.parquet", start, min(file_rows, rows - start))
@@ -116,7 +125,7 @@ def synthetic_source(cache: Path, rows: int, file_rows: int, workers: int) -> Pa
         import multiprocessing
 
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as executor:
-            list(executor.map(_write_part, *zip(*((str(p), s, c) for p, s, c in missing))))
+            list(executor.map(_write_part, *zip(*((str(p), s, c, tiny) for p, s, c in missing))))
     if not source.is_dir():
         staging = Path(tempfile.mkdtemp(dir=cache, prefix=".staging-"))
         for path, _, _ in parts:
@@ -243,11 +252,11 @@ def select(stages: tuple[str, ...] | None, resume: tuple[str, ...] | None) -> tu
 def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus: int | None = None,
         cache: str | None = None, workdir: str | None = None, resume_rows: int | None = None,
         resume: tuple[str, ...] | None = None, fresh_ray: bool = True,
-        stages: tuple[str, ...] | None = None, model_ms: float = 2.0) -> dict[str, Any]:
+        stages: tuple[str, ...] | None = None, model_ms: float = 2.0, tiny: bool = False) -> dict[str, Any]:
     """The whole benchmark. The resume trials run at `resume_rows` (default: the largest size)
     after its graph. Corpora are built in `workdir` and kept, or in a temporary folder deleted
     size by size. `stages` (default all) run in graph order; each needs the earlier ones it reads.
-    The stand-in models cost `model_ms` per image or caption."""
+    The stand-in models cost `model_ms` per image or caption; `tiny` photos fit a 1M-row run on disk."""
     from benchmarks.image_path import _cpu_name
 
     stages, resume = select(stages, resume)
@@ -257,11 +266,11 @@ def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus
     work = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-scale-"))
     cluster = Cluster(cpus, fresh_ray)
     results: dict[str, Any] = {"cpus": cpus, "cpu": _cpu_name(), "python": sys.version.split()[0], "unit_rows": unit_rows,
-                               "model_ms": model_ms,
+                               "model_ms": model_ms, "tiny_photos": tiny,
                                "fresh_ray_per_stage": fresh_ray, "resume_rows": resume_rows, "sizes": [], "resume": {}}
     try:
         for rows in sizes:
-            source = synthetic_source(Path(cache) if cache else default_cache(), rows, max(1, unit_rows // 2), cpus)
+            source = synthetic_source(Path(cache) if cache else default_cache(), rows, max(1, unit_rows // 2), cpus, tiny)
             spec = {"name": "bench", "format": "parquet", "uri": str(source), "image_column": "image",
                     "caption_column": "caption", "key_column": "key"}
             job = {"root": str(work / f"corpus-{rows}"), "source": spec, "units": unit_sizes(unit_rows, source),

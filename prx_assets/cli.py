@@ -151,7 +151,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
           f"after SIGKILL ...", flush=True)
     results = run(sizes=sizes, unit_rows=args.unit_rows, cpus=args.cpus, cache=args.cache, workdir=args.workdir,
                   resume_rows=args.resume_rows, resume=resume, fresh_ray=not args.reuse_ray, stages=stages,
-                  model_ms=args.model_ms)
+                  model_ms=args.model_ms, tiny=args.tiny)
     return _report(results, format_table(results), started, args.json)
 
 
@@ -236,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--model-ms", type=float, default=2.0,
                        help="cost per image or caption of the stand-in captioner, labeller and embedder (default 2 ms)")
     scale.add_argument("--cache", help="synthetic photos cache (default $XDG_CACHE_HOME/prx-bench-scale)")
+    scale.add_argument("--tiny", action="store_true",
+                       help="448x336 photos of ~7 KB (renders ~20 KB) instead of 640x480 of ~39 KB: a 1M-row run in ~50 GB")
     scale.add_argument("--workdir", help="where the corpora are built and kept (default: a temporary folder, removed "
                                          "size by size: 100,000 rows take ~5 GB)")
     scale.add_argument("--reuse-ray", action="store_true",
