@@ -171,6 +171,8 @@ def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, 
     """SIGKILL the stage's driver after half its units of the phase completed, count what was
     started but not recorded (the work a rerun redoes), then rerun and check it skips the rest."""
     from prx_core.compute.faults import MARKER
+    from prx_core.compute.unit_results import REPORTS
+    from prx_core.stages.unchanged import LATEST
     from prx_core.image.decode import DEFAULT_MAX_PIXELS
 
     phase, half = RESUMABLE[stage], max(1, units // 2)
@@ -181,6 +183,8 @@ def resume_trial(stage: str, job: dict[str, Any], units: int, cluster: Cluster, 
         if stage == "mds_shards":  # chunks are named after content and settings: the graph's would all be reused
             job["max_pixels"] = DEFAULT_MAX_PIXELS - 1  # a setting no photo here is near: the same bytes, new names
         job["trial"] = 1  # captions_model: another stand-in version, so the trial captions again
+        if stage == "samples":  # an unchanged source re-ingests nothing: forget the last commit (operations.md)
+            Path(job["root"], REPORTS, "samples", job["source"]["name"], LATEST).unlink(missing_ok=True)
         proc = subprocess.Popen(driver_command(job), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=REPO,
                                 env=driver_env(PRX_PAUSE_AT=point), start_new_session=True)
         deadline, paused = time.monotonic() + timeout, False

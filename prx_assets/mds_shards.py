@@ -21,6 +21,7 @@ from prx_assets.common import (
     source_check,
 )
 from prx_assets.versions import streams_version
+from prx_core.shards.merged import merged_sizes
 from prx_core.stages.entry import Progress, PublishReport
 from prx_resources import (
     CaptionerResource,
@@ -43,7 +44,8 @@ CHECKS = [
         "mds_shards_stream_sizes", "mds_shards",
         description="Warns about streams smaller than the global batch size x canonical nodes: the PRX trainer's "
                     "per_stream batching raises on such a stream (leave it out of the mixture, lower the batch size, "
-                    "or set training.small_streams: drop so mds_shards does not publish it)."),
+                    "or set training.small_streams: drop so mds_shards does not publish it, or merge to join such streams "
+                    "across sources; a merged stream still below the minimum is warned about too)."),
 ]
 DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>/<w>x<h>, one stream per bucket, "
                "sorted by sample_id, written in content-named chunks and published atomically, plus their `mds_index` "
@@ -53,7 +55,7 @@ DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>
 
 def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, training: TrainingResource,
                      latents: TextLatentsResource) -> dg.AssetsDefinition:
-    drop = f"-drop{training.min_stream_samples()}" if training.min_stream_samples() else ""  # what is published
+    drop = f"-{training.small_streams}{training.min_stream_samples()}" if training.min_stream_samples() else ""  # published
     stored = f"-latents{latents.version()}" if latents.enabled else ""  # samples carry text latents
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions", "text_latents"],
               check_specs=CHECKS, kinds={"ray", "mds"}, description=DESCRIPTION, owners=OWNERS,
@@ -70,6 +72,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
             context, ray, "mds_shards", source=source, storage=store,
             captioner_version=captioner.config().version(), max_tier=storage.max_tier, max_pixels=storage.max_pixels,
             progress=Progress(f"mds_shards[{source}]", unit="chunks"), min_stream_samples=training.min_stream_samples(),
+            merge_small=training.merge_small(),
             latents=latents, **units.settings("mds_shards"))
         report, verified, buckets_version = published.mds, published.verified, published.buckets_version
         rows, problems = [], list(verified.problems)
@@ -83,7 +86,10 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
             rows.append({"stream": count.name, "samples": read, "expected": count.expected, "chunks": len(stream.chunks),
                          "shards": stream.shards, "size": human_bytes(stream.bytes), "ok": read == count.expected})
         minimum = training.stream_minimum()
-        small = [s.name for s in report.streams if s.samples < minimum]
+        small = [s.name for s in report.streams if s.samples < minimum and not s.merged]
+        merged = merged_sizes(store.root, [(s.tier, s.width, s.height) for s in report.streams if s.merged],
+                              store.storage_options)
+        small += [name for name, count in merged.items() if count < minimum]  # too few small streams to fill one
         return dg.MaterializeResult(
             metadata={"samples_written": report.written, "streams": len(report.streams),
                       "images_per_second": per_second(report.images_per_second),
@@ -91,6 +97,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
                       "rejects": counts_table(report.rejects, "reason"), "shards_verified": verified.shards,
                       "streams_below_batch": dg.MetadataValue.json(small),
                       "streams_dropped": dg.MetadataValue.json(report.dropped),  # training.small_streams: drop
+                      "streams_merged": dg.MetadataValue.json(report.merged),  # merge: in mds/_merged/<stream>
                       **dataset_metadata(store, sum(s.samples for s in report.streams), uri=store.uri("mds", source),
                                          schema=mds_schema(latents)),
                       **ops_metadata(report.units, report.seconds),
@@ -105,7 +112,8 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
                                               "canonical_nodes": training.canonical_nodes,
                                               "policy": training.small_streams,
                                               "streams_below": dg.MetadataValue.json(small),
-                                              "streams_dropped": dg.MetadataValue.json(report.dropped)}),
+                                              "streams_dropped": dg.MetadataValue.json(report.dropped),
+                                              "merged_streams": dg.MetadataValue.json(merged)}),
             ],
             # a digest of the bytes a trainer reads: every stream's chunk names, which are content-addressed
             data_version=streams_version(report.streams),

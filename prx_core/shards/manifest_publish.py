@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import fsspec
@@ -39,7 +39,8 @@ from prx_core.shards.manifest import (
     shards_digest,
     tier_folder,
 )
-from prx_core.shards.mds import INDEX, _normalize, list_streams
+from prx_core.shards.mds import INDEX, StreamKey, _normalize, list_streams
+from prx_core.shards.merged import assemble_source_members
 from prx_core.shards.node_cache import default_cache_dir, skip_union
 from prx_core.shards.retention import (
     RETENTION_SECONDS,
@@ -51,7 +52,7 @@ from prx_core.shards.retention import (
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
 from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
 from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
-from prx_core.store.names import validate_source_name
+from prx_core.store.names import MERGED, validate_source_name
 from prx_core.store import fencing
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
@@ -113,12 +114,22 @@ def _plan(fs: fsspec.AbstractFileSystem, root: str, uri: str, key: tuple[str, in
 
 
 def publish_source_manifest(root: str, source: str, storage_options: dict | None = None,
-                            now: float | None = None) -> dict[int, str]:
+                            now: float | None = None, merged: Iterable[StreamKey] = ()) -> dict[int, str]:
     """Rewrite `source`'s part of every tier it has (or had), then assemble those tiers'
-    manifests: tier -> the manifest now current. Call after the source's streams or lists change."""
+    manifests: tier -> the manifest now current. Call after the source's streams or lists change.
+    The merged streams it is a member of (and `merged`: those it just left) are reassembled first,
+    and the `_merged` part with them."""
     root = _normalize(root)
     validate_source_name(source)
     fs = filesystem_for(root, storage_options)
+    tiers = write_parts(fs, root, source, storage_options)
+    if keys := assemble_source_members(root, source, storage_options, also=merged):
+        tiers |= write_parts(fs, root, MERGED, storage_options) | {key[0] for key in keys}
+    return {tier: assemble_tier(root, tier, storage_options, now) for tier in sorted(tiers)}
+
+
+def write_parts(fs: fsspec.AbstractFileSystem, root: str, source: str, storage_options: dict | None) -> set[int]:
+    """Rewrite `source`'s part of every tier it has or had: the tiers to assemble."""
     plans, refused = list_plans(root, None, [source], storage_options)
     tiers = {p.tier for p in plans} | {int(name.split("/")[1]) for name in refused}
     fs.invalidate_cache()
@@ -132,7 +143,7 @@ def publish_source_manifest(root: str, source: str, storage_options: dict | None
                                        {"source": source}))
         else:
             fs.rm_file(uri)
-    return {tier: assemble_tier(root, tier, storage_options, now) for tier in sorted(tiers | had)}
+    return tiers | had
 
 
 def _fingerprints(fs: fsspec.AbstractFileSystem, folder: str) -> dict[str, tuple]:

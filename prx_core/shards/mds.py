@@ -21,6 +21,7 @@ Reading back and verifying streams lives in `prx_core.shards.mds_read`.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,6 +44,7 @@ SIZE_LIMIT = 1 << 27
 HASHES = ["xxh64"]
 INDEX_VERSION = 2
 INDEX = "index.json"
+MEMBER_INDEX = "member.json"  # a small stream merged into `_merged` (prx_core.shards.merged): no trainer lists it
 CHUNK_RECORD = "prx-chunk.parquet"  # what a chunk holds, in order: ignored by streaming (not in index.json)
 CHUNK_RECORD_SCHEMA = pa.schema([  # the stored samples in stream order (reason null), then the refused ones
     ("sample_id", pa.string()), ("content_id", pa.string()), ("source_key", pa.string()),
@@ -171,16 +173,43 @@ def _check_jpeg(row: dict) -> None:
                         "a PIL image would be re-encoded at quality 75")
 
 
-def list_streams(root: str, source: str | None = None, storage_options: dict | None = None) -> list[str]:
-    """Published stream URIs (`<tier>/<w>x<h>` folders holding index.json), staging excluded."""
+def list_streams(root: str, source: str | None = None, storage_options: dict | None = None,
+                 members: bool = False) -> list[str]:
+    """Published stream URIs (`<tier>/<w>x<h>` folders holding index.json), staging excluded; with
+    `members` also the source's streams merged into `_merged` (holding member.json)."""
     base = join_uri(_normalize(root), "mds")
     fs = filesystem_for(base, storage_options)
     fs.invalidate_cache()
     prefix = fs._strip_protocol(base).rstrip("/") + "/"
     found = []
-    for path in fs.glob(join_uri(base, validate_source_name(source) if source is not None else "*", "*", "*", INDEX)):
+    pattern = join_uri(base, validate_source_name(source) if source is not None else "*", "*", "*", INDEX)
+    paths = fs.glob(pattern) + (fs.glob(pattern.removesuffix(INDEX) + MEMBER_INDEX) if members else [])
+    for path in paths:
         src, tier, bucket, _ = path[len(prefix):].split("/")
         size = BUCKET_FOLDER.fullmatch(bucket)
         if not src.startswith(".") and tier.isdigit() and size:
             found.append(((src, int(tier), int(size[1]), int(size[2])), join_uri(base, src, tier, bucket)))
-    return [uri for _, uri in sorted(found)]
+    return [uri for _, uri in sorted(set(found))]
+
+
+def merge_indexes(parts: Sequence[tuple[str, dict]]) -> dict:
+    """One index.json from parts' (prefix, index.json) in order, every basename prefixed: a stream
+    from its chunks (`<chunk>/`, streaming's `merge_index` rule) or a merged stream from its
+    members (`<source>.`, their basenames already `<chunk>/...`)."""
+    shards = []
+    for prefix, index in parts:
+        for shard in index["shards"]:
+            shard = json.loads(json.dumps(shard))
+            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
+                if shard.get(key):
+                    shard[key]["basename"] = f"{prefix}{shard[key]['basename']}"
+            shards.append(shard)
+    return {"version": INDEX_VERSION, "shards": shards}
+
+
+def read_stream_index(fs: fsspec.AbstractFileSystem, uri: str) -> bytes:
+    """A stream's index bytes: its index.json, or a member's member.json (`list_streams(members=True)`)."""
+    try:
+        return fs.cat_file(join_uri(uri, INDEX))
+    except FileNotFoundError:
+        return fs.cat_file(join_uri(uri, MEMBER_INDEX))

@@ -22,7 +22,7 @@ import numpy as np
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.shards.encodings import is_text_column, register_encodings
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS
+from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS, read_stream_index
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 
@@ -165,9 +165,10 @@ def _shard_copy(stream: str, basename: str, storage_options: dict | None) -> Ite
 
 
 def read_index(uri: str, storage_options: dict | None = None) -> dict:
+    """A stream's index.json, or a merged member's member.json (what its source wrote)."""
     fs = filesystem_for(uri, storage_options)
     fs.invalidate_cache()
-    return json.loads(fs.cat_file(join_uri(uri, INDEX)))
+    return json.loads(read_stream_index(fs, uri))
 
 
 def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256: list[str] | None = None,

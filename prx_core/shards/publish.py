@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
@@ -16,18 +16,20 @@ import pyarrow.compute as pc
 from prx_core.shards.mds import (
     BUCKET_FOLDER,
     INDEX,
-    INDEX_VERSION,
     StreamKey,
     _check_jpeg,
     _normalize,
     chunk_complete,
     list_streams,
+    merge_indexes,
     read_chunk_record,
+    read_stream_index,
     stream_name,
     stream_uri,
     write_chunk,
 )
 from prx_core.shards.manifest_publish import publish_source_manifest
+from prx_core.shards.merged import leave_merged, publish_member
 from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
@@ -48,28 +50,13 @@ class StreamSummary:
     chunks: list[str] = field(default_factory=list)
 
 
-def merge_chunk_indexes(chunks: Sequence[tuple[str, dict]]) -> dict:
-    """The stream's index.json from its chunks' (folder name, index.json) in order: streaming's
-    `merge_index` rule, every basename prefixed by its chunk folder."""
-    shards = []
-    for name, index in chunks:
-        for shard in index["shards"]:
-            shard = json.loads(json.dumps(shard))
-            for key in ("raw_data", "zip_data", "raw_meta", "zip_meta"):
-                if shard.get(key):
-                    shard[key]["basename"] = f"{name}/{shard[key]['basename']}"
-            shards.append(shard)
-    return {"version": INDEX_VERSION, "shards": shards}
-
-
 def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None = None) -> int:
     """Make the stream at `uri` the concatenation of its complete chunk folders `chunks` (names, in
     order) by writing its index.json in one atomic step; returns its sample count. The chunks
     the previous index referenced and this one does not are recorded as superseded first."""
     fs = filesystem_for(uri, storage_options)
     fs.invalidate_cache()
-    indexes = [(name, json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks]
-    merged = merge_chunk_indexes(indexes)
+    merged = merge_indexes([(f"{name}/", json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks])
     note_superseded(fs, uri, referenced_chunks(fs, uri), chunks)
     put_atomic(fs, join_uri(uri, INDEX), json.dumps(merged, sort_keys=True).encode())
     fs.invalidate_cache()
@@ -155,6 +142,7 @@ class StreamReport:
     shards: int
     bytes: int
     rejected: int = 0  # rows routed to this stream that could not be stored (no caption, decode error)
+    merged: bool = False  # a member of `_merged/<tier>/<w>x<h>` (training.small_streams: merge), not published alone
 
     @property
     def name(self) -> str:
@@ -162,10 +150,11 @@ class StreamReport:
 
 
 def publish_source(root: str, source: str, chunks: Sequence[tuple[StreamKey, str, int, int]],
-                   storage_options: dict | None = None) -> list[StreamReport]:
+                   storage_options: dict | None = None, members: Set[StreamKey] = frozenset()) -> list[StreamReport]:
     """Publish every stream of `source` from its chunks, given as (stream, chunk folder, rows
-    stored, rows refused) in stream order; chunks that stored nothing are left out. The source's
-    streams with no stored row any more are unpublished."""
+    stored, rows refused) in stream order; chunks that stored nothing are left out. The streams in
+    `members` join their merged streams instead (`prx_core.shards.merged`); the source's streams
+    with no stored row any more are unpublished, and its former members leave."""
     by_stream: dict[StreamKey, list[str]] = {}
     rejected: dict[StreamKey, int] = {}
     for key, name, rows, refused in chunks:
@@ -176,10 +165,15 @@ def publish_source(root: str, source: str, chunks: Sequence[tuple[StreamKey, str
     reports = []
     for key in sorted(by_stream):
         uri = stream_uri(root, source, *key)
-        samples = publish_stream(uri, by_stream[key], storage_options)
-        shards = json.loads(fs.cat_file(join_uri(uri, INDEX)))["shards"]
+        if key in members:
+            samples = publish_member(root, source, key, by_stream[key], storage_options)
+        else:
+            samples = publish_stream(uri, by_stream[key], storage_options)
+        shards = json.loads(read_stream_index(fs, uri))["shards"]
         reports.append(StreamReport(*key, uri, samples, by_stream[key], len(shards),
-                                    sum(int(s["raw_data"]["bytes"]) for s in shards), rejected[key]))
-    unpublish_streams(root, source, set(by_stream), storage_options)
-    publish_source_manifest(root, source, storage_options)  # its streams refused until skip_lists runs
+                                    sum(int(s["raw_data"]["bytes"]) for s in shards), rejected[key], key in members))
+    unpublish_streams(root, source, set(by_stream) - set(members), storage_options)
+    left = leave_merged(root, source, set(by_stream) & set(members), storage_options)
+    # its streams (and merged streams it is in) refused until skip_lists runs
+    publish_source_manifest(root, source, storage_options, merged=left)
     return reports

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, _normalize
+from prx_core.shards.mds import BUCKET_FOLDER, INDEX, MEMBER_INDEX, _normalize
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 
@@ -31,14 +31,17 @@ log = logging.getLogger(__name__)
 RETENTION_SECONDS = 7 * 24 * 3600  # superseded chunks outlive the index that dropped them by this much
 SUPERSEDED = "superseded.json"
 RECORD_VERSION = 1
+MEMBERS = ".members"  # a merged stream's member registrations (prx_core.shards.merged)
 
 
 def referenced_chunks(fs: fsspec.AbstractFileSystem, stream: str) -> set[str]:
-    """The top-level names (chunk folders) the stream's published index.json references."""
-    path = join_uri(stream, INDEX)
-    if not fs.exists(path):
-        return set()
-    return {shard["raw_data"]["basename"].split("/", 1)[0] for shard in json.loads(fs.cat_file(path))["shards"]}
+    """The top-level names (chunk folders) the stream's published index.json references, or its
+    member.json when it is merged into `_merged` (both, briefly, while it becomes a member)."""
+    names: set[str] = set()
+    for path in (join_uri(stream, INDEX), join_uri(stream, MEMBER_INDEX)):
+        if fs.exists(path):
+            names |= {s["raw_data"]["basename"].split("/", 1)[0] for s in json.loads(fs.cat_file(path))["shards"]}
+    return names
 
 
 def read_superseded(fs: fsspec.AbstractFileSystem, stream: str) -> dict[str, float]:
@@ -134,7 +137,7 @@ def _entries(fs: fsspec.AbstractFileSystem, stream: str) -> list[str]:
     """The stream folder's top-level names other than its index and its record."""
     fs.invalidate_cache()
     names = {path.rstrip("/").rsplit("/", 1)[-1] for path in fs.ls(stream, detail=False)}
-    return sorted(names - {INDEX, SUPERSEDED})
+    return sorted(names - {INDEX, MEMBER_INDEX, SUPERSEDED, MEMBERS})
 
 
 def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None) -> list[str]:

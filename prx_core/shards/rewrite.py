@@ -36,10 +36,12 @@ from prx_core.shards.mds import (
     chunk_complete,
     list_streams,
     read_chunk_record,
+    read_stream_index,
     stream_uri,
     write_chunk,
 )
 from prx_core.shards.mds_read import _iter_raw_rows, _local_copy
+from prx_core.shards.merged import assemble_merged, leave_merged, member_keys, publish_member
 from prx_core.shards.publish import publish_stream, unpublish_streams
 from prx_core.shards.retention import read_superseded, referenced_chunks, write_superseded
 from prx_core.shards.skip_records import check_record, read_record
@@ -71,8 +73,9 @@ class StreamRewrite:
 
 
 def stream_chunks(storage: Storage, uri: str) -> tuple[bytes, list[tuple[str, int]]]:
-    """The stream's index.json bytes and its chunk folders in order with their sample counts."""
-    data = storage.filesystem().cat_file(join_uri(uri, INDEX))
+    """The stream's index.json bytes (a merged member's member.json) and its chunk folders in order
+    with their sample counts."""
+    data = read_stream_index(storage.filesystem(), uri)
     chunks: dict[str, int] = {}
     for shard in json.loads(data)["shards"]:
         name = shard["raw_data"]["basename"].split("/", 1)[0]
@@ -198,15 +201,23 @@ def rewrite_stream(storage: Storage, source: str, key: StreamKey, drop: np.ndarr
     label = stream_key(source, *key)
     fs = storage.filesystem()
     folder = stream_folder(storage.root, source, *key)
+    member = not fs.exists(join_uri(uri, INDEX))  # merged into `_merged` (training.small_streams: merge)
     if not names:  # every sample dropped: the stream goes, and its lists with it
         others = {k for k in _published_keys(storage, source) if k != key}
         unpublish_streams(storage.root, source, others, storage.storage_options)
+        if member:
+            leave_merged(storage.root, source, set(member_keys(storage.root, source, storage.storage_options)) - {key},
+                         storage.storage_options)
+            assemble_merged(storage.root, key, storage.storage_options)
         if fs.exists(folder):
             fs.rm(folder, recursive=True)
         _replace_index_rows(storage, source, key, uri, [])
         return StreamRewrite(label, offset, 0, len(replaced), len(chunks) - len(replaced), [n for n, _ in chunks], True)
-    size = publish_stream(uri, names, storage.storage_options)
-    digest = hashlib.sha256(fs.cat_file(join_uri(uri, INDEX))).hexdigest()
+    if member:  # the merged stream is reassembled by the caller's publish_source_manifest
+        size = publish_member(storage.root, source, key, names, storage.storage_options)
+    else:
+        size = publish_stream(uri, names, storage.storage_options)
+    digest = hashlib.sha256(read_stream_index(fs, uri)).hexdigest()
     header = {"source": source, "tier": key[0], "width": key[1], "height": key[2], "stream": label,
               "stream_size": size, "policy_version": record["policy_version"], "index_digest": digest}
     _replace_index_rows(storage, source, key, uri, names)

@@ -30,13 +30,16 @@ def record_uri(stream_folder: str) -> str:
 
 
 def write_record(fs: Any, stream_folder: str, header: Mapping[str, Any], applied: Sequence[str],
-                 counts: Mapping[str, int]) -> str:
+                 counts: Mapping[str, int], pending: str | None = None) -> str:
     """Write the stream's record (after its lists: a crash between them leaves no record, so the
-    loader refuses rather than trusting half-written lists). Idempotent: no timestamp."""
+    loader refuses rather than trusting half-written lists). Idempotent: no timestamp. `pending`
+    says why the stream has no lists yet (a merged stream waiting for a member's): refused with it."""
     record = {"format_version": RECORD_VERSION, "stream": header["stream"], "source": header["source"],
               "stream_size": int(header["stream_size"]), "index_digest": header["index_digest"],
               "policy_version": header["policy_version"], "reasons_applied": sorted(set(applied)),
               "counts": {r: int(n) for r, n in sorted(counts.items()) if n}}
+    if pending:
+        record["pending"] = pending
     uri = record_uri(stream_folder)
     put_atomic(fs, uri, json.dumps(record, sort_keys=True, indent=1).encode())
     return uri
@@ -65,6 +68,8 @@ def check_record(record: dict[str, Any] | None, name: str, count: int, digest: s
         raise UnfilteredStream(f"stream {name} has no skip-list record: skip_lists never completed for it since it "
                                f"was last published, so its duplicates, nsfw, text and opted-out samples are not "
                                f"known; {fix}")
+    if record.get("pending"):
+        raise UnfilteredStream(str(record["pending"]))
     if record.get("index_digest") != digest or record.get("stream_size") != count:
         raise UnfilteredStream(
             f"the skip-lists of {name} were computed for another version of stream {name} "

@@ -23,7 +23,7 @@ from prx_core.sources.catalog_fields import (
     parse_joins,
     resolve_uri,
 )
-from prx_core.store.names import NAME_PATTERN, validate_source_name
+from prx_core.store.names import MERGED, NAME_PATTERN, validate_source_name
 
 __all__ = ["FORMATS", "TABLE_FORMATS", "JOIN_FORMATS", "CatalogError", "Catalog", "SourceSpec", "JoinSpec",
            "DownloadSettings", "load_catalog", "parse_catalog", "dump_catalog", "validate_source_name"]
@@ -158,6 +158,9 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
         raise fail(sorted(map(str, unknown))[0], f"unknown field (allowed: {', '.join(_FIELDS)})")
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise fail("name", f"must match [a-z0-9_]+ (it is the partition key), got {name!r}")
+    if name == MERGED:
+        raise fail("name", f"{MERGED!r} is reserved: it holds the small streams merged across sources "
+                           "(training.small_streams: merge); choose another name")
     fmt = entry.get("format")
     if fmt not in FORMATS:
         raise fail("format", f"must be one of {', '.join(FORMATS)}, got {fmt!r}")

@@ -59,6 +59,7 @@ class MdsReport:
     mds_index_version: int = 0
     units: dict[str, UnitResults] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)  # stream -> samples, below min_stream_samples: unpublished
+    merged: dict[str, int] = field(default_factory=dict)  # stream -> samples, below it: in `_merged/<stream>`
 
     @property
     def images_per_second(self) -> float:
@@ -172,8 +173,8 @@ def dropped_rows(stored: pa.Table, why: str) -> pa.Table:
 
 
 def small_streams(chunks: list[Unit], written: UnitResults, minimum: int) -> dict[StreamKey, int]:
-    """Streams holding fewer than `minimum` stored samples, with their counts (policy `drop`);
-    none when `minimum` is 0 (policy `warn`)."""
+    """Streams holding fewer than `minimum` stored samples, with their counts (policies `drop` and
+    `merge`); none when `minimum` is 0 (policy `warn`)."""
     if minimum <= 0:
         return {}
     rows: Counter[StreamKey] = Counter()
@@ -213,14 +214,17 @@ def write_streams(run: StageRun) -> None:
     written = run.units("chunks", chunks, chunk_unit)
     minimum = run["min_stream_samples"]
     small = small_streams(chunks, written, minimum)
-    run.state["dropped"] = {stream_name(*key): n for key, n in small.items()}
-    published = [(tuple(c.spec["stream"]), s["name"], 0 if tuple(c.spec["stream"]) in small else s["rows"],
+    merged, drop = (small, {}) if run["merge_small"] else ({}, small)
+    run.state["dropped"] = {stream_name(*key): n for key, n in drop.items()}
+    run.state["merged"] = {stream_name(*key): n for key, n in merged.items()}
+    published = [(tuple(c.spec["stream"]), s["name"], 0 if tuple(c.spec["stream"]) in drop else s["rows"],
                   s["rejected"]) for c, s in zip(chunks, written.summaries)]  # a dropped stream stores nothing
-    run.state["streams"] = publish_source(run.storage.root, run.partition, published, run.storage.storage_options)
+    run.state["streams"] = publish_source(run.storage.root, run.partition, published, run.storage.storage_options,
+                                          members=set(merged))
     offsets = _offsets(chunks, written)
 
     def dropped(key: StreamKey) -> str | None:
-        return drop_message(run.partition, key, small[key], minimum) if key in small else None
+        return drop_message(run.partition, key, drop[key], minimum) if key in drop else None
 
     run.units("index", [Unit(f"index-{c.id}", c.rows, {**c.spec, "offset": offsets[c.id], "name": s["name"],
                                                        "dropped": dropped(tuple(c.spec["stream"]))})
@@ -240,7 +244,7 @@ def report_streams(run: StageRun) -> MdsReport:
         rejects[SMALL_STREAM] = sum(run.state["dropped"].values())
     return MdsReport(run.partition, written.total("rows") - sum(run.state["dropped"].values()), run.state["streams"],
                      rejects, run.seconds, dict(run.inputs), run.versions["mds_index"], dict(run.results),
-                     dict(run.state["dropped"]))
+                     dict(run.state["dropped"]), dict(run.state["merged"]))
 
 
 MDS_SHARDS = Stage(
@@ -248,6 +252,7 @@ MDS_SHARDS = Stage(
     report_type=MdsReport,
     settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
               "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0,
+              "merge_small": False,  # below min_stream_samples: merged into `_merged` (True) or dropped
               "latents": None},  # {preset, encoder_version, masks, max_tokens} when text_latents is configured
     # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
     # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
@@ -261,7 +266,7 @@ MDS_SHARDS = Stage(
 def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,
               **settings: Any) -> MdsReport:
     """`mds_shards` of one source (`run_partition` of MDS_SHARDS): settings max_tier, max_pixels,
-    route_rows, chunk_rows, min_stream_samples, latents."""
+    route_rows, chunk_rows, min_stream_samples, merge_small, latents."""
     return run_partition(MDS_SHARDS, storage, source, progress=progress, captioner_version=captioner_version,
                          **settings)
 

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.mds import INDEX, StreamKey, stream_uri
+from prx_core.shards.mds import StreamKey, read_stream_index, stream_uri
+from prx_core.shards.merged import member_keys
 from prx_core.shards.rewrite import (
     StreamRewrite,
     current_record,
@@ -38,7 +39,7 @@ from prx_core.shards.rewrite import (
     rewrite_stream,
 )
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
-from prx_core.store.names import validate_source_name
+from prx_core.store.names import MERGED, validate_source_name
 from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
 from prx_core.store import fencing, lance_io
 from prx_core.store.locks import partition_lock, run_label
@@ -88,7 +89,7 @@ def add_opt_outs(storage: Storage, source: str, key: StreamKey, positions: np.nd
     merged, first = np.unique(merged, return_index=True)
     lists[REASON] = (merged.astype(np.int64), every.take(pa.array(first)))
     fs = storage.filesystem()
-    data = fs.cat_file(join_uri(uri, INDEX))
+    data = read_stream_index(fs, uri)  # a merged member's member.json
     header = {"source": source, "tier": key[0], "width": key[1], "height": key[2], "stream": stream_key(source, *key),
               "stream_size": int(record["stream_size"]), "policy_version": record["policy_version"],
               "index_digest": hashlib.sha256(data).hexdigest()}
@@ -113,6 +114,7 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
     source = match.source
     assets = [*SKIP_LOCKS, *DELETE_TABLES.values()] if delete_bytes else list(SKIP_LOCKS)
     with source_locks(storage, source, assets, f"prx-corpus opt-out ({'delete-bytes' if delete_bytes else 'skip'})"):
+        members, copies = set(member_keys(storage.root, source, storage.storage_options)), []
         for key in sorted(match.streams):
             positions, ids = match.streams[key].sorted()
             if not delete_bytes:
@@ -124,8 +126,12 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
             if purge:
                 report.purged += remove_superseded_now(storage, stream_uri(storage.root, source, *key),
                                                        rewrite.superseded)
+            if key in members:  # its chunks' copies in the merged stream go too, once it is reassembled
+                copies.append((stream_uri(storage.root, MERGED, *key), [f"{source}.{n}" for n in rewrite.superseded]))
         if match.streams:
             publish_source_manifest(storage.root, source, storage.storage_options)
+        for uri, names in copies if purge else ():
+            report.purged += remove_superseded_now(storage, uri, names)
         if delete_bytes:
             for table in DELETE_TABLES:
                 deleted = sum(delete_rows(storage, table, ids) for ids in found)

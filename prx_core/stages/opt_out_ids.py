@@ -143,7 +143,7 @@ def match_source(storage: Storage, spool: Spool, source: str, batch_ids: int = B
     pass; returns the match and the arrays of ids found in `samples` (one per pass), for deletes."""
     validate_source_name(source)
     match, found_batches = SourceMatch(source), []
-    streams = [(_key_of(uri), uri) for uri in list_streams(storage.root, source, storage.storage_options)]
+    streams = [(_key_of(uri), uri) for uri in list_streams(storage.root, source, storage.storage_options, members=True)]
     for ids in spool.ids(source, batch_ids):
         match.requested += len(ids)
         found = _in_samples(storage, source, ids)

@@ -17,6 +17,7 @@ from prx_core.shards.mds import StreamKey, list_streams, stream_uri
 from prx_core.shards.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
 from prx_core.shards.skiplists import stream_key
 from prx_core.stages.opt_out import source_locks
+from prx_core.store.names import MERGED
 from prx_core.store.storage import Storage
 
 LOCKS = ("mds_shards", "skip_lists")
@@ -62,10 +63,13 @@ def skip_fraction(storage: Storage, source: str, key: StreamKey) -> StreamSkippe
 
 
 def streams_over(storage: Storage, threshold: float = THRESHOLD) -> list[StreamSkipped]:
-    """Every published stream whose skipped share exceeds `threshold`, in stream order."""
+    """Every stream whose skipped share exceeds `threshold`, in stream order: published ones and
+    the members of merged streams (a merged stream is rewritten through its members)."""
     found = []
-    for uri in list_streams(storage.root, None, storage.storage_options):
+    for uri in list_streams(storage.root, None, storage.storage_options, members=True):
         source, tier, bucket = uri.rstrip("/").rsplit("/", 3)[-3:]
+        if source == MERGED:
+            continue
         width, height = bucket.split("x")
         skipped = skip_fraction(storage, source, (int(tier), int(width), int(height)))
         if skipped.fraction > threshold:

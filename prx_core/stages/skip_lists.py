@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.manifest_publish import publish_source_manifest, source_in_manifests
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, list_streams, read_chunk_record
-from prx_core.shards.rewrite import current_record
+from prx_core.shards.mds import BUCKET_FOLDER, list_streams, read_chunk_record
+from prx_core.shards.merged import merged_current
+from prx_core.shards.rewrite import current_record, stream_chunks
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.stages.stage import Stage, StageRun, required, run_partition
@@ -188,19 +189,17 @@ def recorded_opt_outs(storage: Storage, records: list[str], ids: list[str]) -> s
 
 
 def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
-    """Per published stream: key, size, index digest, and its chunks with their first position."""
-    fs = storage.filesystem()
+    """Per stream (published, or a member of a merged one): key, size, index digest, and its chunks
+    with their first position."""
     plans = []
-    for uri in list_streams(storage.root, source, storage.storage_options):
+    published = set(list_streams(storage.root, source, storage.storage_options))
+    for uri in list_streams(storage.root, source, storage.storage_options, members=True):
         tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
         size = BUCKET_FOLDER.fullmatch(bucket)
-        data = fs.cat_file(join_uri(uri, INDEX))
-        chunks: dict[str, int] = {}
-        for shard in json.loads(data)["shards"]:
-            chunk = shard["raw_data"]["basename"].split("/", 1)[0]
-            chunks[chunk] = chunks.get(chunk, 0) + int(shard["samples"])
+        data, chunks = stream_chunks(storage, uri)
         plans.append({"uri": uri, "stream": [int(tier), int(size[1]), int(size[2])], "label": f"{tier}/{bucket}",
-                      "digest": hashlib.sha256(data).hexdigest(), "chunks": chunks})
+                      "digest": hashlib.sha256(data).hexdigest(), "chunks": dict(chunks),
+                      "member": uri not in published})
     return plans
 
 
@@ -229,7 +228,9 @@ def lists_in_place(run: StageRun, report: SkipReport) -> bool:
             return False
         if record.get("policy_version") != run.params["policy_version"]:
             return False
-    digests = {stream_key(run.partition, *p["stream"]): p["digest"] for p in run.state["streams"]}
+        if plan["member"] and not merged_current(run.storage.root, tuple(plan["stream"]), run.storage.storage_options):
+            return False
+    digests = {stream_key(run.partition, *p["stream"]): p["digest"] for p in run.state["streams"] if not p["member"]}
     return source_in_manifests(run.storage.root, run.partition, digests, run.storage.storage_options)
 
 

@@ -151,3 +151,32 @@ def test_small_streams_drop_is_configured_versioned_and_reported(corpus: Corpus,
            {k for k, n in sizes.items() if n >= minimum}
     small = read(root, "rejects", filter=f"source = '{source}' AND stage = 'mds_shards' AND reason = 'small_stream'")
     assert small.num_rows == sum(n for n in sizes.values() if n < minimum)
+
+
+def test_small_streams_merge_is_configured_versioned_and_reported(corpus: Corpus, tmp_path: Path) -> None:
+    """`training.small_streams: merge`: its own code version; the small streams leave the source's
+    folder for `mds/_merged`, read back as the source's; nothing is rejected; a merged stream still
+    below the minimum (one source alone cannot fill it) is what the size check warns about."""
+    from prx_assets.definitions import build_assets
+
+    root = copy_corpus(corpus, tmp_path / "corpus")
+    source = "stock_photos"
+    sizes = bucketed(corpus, source)
+    minimum = 4
+    config = {"training": {"global_batch_size": 2, "canonical_nodes": 2, "small_streams": "merge"}}
+    resources = resources_for(corpus, root, config)
+    drop = resources_for(corpus, root, {"training": {**config["training"], "small_streams": "drop"}})
+    versions = {a.key.to_user_string(): a.code_versions_by_key for a in build_assets(resources)}
+    dropped = {a.key.to_user_string(): a.code_versions_by_key for a in build_assets(drop)}
+    assert versions["mds_shards"] != dropped["mds_shards"]
+    result = materialize(resources, ["mds_shards"], source, fresh_instance(corpus.catalog))
+    assert result.success
+    meta = materialized(result)["mds_shards"]
+    small = {k: n for k, n in sizes.items() if n < minimum}
+    assert meta["streams_merged"] == small and meta["streams_dropped"] == {}
+    assert check(result, "mds_shards_readable").passed
+    sizes_check = check(result, "mds_shards_stream_sizes")
+    assert not sizes_check.passed and sizes_check.metadata["merged_streams"].value == {f"_merged/{k}": n for k, n in small.items()}
+    assert {"/".join(p.parts[-3:-1]) for p in (root / "mds" / source).glob("*/*/index.json")} == set(sizes) - set(small)
+    assert {"/".join(p.parts[-3:-1]) for p in (root / "mds" / "_merged").glob("*/*/index.json")} == set(small)
+    assert read(root, "rejects", filter=f"source = '{source}' AND reason = 'small_stream'").num_rows == 0
