@@ -326,7 +326,7 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for size in sizes:
         graph = size["graph_images_per_s"]
         add(f"graph images/s / (process_image images/s x {size['cores']} cores) at {size['rows']} rows", None,
-            graph / size["process_image_images_per_s_x_cores"] if graph else None, 0.5, higher=True)
+            graph / size["process_image_images_per_s_x_cores"] if graph else None, 0.7, higher=True)  # issue 24
     if sizes:
         large = sizes[-1]
         for stage in MODEL_STAGES:
