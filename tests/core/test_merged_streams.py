@@ -25,6 +25,7 @@ from prx_core.shards.skiplists import read_skip_lists
 from prx_core.sources.catalog import CatalogError, parse_catalog
 from prx_core.stages.mds_shards import build_mds
 from prx_core.stages.opt_out import opt_out
+from prx_core.stages.rewrite_streams import streams_over
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
@@ -122,6 +123,9 @@ def test_small_streams_merge_across_sources(storage: Storage) -> None:
                 offset += sizes[(source, name)]
         got = {reason: hits for (s, stream, reason), hits in lists.items() if (s, stream) == ("_merged", name)}
         assert got == expected and got
+    # the streams worth rewriting are found among the members (a merged stream is rewritten through them)
+    over = {s.name for s in streams_over(storage, threshold=-1.0)}  # every stream, with its share
+    assert {f"{s}/{name}" for s, name in small} <= over and not any(n.startswith("_merged/") for n in over)
     dataset = CorpusDataset(storage.root, 512, sources=["_merged"], batch_size=1, shuffle=False)
     seen = {s["sample_id"] for s in dataset}
     del dataset
