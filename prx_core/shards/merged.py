@@ -39,7 +39,7 @@ from prx_core.shards.mds import (
     merge_indexes,
     stream_uri,
 )
-from prx_core.shards.retention import MEMBERS, note_superseded, referenced_chunks
+from prx_core.shards.retention import MEMBERS, index_chunks, note_superseded, referenced_chunks
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record, record_uri, write_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
 from prx_core.store.names import MERGED, validate_source_name
@@ -48,32 +48,21 @@ from prx_core.store.storage import filesystem_for, join_uri, put_atomic
 ASSEMBLE_ATTEMPTS = 5  # re-assemblies while other sources keep changing their members
 
 
-def member_index(fs: fsspec.AbstractFileSystem, uri: str, chunks: Sequence[str]) -> bytes:
-    """What the stream's index.json would be (`mds.merge_indexes`), as bytes."""
-    indexes = [(f"{name}/", json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks]
-    return json.dumps(merge_indexes(indexes), sort_keys=True).encode()
-
-
-def publish_member(root: str, source: str, key: StreamKey, chunks: Sequence[str],
-                   storage_options: dict | None = None) -> int:
-    """Make `source`'s stream `key` (complete chunk folders `chunks`, in order) a member of its merged
-    stream: member.json written, its own index.json (if it was published alone) removed, the chunks
-    copied and the member registered. Returns its sample count; `assemble_merged` publishes."""
+def join_merged(root: str, source: str, key: StreamKey, chunks: Sequence[str],
+                storage_options: dict | None = None) -> None:
+    """After `publish.publish_member` wrote the member.json of `source`'s stream `key`: its own
+    index.json (if it was published alone) removed, its chunks copied into the merged stream and
+    the member registered there."""
     root = _normalize(root)
     fs = filesystem_for(root, storage_options)
     uri = stream_uri(root, source, *key)
-    fs.invalidate_cache()
-    data = member_index(fs, uri, chunks)
-    note_superseded(fs, uri, referenced_chunks(fs, uri), chunks)
-    put_atomic(fs, join_uri(uri, MEMBER_INDEX), data)
     if fs.exists(join_uri(uri, INDEX)):
         fs.rm_file(join_uri(uri, INDEX))
     merged = stream_uri(root, MERGED, *key)
     for name in chunks:
         copy_chunk(fs, join_uri(uri, name), join_uri(merged, f"{source}.{name}"))
-    put_atomic(fs, join_uri(merged, MEMBERS, f"{source}.json"), data)
+    put_atomic(fs, join_uri(merged, MEMBERS, f"{source}.json"), fs.cat_file(join_uri(uri, MEMBER_INDEX)))
     fs.invalidate_cache()
-    return sum(int(s["samples"]) for s in json.loads(data)["shards"])
 
 
 def copy_chunk(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
@@ -97,7 +86,7 @@ def leave_merged(root: str, source: str, keep: set[StreamKey], storage_options: 
         uri = stream_uri(root, source, *key)
         path = join_uri(uri, MEMBER_INDEX)
         if fs.exists(path):
-            note_superseded(fs, uri, referenced_chunks(fs, uri) - _index_chunks(fs, uri), ())
+            note_superseded(fs, uri, referenced_chunks(fs, uri) - referenced_chunks(fs, uri, (INDEX,)), ())
             fs.rm_file(path)
         entry = join_uri(stream_uri(root, MERGED, *key), MEMBERS, f"{source}.json")
         if fs.exists(entry):
@@ -105,12 +94,6 @@ def leave_merged(root: str, source: str, keep: set[StreamKey], storage_options: 
         left.append(key)
     fs.invalidate_cache()
     return left
-
-
-def _index_chunks(fs: fsspec.AbstractFileSystem, uri: str) -> set[str]:
-    path = join_uri(uri, INDEX)
-    return ({s["raw_data"]["basename"].split("/", 1)[0] for s in json.loads(fs.cat_file(path))["shards"]}
-            if fs.exists(path) else set())
 
 
 def member_keys(root: str, source: str, storage_options: dict | None = None) -> list[StreamKey]:
@@ -187,8 +170,7 @@ def _inputs(fs: fsspec.AbstractFileSystem, root: str, key: StreamKey, merged: st
 def _assemble(fs: fsspec.AbstractFileSystem, root: str, key: StreamKey, merged: str,
               members: list[tuple[str, bytes]]) -> str | None:
     index = merge_indexes([(f"{source}.", json.loads(data)) for source, data in members])
-    names = {s["raw_data"]["basename"].split("/", 1)[0] for s in index["shards"]}
-    note_superseded(fs, merged, referenced_chunks(fs, merged), names)
+    note_superseded(fs, merged, referenced_chunks(fs, merged), index_chunks(index))
     lists_folder = stream_folder(root, MERGED, *key)
     if not members:
         if fs.exists(join_uri(merged, INDEX)):
@@ -206,18 +188,19 @@ def write_merged_lists(fs: fsspec.AbstractFileSystem, root: str, key: StreamKey,
                        digest: str) -> str | None:
     """The merged stream's skip-lists from its members' current ones, offset by the samples before
     each; when a member has none current, a record that names it (and no lists)."""
-    count, offset = sum(_count(data) for _, data in members), 0
+    counts = [_count(data) for _, data in members]
+    offset = 0
     lists: dict[str, tuple[list[np.ndarray], list[pa.Array]]] = {}
     applied: set[str] = set()
     policies: set[str] = set()
     pending = None
-    for source, data in members:
+    for (source, data), size in zip(members, counts):
         folder = stream_folder(root, source, *key)
         name = stream_key(source, *key)
         record = read_record(fs, folder)
         reasons = [r for r, n in ((record or {}).get("counts") or {}).items() if n]
         try:
-            check_record(record, name, _count(data), hashlib.sha256(data).hexdigest(), reasons)
+            check_record(record, name, size, hashlib.sha256(data).hexdigest(), reasons)
         except UnfilteredStream as exc:
             pending = f"merged stream {stream_key(MERGED, *key)} waits for the skip-lists of its member {name}: {exc}"
             break
@@ -230,12 +213,12 @@ def write_merged_lists(fs: fsspec.AbstractFileSystem, root: str, key: StreamKey,
             parts = lists.setdefault(reason, ([], []))
             parts[0].append(indices + offset)
             parts[1].append(ids)
-        offset += _count(data)
+        offset += size
     if pending is None and len(policies) > 1:
         pending = (f"merged stream {stream_key(MERGED, *key)}: its members' skip-lists were computed under different "
                    f"policies ({', '.join(sorted(policies))}): materialize skip_lists for every source with the same policy")
     header = {"source": MERGED, "tier": key[0], "width": key[1], "height": key[2],
-              "stream": stream_key(MERGED, *key), "stream_size": count, "index_digest": digest,
+              "stream": stream_key(MERGED, *key), "stream_size": sum(counts), "index_digest": digest,
               "policy_version": policies.pop() if len(policies) == 1 else "pending"}
     folder = stream_folder(root, MERGED, *key)
     if pending is not None:
@@ -289,5 +272,5 @@ def assemble_source_members(root: str, source: str, storage_options: dict | None
     return keys
 
 
-__all__ = ["assemble_merged", "assemble_source_members", "leave_merged", "member_keys", "merged_current", "merged_keys",
-           "merged_sizes", "publish_member"]
+__all__ = ["assemble_merged", "assemble_source_members", "join_merged", "leave_merged", "member_keys", "merged_current",
+           "merged_keys", "merged_sizes"]

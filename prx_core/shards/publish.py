@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from prx_core.shards.mds import (
     BUCKET_FOLDER,
     INDEX,
+    MEMBER_INDEX,
     StreamKey,
     _check_jpeg,
     _normalize,
@@ -29,7 +30,7 @@ from prx_core.shards.mds import (
     write_chunk,
 )
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.merged import leave_merged, publish_member
+from prx_core.shards.merged import join_merged, leave_merged
 from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, put_atomic
@@ -50,17 +51,30 @@ class StreamSummary:
     chunks: list[str] = field(default_factory=list)
 
 
-def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None = None) -> int:
+def publish_stream(uri: str, chunks: Sequence[str], storage_options: dict | None = None, index: str = INDEX) -> int:
     """Make the stream at `uri` the concatenation of its complete chunk folders `chunks` (names, in
-    order) by writing its index.json in one atomic step; returns its sample count. The chunks
-    the previous index referenced and this one does not are recorded as superseded first."""
+    order) by writing its index.json (or a member's `index`, MEMBER_INDEX) in one atomic step;
+    returns its sample count. The chunks the previous index referenced and this one does not are
+    recorded as superseded first."""
     fs = filesystem_for(uri, storage_options)
     fs.invalidate_cache()
     merged = merge_indexes([(f"{name}/", json.loads(fs.cat_file(join_uri(uri, name, INDEX)))) for name in chunks])
     note_superseded(fs, uri, referenced_chunks(fs, uri), chunks)
-    put_atomic(fs, join_uri(uri, INDEX), json.dumps(merged, sort_keys=True).encode())
+    put_atomic(fs, join_uri(uri, index), json.dumps(merged, sort_keys=True).encode())
     fs.invalidate_cache()
     return sum(int(s["samples"]) for s in merged["shards"])
+
+
+def publish_member(root: str, source: str, key: StreamKey, chunks: Sequence[str],
+                   storage_options: dict | None = None) -> int:
+    """Make `source`'s stream `key` (complete chunk folders `chunks`, in order) a member of its merged
+    stream: its member.json written, its own index.json (if it was published alone) removed, then its
+    chunks copied there and the member registered (`merged.join_merged`; `assemble_merged`
+    publishes). Returns its sample count."""
+    uri = stream_uri(root, source, *key)
+    samples = publish_stream(uri, chunks, storage_options, index=MEMBER_INDEX)
+    join_merged(root, source, key, chunks, storage_options)
+    return samples
 
 
 def unpublish_streams(root: str, source: str, keep: set[StreamKey], storage_options: dict | None = None) -> list[str]:

@@ -34,13 +34,19 @@ RECORD_VERSION = 1
 MEMBERS = ".members"  # a merged stream's member registrations (prx_core.shards.merged)
 
 
-def referenced_chunks(fs: fsspec.AbstractFileSystem, stream: str) -> set[str]:
-    """The top-level names (chunk folders) the stream's published index.json references, or its
-    member.json when it is merged into `_merged` (both, briefly, while it becomes a member)."""
+def index_chunks(index: dict) -> set[str]:
+    """The top-level names (chunk folders) an index.json's shards live in."""
+    return {shard["raw_data"]["basename"].split("/", 1)[0] for shard in index["shards"]}
+
+
+def referenced_chunks(fs: fsspec.AbstractFileSystem, stream: str,
+                      indexes: tuple[str, ...] = (INDEX, MEMBER_INDEX)) -> set[str]:
+    """The chunk folders the stream's published index.json references, or its member.json when it
+    is merged into `_merged` (both, briefly, while it becomes a member)."""
     names: set[str] = set()
-    for path in (join_uri(stream, INDEX), join_uri(stream, MEMBER_INDEX)):
+    for path in (join_uri(stream, name) for name in indexes):
         if fs.exists(path):
-            names |= {s["raw_data"]["basename"].split("/", 1)[0] for s in json.loads(fs.cat_file(path))["shards"]}
+            names |= index_chunks(json.loads(fs.cat_file(path)))
     return names
 
 

@@ -41,8 +41,8 @@ from prx_core.shards.mds import (
     write_chunk,
 )
 from prx_core.shards.mds_read import _iter_raw_rows, _local_copy
-from prx_core.shards.merged import assemble_merged, leave_merged, member_keys, publish_member
-from prx_core.shards.publish import publish_stream, unpublish_streams
+from prx_core.shards.merged import assemble_merged, leave_merged, member_keys
+from prx_core.shards.publish import publish_member, publish_stream, unpublish_streams
 from prx_core.shards.retention import read_superseded, referenced_chunks, write_superseded
 from prx_core.shards.skip_records import check_record, read_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
