@@ -66,25 +66,25 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         from prx_core.stages.samples import build_samples
 
         r = build_samples(spec, storage, unit_bytes=units["samples_unit_bytes"])
-        return r.rows, r.units, {"rejected": r.rejected, "files": r.fragments_read}
+        return (*counted(r), {"rejected": r.rejected, "files": r.fragments_read})
     if stage == "buckets":
         from prx_core.stages.buckets import build_buckets
 
         r = build_buckets(spec.name, storage, unit_rows=units["row_unit_rows"])
-        return r.rows, r.units, {"bucketed": r.bucketed}
+        return (*counted(r), {"bucketed": r.bucketed})
     if stage == "phashes":
         from prx_core.stages.phashes import build_phashes
 
         r = build_phashes(spec.name, storage, unit_rows=units["row_unit_rows"])
-        return r.rows, r.units, {"failed": r.failed}
+        return (*counted(r), {"failed": r.failed})
     if stage in ("captions", "captions_model"):
         from prx_core.stages.captions import build_captions
 
         seconds = job["model_seconds"] * (1 + 1e-6 * job.get("trial", 0)) if stage == "captions_model" else 0.0
         r = build_captions(spec.name, storage, CaptionerConfig("source", seconds_per_image=seconds), actors=job["cpus"],
                            unit_rows=units["row_unit_rows"])
-        return r.eligible, r.units, {"captioned": r.captioned, "reused": r.reused, "failed": r.failed,
-                                     "commits": r.commits, "model_busy_fraction": round(r.model_busy_fraction, 4)}
+        return (*counted(r), {"captioned": r.captioned, "reused": r.reused, "failed": r.failed,
+                              "commits": r.commits, "model_busy_fraction": round(r.model_busy_fraction, 4)})
     if stage in ("caption_labels", "caption_embeddings"):
         return model_stage(stage, spec.name, storage, captioner, job)
     if stage in ("duplicates", "duplicates_incremental"):
@@ -93,9 +93,9 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         if stage == "duplicates_incremental":
             add_copied_source(storage, spec.name, COPIED_FRACTION)
         r = build_duplicates(storage)
-        return r.rows_read, r.units, {"groups": r.groups, "duplicates": r.duplicates, "mode": r.mode,
-                                      "phashes_rows": r.phashes_rows, "affected_hashes": r.affected_hashes,
-                                      "member_rows": r.member_rows, "buckets": r.buckets}
+        return (*counted(r), {"groups": r.groups, "duplicates": r.duplicates, "mode": r.mode,
+                              "phashes_rows": r.phashes_rows, "affected_hashes": r.affected_hashes,
+                              "member_rows": r.member_rows, "buckets": r.buckets})
     if stage == "mds_shards":
         from prx_core.image.decode import DEFAULT_MAX_PIXELS
         from prx_core.stages.mds_shards import build_mds
@@ -106,17 +106,23 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
                       route_rows=units["route_rows"], chunk_rows=units["chunk_rows"])
         began = time.monotonic()  # the budgeted read-back the asset runs after publishing (PUBLISH's then-step)
         verified = verify_streams([s.uri for s in r.streams], storage.storage_options)
-        return r.written, r.units, {"streams": len(r.streams), "rejects": r.rejects,
-                                    "verify_seconds": round(time.monotonic() - began, 3),
-                                    "verify_bytes_read": verified.bytes_read,
-                                    "verify_bytes_published": verified.bytes_published,
-                                    "verify_problems": len(verified.problems)}
+        return (*counted(r), {"streams": len(r.streams), "rejects": r.rejects,
+                              "verify_seconds": round(time.monotonic() - began, 3),
+                              "verify_bytes_read": verified.bytes_read,
+                              "verify_bytes_published": verified.bytes_published,
+                              "verify_problems": len(verified.problems)})
     if stage == "skip_lists":
         from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 
         r = build_skip_lists(spec.name, storage, captioner, labeler, SkipPolicy())
-        return r.samples, getattr(r, "units", None), {"skipped": r.skipped, "files": len(r.files)}
+        return (*counted(r), {"skipped": r.skipped, "files": len(r.files)})
     return compact_corpus(storage)
+
+
+def counted(report: Any) -> tuple[int, Any]:
+    """The rows and units of any stage's report (`prx_core.stages.report`)."""
+    summary = report.summary()
+    return summary.rows, summary.units
 
 
 def add_copied_source(storage: Any, source: str, fraction: float) -> int:
@@ -163,8 +169,8 @@ def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict
         r = build_caption_embeddings(source, storage, captioner, config, unit_rows=unit_rows, model=model)
         done = r.embedded
     busy = r.model_seconds / max(r.seconds * actors, 1e-9)  # the report's sum: its units come condensed
-    return r.captioned, r.units, {"done": done, "reused": r.reused, "commits": r.commits,
-                                  "model_busy_fraction": round(busy, 4)}
+    return (*counted(r), {"done": done, "reused": r.reused, "commits": r.commits,
+                          "model_busy_fraction": round(busy, 4)})
 
 
 def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:

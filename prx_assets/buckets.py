@@ -11,10 +11,9 @@ from prx_assets.common import (
     catalog_source,
     counts_table,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.versions import content_version
 from prx_core.image.buckets import bucket_sizes
@@ -56,8 +55,7 @@ def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
                       "drop_reasons": counts_table(report.dropped, "reason", report.rows),
                       "bucket_histogram": counts_table(report.histogram, "tier/bucket", report.bucketed),
                       **dataset_metadata(storage.storage(), report.rows, table="buckets"),
-                      **ops_metadata(report.units),
-                      **lance_versions(samples=report.samples_version, buckets=report.buckets_version)},
+                      **stage_metadata(report)},
             check_results=[check],
             # a pure function of the samples' sizes: their version, the code, and what it placed
             data_version=content_version(context, histogram=report.histogram, dropped=report.dropped),

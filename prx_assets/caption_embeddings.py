@@ -11,11 +11,10 @@ from prx_assets.common import (
     SOURCES,
     catalog_source,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     per_second,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
@@ -76,10 +75,8 @@ def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderRes
                 "source_rows": report.source_rows, "skipped": report.skipped, "source_dim": report.source_dim or 0,
                 "index_notes": dg.MetadataValue.json({t: c.note for t, c in coverage.items()}),
                 **dataset_metadata(storage.storage(), report.covered, table="caption_embeddings"),
-                **ops_metadata(report.units, report.seconds, lance_commits=report.commits,
-                               indexes={t: r.indexes for t, r in report.indexes.items()}),
-                **lance_versions(**report.read_versions, caption_embeddings=report.caption_embeddings_version,
-                                 source_embeddings=report.source_embeddings_version),
+                **stage_metadata(report, lance_commits=report.commits,
+                                indexes={t: r.indexes for t, r in report.indexes.items()}),
             },
             check_results=checks,
             # vectors are stored once per content and model versions (the source's are copied from `samples`):

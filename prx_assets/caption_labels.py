@@ -12,10 +12,9 @@ from prx_assets.common import (
     catalog_source,
     counts_table,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
@@ -60,8 +59,7 @@ def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource)
                       "failures": counts_table(report.failures, "reason"),
                       "label_distribution": counts_table(report.distribution, "label"),
                       **dataset_metadata(storage.storage(), labelled, table="caption_labels"),
-                      **ops_metadata(report.units, report.seconds, lance_commits=report.commits),
-                      **lance_versions(**report.read_versions, caption_labels=report.labels_version)},
+                      **stage_metadata(report, lance_commits=report.commits)},
             check_results=[rate_check("caption_labels_coverage", checks, checked=report.captioned,
                                       failed=max(report.captioned - labelled, 0), offenders=report.offenders,
                                       captioned=report.captioned, labelled=labelled)],

@@ -11,11 +11,10 @@ from prx_assets.common import (
     catalog_source,
     counts_table,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     per_second,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
@@ -87,11 +86,9 @@ def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -
                 "output_tokens_per_second": per_second(report.output_tokens_per_second),
                 **({"gpu_hours": dg.MetadataValue.float(round(report.gpu_hours, 4))} if report.gpu_hours is not None else {}),
                 **dataset_metadata(store, held, table="captions"),
-                **ops_metadata(report.units, report.seconds, lance_commits=report.commits,
-                               output_tokens=report.output_tokens, model_busy_fraction=round(report.model_busy_fraction, 3)),
+                **stage_metadata(report, lance_commits=report.commits, output_tokens=report.output_tokens,
+                                model_busy_fraction=round(report.model_busy_fraction, 3)),
                 **({"latents_encoded": report.latents_encoded} if text_latents.fused else {}),
-                **lance_versions(**report.read_versions, captions=report.captions_version,
-                                 text_latents=report.text_latents_version),
                 **explorer.metadata(context.partition_key),
             },
             check_results=[rate_check("captions_coverage", checks, checked=report.eligible,

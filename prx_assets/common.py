@@ -187,6 +187,13 @@ def ops_metadata(units: UnitResults | Mapping[str, UnitResults] | None = None, s
     return {"duration": human_seconds(seconds), "ops": dg.MetadataValue.json({**ops, "seconds": round(seconds, 2)})}
 
 
+def stage_metadata(report: Any, **counters: Any) -> dict[str, Any]:
+    """`duration`, `ops` and `lance_versions` of any stage's report, read through its summary
+    (`prx_core.stages.report`), plus the asset's own `counters` in `ops`."""
+    summary = report.summary()
+    return {**ops_metadata(summary.units, summary.seconds, **counters), **lance_versions(**summary.versions)}
+
+
 def lance_versions(**versions: int | None) -> dict[str, Any]:
     """`lance_versions`: {table: version} of the versions read and written (the run's lineage)."""
     return {"lance_versions": dg.MetadataValue.json({t: int(v) for t, v in versions.items() if v is not None})}

@@ -7,7 +7,7 @@ changed sources touch (prx_core.stages.duplicates); its check is an aggregate on
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, OWNERS, dataset_metadata, lance_versions, md_table, ops_metadata
+from prx_assets.common import GROUP, OWNERS, dataset_metadata, md_table, stage_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import GroupsReport, Progress
 from prx_resources import StorageResource, UnitsResource
@@ -41,10 +41,9 @@ def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray:
                   "changed_sources": ", ".join(report.changed_sources) or "-",
                   "groups_sample": md_table(sample, ["group_id", "sample_id", "source", "keeper", "pixels"]),
                   **dataset_metadata(storage.storage(), members, table="duplicates"),
-                  **ops_metadata(report.units, hashes_read=report.rows_read, affected_hashes=report.affected_hashes,
-                                 member_rows=report.member_rows, rows_written=report.rows_written,
-                                 rows_deleted=report.rows_deleted, buckets=report.buckets, map_units=report.map_units),
-                  **lance_versions(phashes=report.phashes_version, duplicates=report.duplicates_version)},
+                  **stage_metadata(groups, hashes_read=report.rows_read, affected_hashes=report.affected_hashes,
+                                   member_rows=report.member_rows, rows_written=report.rows_written,
+                                   rows_deleted=report.rows_deleted, buckets=report.buckets, map_units=report.map_units)},
         check_results=[dg.AssetCheckResult(check_name="duplicates_one_keeper", passed=check.passed,
                                            metadata={"scope": check.scope, "groups": check.groups,
                                                      "rows_checked": check.rows,

@@ -5,7 +5,7 @@ import dagster as dg
 from dagster_ray import RayResource
 
 from prx_assets.buckets import CHEAP
-from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_table, dataset_metadata, lance_versions, ops_metadata, rate
+from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_table, dataset_metadata, rate, stage_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
 from prx_core.stages.explorer import EXPLORER, ExplorerReport
@@ -41,9 +41,7 @@ def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg
                       "captioned_rate": rate(report.captioned, report.samples), "facet_rows": report.facets,
                       "coverage": counts_table(shown, "rows", report.rows),
                       **dataset_metadata(store, report.rows, table="explorer"),
-                      **ops_metadata(report.units),
-                      **lance_versions(**(report.read_versions or {}), explorer=report.explorer_version,
-                                       explorer_facets=report.facets_version)},
+                      **stage_metadata(report)},
             # what the pages show is a function of the pinned inputs: their versions are the run's content
             data_version=content_version(context, rows=report.rows, captioned=report.captioned, in_mds=report.in_mds,
                                          skipped=report.skipped, explorer=report.explorer_version),

@@ -12,13 +12,12 @@ from prx_assets.common import (
     counts_table,
     dataset_metadata,
     human_bytes,
-    lance_versions,
     md_table,
     mds_schema,
-    ops_metadata,
     per_second,
     size_metadata,
     source_check,
+    stage_metadata,
 )
 from prx_assets.versions import streams_version
 from prx_core.shards.merged import merged_sizes
@@ -74,7 +73,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
             progress=Progress(f"mds_shards[{source}]", unit="chunks"), min_stream_samples=training.min_stream_samples(),
             merge_small=training.merge_small(),
             latents=latents, **units.settings("mds_shards"))
-        report, verified, buckets_version = published.mds, published.verified, published.buckets_version
+        report, verified = published.mds, published.verified
         rows, problems = [], list(verified.problems)
         for stream, count in zip(report.streams, published.expectations):
             read = verified.counts.get(stream.uri, 0)
@@ -100,8 +99,7 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
                       "streams_merged": dg.MetadataValue.json(report.merged),  # merge: in mds/_merged/<stream>
                       **dataset_metadata(store, sum(s.samples for s in report.streams), uri=store.uri("mds", source),
                                          schema=mds_schema(latents)),
-                      **ops_metadata(report.units, report.seconds),
-                      **lance_versions(**report.read_versions, buckets=buckets_version, mds_index=report.mds_index_version)},
+                      **stage_metadata(published)},
             check_results=[
                 dg.AssetCheckResult(check_name="mds_shards_readable", passed=not problems,
                                     metadata={"streams": len(rows), "shards": verified.shards,

@@ -10,10 +10,9 @@ from prx_assets.common import (
     SOURCES,
     catalog_source,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     per_second,
     rate,
+    stage_metadata,
 )
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
@@ -36,8 +35,7 @@ def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage
         metadata={"rows": report.rows, "failed": report.failed, "failure_rate": rate(report.failed, report.rows + report.failed),
                   "images_per_second": per_second(report.images_per_second),
                   **dataset_metadata(storage.storage(), report.rows, table="phashes"),
-                  **ops_metadata(report.units, report.seconds),
-                  **lance_versions(samples=report.samples_version, phashes=report.phashes_version)},
+                  **stage_metadata(report)},
         # hashes are a function of the samples' pixels: their version, the code, and the counts
         data_version=content_version(context, rows=report.rows, failed=report.failed),
     )

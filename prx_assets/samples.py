@@ -12,12 +12,11 @@ from prx_assets.common import (
     catalog_source,
     counts_table,
     dataset_metadata,
-    lance_versions,
-    ops_metadata,
     per_second,
     rate,
     size_metadata,
     source_check,
+    stage_metadata,
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
@@ -93,8 +92,7 @@ def samples_asset(settings: StorageResource, captions: CaptionerResource | None 
                 "reject_reasons": counts_table(report.reasons, "reason", total),
                 "rejected_files": dg.MetadataValue.json(ingest.rejected_files),
                 **dataset_metadata(store, report.rows, table="samples"),
-                **ops_metadata(report.units, report.seconds, fragments_read=report.fragments_read),
-                **lance_versions(samples=report.samples_version, rejects=report.rejects_version),
+                **stage_metadata(ingest, fragments_read=report.fragments_read),
                 **explorer.metadata(spec.name),
             },
             check_results=checks,

@@ -11,11 +11,10 @@ from prx_assets.common import (
     SOURCES,
     catalog_source,
     dataset_metadata,
-    lance_versions,
     md_table,
-    ops_metadata,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
@@ -66,7 +65,7 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
                       "streams": md_table(table, ["stream", "samples", "skipped", "fraction", *reasons]),
                       "manifests": dg.MetadataValue.json(manifests),  # what the training loader reads, per tier
                       **dataset_metadata(store, report.skipped, uri=store.uri("skiplists", source), schema=SKIP_SCHEMA),
-                      **ops_metadata(report.units), **lance_versions(**report.read_versions)},
+                      **stage_metadata(report)},
             check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,
                                                severity=dg.AssetCheckSeverity.WARN,
                                                metadata={"streams_above": str(heavy), "threshold": REWRITE_ABOVE})],

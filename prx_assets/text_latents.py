@@ -15,6 +15,7 @@ from prx_assets.common import (
     per_second,
     rate,
     source_check,
+    stage_metadata,
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
@@ -71,8 +72,7 @@ def text_latents_asset(captioner: CaptionerResource, latents: TextLatentsResourc
                 "truncated": report.truncated, "latent_bytes_written": dg.MetadataValue.int(report.latent_bytes),
                 "latent_size_written": human_bytes(report.latent_bytes),
                 **dataset_metadata(storage.storage(), report.covered, table="text_latents"),
-                **ops_metadata(report.units, report.seconds, lance_commits=report.commits),
-                **lance_versions(**report.read_versions, text_latents=report.text_latents_version),
+                **stage_metadata(report, lance_commits=report.commits),
             },
             check_results=[coverage],
             data_version=content_version(context, covered=report.covered),

@@ -18,6 +18,7 @@ from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import TIERS, Drop, assign_buckets
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
@@ -29,7 +30,10 @@ COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height"]
 
 
 @dataclass
-class BucketsReport:
+class BucketsReport(StageReport):
+    READ = {"samples": "samples_version"}
+    WRITTEN = {"buckets": "buckets_version"}
+
     source: str
     rows: int
     bucketed: int

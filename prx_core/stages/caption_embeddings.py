@@ -31,6 +31,7 @@ from prx_core.stages.contents import (
     model_units,
     pin_contents,
 )
+from prx_core.stages.report import StageReport
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, maintenance, schemas
@@ -45,7 +46,10 @@ TABLES = ("caption_embeddings", "source_embeddings")
 
 
 @dataclass
-class CaptionEmbeddingsReport:
+class CaptionEmbeddingsReport(StageReport):
+    ROWS = "captioned"
+    WRITTEN = {"caption_embeddings": "caption_embeddings_version", "source_embeddings": "source_embeddings_version"}
+
     source: str
     captioned: int  # eligible contents with a caption
     reused: int  # of those, already embedded for (captioner, embedder)

@@ -49,6 +49,7 @@ from prx_core.stages.contents import (
     write_latents,
 )
 from prx_core.stages.model_pipeline import pipeline_units
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
@@ -63,7 +64,10 @@ class NoSourceCaptions(RuntimeError):
 
 
 @dataclass
-class CaptionsReport:
+class CaptionsReport(StageReport):
+    ROWS = "eligible"
+    WRITTEN = {"captions": "captions_version", "text_latents": "text_latents_version"}
+
     source: str
     eligible: int  # distinct contents
     reused: int

@@ -44,6 +44,7 @@ from prx_core.stages.duplicates_state import (
     save_state,
     untouched_since,
 )
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
@@ -58,8 +59,12 @@ __all__ = ["DUPLICATES", "DuplicatesReport", "build_duplicates", "find_duplicate
 
 
 @dataclass
-class DuplicatesReport:
+class DuplicatesReport(StageReport):
     """What a run did (`mode`, what it read and wrote) and the table it left (`groups`, `duplicates`)."""
+
+    ROWS = "rows_read"
+    READ = {"phashes": "phashes_version"}
+    WRITTEN = {"duplicates": "duplicates_version"}
 
     rows_read: int  # phashes rows the map tasks read: all (full) or the changed sources' (incremental)
     groups: int  # groups in the table after the run

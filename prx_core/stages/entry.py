@@ -28,6 +28,7 @@ from prx_core.stages.explorer import EXPLORER
 from prx_core.stages.labels import CAPTION_LABELS
 from prx_core.stages.mds_shards import MDS_SHARDS, MdsReport
 from prx_core.stages.phashes import PHASHES
+from prx_core.stages.report import ReportSummary, summarize
 from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
 from prx_core.stages.samples import SAMPLES, SamplesReport, rejected_files
 from prx_core.stages.skip_lists import SKIP_LISTS
@@ -55,6 +56,9 @@ class IngestReport:
     keys: KeyResolution
     health: FragmentHealth
     rejected_files: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> ReportSummary:
+        return self.samples.summary()
 
 
 def settle_ingest(report: SamplesReport, run: StageRun) -> IngestReport:
@@ -88,6 +92,9 @@ class PublishReport:
     expectations: list[StreamCount]
     buckets_version: int | None
 
+    def summary(self) -> ReportSummary:
+        return summarize(self.mds, buckets=self.buckets_version)
+
 
 def verify_published(report: MdsReport, run: StageRun) -> PublishReport:
     """`then` of `mds_shards`, after its lock is released: the streams read back, and their counts
@@ -120,6 +127,9 @@ class GroupsReport:
     duplicates: DuplicatesReport
     check: KeeperCheck
     sample: list[dict[str, Any]]
+
+    def summary(self) -> ReportSummary:
+        return self.duplicates.summary()
 
 
 def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:

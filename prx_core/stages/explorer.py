@@ -37,6 +37,7 @@ from prx_core.stages.explorer_rows import (
     facet_rows,
     sample_base,
 )
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import lookup_keys
@@ -50,7 +51,9 @@ INGEST = "samples"  # the stage name of ingest rejects: rows that never reached 
 
 
 @dataclass
-class ExplorerReport:
+class ExplorerReport(StageReport):
+    WRITTEN = {"explorer": "explorer_version", "explorer_facets": "facets_version"}
+
     source: str
     rows: int  # explorer rows written: samples plus ingest rejects
     samples: int

@@ -37,6 +37,7 @@ from prx_core.stages.contents import (
     pin_contents,
 )
 from prx_core.stages.model_pipeline import pipeline_units
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
@@ -46,7 +47,10 @@ LABEL_KEYS = ["content_id", "captioner_version", "labeler_version"]
 
 
 @dataclass
-class LabelsReport:
+class LabelsReport(StageReport):
+    ROWS = "captioned"
+    WRITTEN = {"caption_labels": "labels_version"}
+
     source: str
     captioned: int  # eligible contents with a caption
     reused: int

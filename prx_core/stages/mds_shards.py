@@ -36,6 +36,7 @@ from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.shards.mds import StreamKey, read_chunk_record, stream_name, stream_uri
 from prx_core.shards.publish import StreamReport, publish_source
 from prx_core.stages.mds_chunks import ROUTE_SCHEMA, chunk_unit
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
@@ -49,7 +50,10 @@ SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
 
 
 @dataclass
-class MdsReport:
+class MdsReport(StageReport):
+    ROWS = "written"
+    WRITTEN = {"mds_index": "mds_index_version"}
+
     source: str
     written: int
     streams: list[StreamReport]

@@ -21,6 +21,7 @@ from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
 from prx_core.image.phash import PHASH_DECODE_SIZE, phash
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
@@ -33,7 +34,10 @@ COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height",
 
 
 @dataclass
-class PhashesReport:
+class PhashesReport(StageReport):
+    READ = {"samples": "samples_version"}
+    WRITTEN = {"phashes": "phashes_version"}
+
     source: str
     rows: int
     failed: int

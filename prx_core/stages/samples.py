@@ -40,6 +40,7 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
+from prx_core.stages.report import StageReport
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import lance_io, schemas
@@ -70,7 +71,9 @@ class EmptySource(SourceRefused):
 
 
 @dataclass
-class SamplesReport:
+class SamplesReport(StageReport):
+    WRITTEN = {"samples": "samples_version", "rejects": "rejects_version"}
+
     source: str
     rows: int
     bytes: int

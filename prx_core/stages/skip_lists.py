@@ -33,6 +33,7 @@ from prx_core.shards.merged import merged_current
 from prx_core.shards.rewrite import current_record, stream_chunks
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, required, run_partition
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
@@ -73,7 +74,9 @@ class StreamSkips:
 
 
 @dataclass
-class SkipReport:
+class SkipReport(StageReport):
+    ROWS = "samples"
+
     source: str
     streams: list[StreamSkips]
     files: list[str]

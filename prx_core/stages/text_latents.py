@@ -30,6 +30,7 @@ from prx_core.stages.contents import (
     pin_contents,
     write_latents,
 )
+from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.store import schemas
 from prx_core.store.storage import Storage
@@ -39,7 +40,10 @@ UNIT_CONTENTS = 1024  # samples per unit: up to ~2 GB of latents at 256 tokens x
 
 
 @dataclass
-class TextLatentsReport:
+class TextLatentsReport(StageReport):
+    ROWS = "captioned"
+    WRITTEN = {"text_latents": "text_latents_version"}
+
     source: str
     captioned: int  # eligible contents with a caption
     reused: int  # of those, already encoded for (captioner, encoder)
