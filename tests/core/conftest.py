@@ -3,26 +3,36 @@
 from __future__ import annotations
 
 import io
+import sys
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 
+@pytest.fixture(scope="session")
+def ray_for_the_session() -> Iterator[None]:
+    """Shuts down at the end the Ray the core tests kept running: starting one per module cost ~5 s
+    each (36 modules), and a worker's imports as much again."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(request: pytest.FixtureRequest):
+def ray_cluster(request: pytest.FixtureRequest, ray_for_the_session: None):
     """A one-CPU local Ray for the requesting module; reuses one another test left running, and
-    leaves it be. The module is pickled by value: Ray workers cannot import test modules."""
+    leaves it running for the next module (a module that needs another Ray shuts it down itself).
+    The module is pickled by value: Ray workers cannot import test modules."""
     import ray
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(request.module)
-    started = not ray.is_initialized()
-    if started:
+    if not ray.is_initialized():
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
-    yield ray
-    if started:
-        ray.shutdown()
+    return ray
 
 
 def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
