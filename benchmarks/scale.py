@@ -5,10 +5,11 @@ stage's driver runs in a fresh process (benchmarks.scale_driver) connected to a 
 process starts, by default a fresh one per stage so the workers' peak RSS is that stage's. Per
 stage: rows/s, driver peak RSS, the largest worker's peak RSS, Lance versions and fragments made.
 Unit sizes are a constant number of rows at every size, so rows/s compares like with like.
-`process_image` is timed on one core over the same photos, and the graph's images/s is compared
-with it times the cores. Then, per work-unit stage, a resume trial: the driver is SIGKILLed half
-way through the stage (PRX_PAUSE_AT), the units it had started but not recorded are counted as
-the work lost, and the rerun must skip exactly the recorded ones.
+`process_image` is timed on one core over the same photos (a pass before each graph stage and three
+after: the median), and the graph's images/s is compared with it times the cores. Then, per
+work-unit stage, a resume trial: the driver is SIGKILLed half way through the stage
+(PRX_PAUSE_AT), the units it had started but not recorded are counted as the work lost, and the
+rerun must skip exactly the recorded ones.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,16 +146,24 @@ def unit_sizes(unit_rows: int, source: Path) -> dict[str, int]:
             "chunk_rows": max(1, unit_rows // 2)}
 
 
-def process_image_rate(source: Path, count: int = 300) -> float:
-    """images/s of `process_image` on one core, over the first `count` photos of the source."""
-    from benchmarks.image_path import one_core
-    from prx_core.image.imaging import process_image
-
+def reference_photos(source: Path, count: int = 300) -> list[bytes]:
+    """The first `count` photos of the source, which `process_image` is timed over."""
     images: list[bytes] = []
     for path in sorted(source.glob("*.parquet")):
         images += pq.read_table(path, columns=["image"])["image"].to_pylist()[: count - len(images)]
         if len(images) >= count:
             break
+    return images
+
+
+def process_image_pass(images: list[bytes]) -> float:
+    """images/s of one pass of `process_image` over `images` on one core (~1 s). The benchmark
+    times a pass before each stage of the graph and a few after it, and takes the median: this
+    machine's speed drifts by 2x within minutes, so a reference timed once, apart from the graph,
+    measured another machine (461 and 400 images/s in two runs of one day)."""
+    from benchmarks.image_path import one_core
+    from prx_core.image.imaging import process_image
+
     with one_core():
         for data in images[:10]:
             process_image(data)
@@ -216,7 +226,10 @@ def run_size(rows: int, job: dict[str, Any], cluster: Cluster, names: tuple[str,
     """The stages once each, in graph order, on an empty corpus root; a failed stage is reported,
     not fatal. The graph's images/s is over the stages of GRAPH that ran (`graph_stages`)."""
     stages: dict[str, dict[str, Any]] = {}
+    photos, passes = reference_photos(Path(job["source"]["uri"])), []
     for stage in names:
+        if stage in GRAPH:
+            passes.append(process_image_pass(photos))
         with cluster.session() as address:
             before = table_state(job["root"])
             try:
@@ -231,12 +244,18 @@ def run_size(rows: int, job: dict[str, Any], cluster: Cluster, names: tuple[str,
     graph = [stages[s] for s in GRAPH if s in stages]
     failed = any("error" in s for s in graph)
     seconds = None if failed else sum(s["seconds"] for s in graph)
-    rate = process_image_rate(Path(job["source"]["uri"]))
+    passes += [process_image_pass(photos) for _ in range(3)]
+    rate = statistics.median(passes)
     return {"rows": rows, "stages": stages, "units": job["units"], "graph_stages": [s for s in GRAPH if s in stages],
             "graph_seconds": seconds, "graph_images_per_s": rows / seconds if seconds else None,
             "graph_wall_seconds": None if failed else sum(s["wall_s"] for s in graph),  # with process start-ups
-            "process_image_images_per_s": rate, "cores": cluster.cpus,
+            "process_image_images_per_s": rate, "process_image_passes": [round(r, 1) for r in passes],
+            "cores": cluster.cpus,
             "process_image_images_per_s_x_cores": rate * cluster.cpus}
+
+
+def _spread(passes: list[float] | None) -> str:
+    return f"{len(passes)} passes, {min(passes):.0f}-{max(passes):.0f}" if passes else "one pass"
 
 
 def select(stages: tuple[str, ...] | None, resume: tuple[str, ...] | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -376,8 +395,8 @@ def format_table(results: dict[str, Any]) -> str:
                          f"{mds['verify_problems']} problems")
         graph = size["graph_images_per_s"]
         lines.append(f"\ngraph ({', '.join(size['graph_stages'])}): " + (f"{graph:.1f} images/s" if graph else "incomplete")
-                     + f"; process_image {size['process_image_images_per_s']:.1f} images/s on one core x {size['cores']} = "
-                     f"{size['process_image_images_per_s_x_cores']:.1f}")
+                     + f"; process_image {size['process_image_images_per_s']:.1f} images/s on one core (median of "
+                     f"{_spread(size.get('process_image_passes'))}) x {size['cores']} = {size['process_image_images_per_s_x_cores']:.1f}")
     if results["resume"]:
         lines += [f"\nresume after a SIGKILL half way ({results['resume_rows']} rows)", "",
                   "| stage | phase | units | killed after | recorded | redone | workers | rerun skipped / ran | consistent |",

@@ -83,6 +83,8 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
         assert size["stages"]["captions"]["tables"]["captions"]["versions"] <= 4  # append, merge, FTS and BTREE index
         assert size["graph_stages"] == ["samples", "buckets", "phashes", "captions", "mds_shards", "skip_lists"]
         assert 0 < size["graph_images_per_s"] < size["stages"]["samples"]["rows_per_s"]
+        passes = size["process_image_passes"]  # one before each graph stage, three after: the median is the reference
+        assert len(passes) == 6 + 3 and min(passes) <= size["process_image_images_per_s"] <= max(passes)
 
     # the bounded-driver rule: a driver that held the larger partition's photos would grow by at least
     # added_mb; half of it leaves room for allocator noise (compact_corpus measured 6 to 8.4 MB of 34)
