@@ -148,9 +148,9 @@ def read_caption_inputs(storage: Storage, version: int, addresses: list[int], wi
     return rows
 
 
-def caption_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """On a captioner actor: caption the unit's pending contents, write them as fragments."""
-    config: CaptionerConfig = host.model.config
+def caption_unit(host: ModelHost, unit: Unit, run: UnitRun, *, config: CaptionerConfig) -> dict[str, Any]:
+    """On a captioner actor: caption the unit's pending contents, write them as fragments (the
+    captioner is loaded only when some are pending)."""
     todo, summary = pending_captions(unit, run, config=config)
     loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, config.backend != SOURCE)
              for addresses in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
@@ -246,10 +246,11 @@ def caption_units(run: StageRun) -> None:
             appends.add(summary)
             latents.add(latent_appends(summary))
 
-        run.units("units", run.state["units"], caption_unit, on_result=on_result,
+        run.units("units", run.state["units"], partial(caption_unit, config=config), on_result=on_result,
                   model=ModelSpec(partial(FusedCaptionBatch, config, run["fused"]), actors=run["actors"]))
     else:
-        model_units(run, caption_unit, ModelSpec(partial(CaptionBatch, config), actors=run["actors"]))
+        model_units(run, partial(caption_unit, config=config),
+                    ModelSpec(partial(CaptionBatch, config), actors=run["actors"]))
 
 
 def commit_captions(run: StageRun) -> dict[str, int | None]:
