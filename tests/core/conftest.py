@@ -5,15 +5,45 @@ from __future__ import annotations
 import io
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 
+def _uses_ray(module: object, items: list[pytest.Item]) -> bool:
+    return any(getattr(item, "module", None) is module and "ray_cluster" in getattr(item, "fixturenames", ())
+               for item in items)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The core modules that use `ray_cluster` run last, one after another, so one Ray serves them
+    all (starting one per module cost ~5 s each, 36 modules, and every worker's imports again); the
+    others run first, in a process without Ray. Order within a module, and of other folders' tests,
+    is kept."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in item.path.parents]
+    core = [items[i] for i in slots]
+    modules = {getattr(item, "module", None) for item in core} - {None}
+    with_ray = {id(m) for m in modules if _uses_ray(m, core)}
+    ordered = sorted(core, key=lambda item: id(getattr(item, "module", None)) in with_ray)  # stable: file order kept
+    for slot, item in zip(slots, ordered):
+        items[slot] = item
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _ray_only_where_asked(request: pytest.FixtureRequest) -> None:
+    """A module that does not ask for `ray_cluster` runs without the Ray earlier modules kept: a
+    `fork` beside Ray's threads can deadlock the child on a lock one of them held (test_manifest's
+    publishers hung so once), and some modules want no Ray or one of their own."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized() and not _uses_ray(request.module, request.session.items):
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def ray_for_the_session() -> Iterator[None]:
-    """Shuts down at the end the Ray the core tests kept running: starting one per module cost ~5 s
-    each (36 modules), and a worker's imports as much again."""
+    """Shuts down at the end the Ray the core tests kept running."""
     yield
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
@@ -23,7 +53,7 @@ def ray_for_the_session() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def ray_cluster(request: pytest.FixtureRequest, ray_for_the_session: None):
     """A one-CPU local Ray for the requesting module; reuses one another test left running, and
-    leaves it running for the next module (a module that needs another Ray shuts it down itself).
+    leaves it running for the next module that asks for it (they run one after another).
     The module is pickled by value: Ray workers cannot import test modules."""
     import ray
     import ray.cloudpickle
