@@ -30,11 +30,6 @@ class ModelHost:
         self._model: Any = None
         self._lock = threading.Lock()
 
-    @property
-    def model(self) -> Any:
-        with self._lock:
-            return self._built()
-
     def run(self, *args: Any) -> tuple[Any, float]:
         """`model(*args)` under the actor's lock; returns the result and the seconds the model worked
         (its loading not included)."""

@@ -12,7 +12,7 @@ them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from prx_core.compute.unit_results import UnitResults
@@ -47,5 +47,4 @@ def summarize(report: Any, **versions: int | None) -> ReportSummary:
     """The summary of a wrapped report (a stage's `then` step adds to it), with the versions the
     wrapper read added."""
     inner = report.summary()
-    return ReportSummary(inner.rows, inner.seconds,
-                         {**inner.versions, **{t: int(v) for t, v in versions.items() if v is not None}}, inner.units)
+    return replace(inner, versions={**inner.versions, **{t: int(v) for t, v in versions.items() if v is not None}})
