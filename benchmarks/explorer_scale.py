@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from benchmarks.explorer_data import build_vocabulary, hex_strings, zipf_cdf
 from benchmarks.explorer_pages import latency
-from prx_core.stages.explorer_rows import count_facets, facet_rows
+from prx_core.stages.explorer_rows import count_facets, facet_rows, search_text
 from prx_core.store import schemas
 from prx_core.store.maintenance import refresh_table_indexes
 from prx_core.store.storage import Storage
@@ -110,6 +110,7 @@ def fragment(rng: np.random.Generator, source: str, start: int, n: int, vocab: p
         "mds_index": pc.if_else(on, pa.array(np.arange(start, start + n)), pa.scalar(None, pa.int64())),
         "skip_reason": pa.array(skip, pa.string()),
     }
+    columns["search_text"] = search_text(columns["caption"], columns["original_caption"])
     return pa.table(columns).cast(schemas.EXPLORER)
 
 

@@ -31,6 +31,8 @@ PAGE_COLUMNS = ["sample_id", "source", "stored", "label", "tier", "bucket", "gro
 MATCH_COLUMNS = sorted({"sample_id", *COUNTED.values()})
 # What a page says when a search fails: never the exception, which names paths inside the corpus.
 SEARCH_FAILED = "The text search could not be run; the details are in the explorer log."
+NO_SEARCH_TEXT = ("This corpus's `explorer` rows predate its search column: re-materialize `explorer` "
+                  "(Dagster asset, per source) to search them.")
 log = logging.getLogger(__name__)
 
 
@@ -137,6 +139,17 @@ def _ranked(view: View, scores: dict[str, float], where: str | None) -> tuple[di
     return {k: v for k, v in scores.items() if k in kept}, rows
 
 
+def _text_scores(view: View, text: str, where: str | None) -> tuple[dict[str, float], list[str]]:
+    """The text search's scores, or none and the page's note why."""
+    if "search_text" not in view.table("explorer").schema.names:
+        return {}, [NO_SEARCH_TEXT]
+    try:
+        return text_hits(view, text, where), []
+    except Exception:  # a Lance failure: logged in full, a fixed note on the page
+        log.exception("text search for %r failed", text)
+        return {}, [SEARCH_FAILED]
+
+
 def match(view: View, query: Query, nearest: NeighbourCache | None = None) -> Matches:
     if view.missing:
         return Matches(None, None, 0, menus({}), "browse", [view.missing])
@@ -147,11 +160,8 @@ def match(view: View, query: Query, nearest: NeighbourCache | None = None) -> Ma
         facets, more = query_menus(view, query, where, rows)
         return Matches(where, scores, len(scores), facets, "like", notes + ([note] if note else []) + more)
     if query.q:  # the filter is the search's prefilter: every hit matches it
-        try:
-            scores = text_hits(view, query.q, where)
-        except Exception:  # a Lance failure: logged in full, a fixed note on the page
-            log.exception("text search for %r failed", query.q)
-            scores, notes = {}, notes + [SEARCH_FAILED]
+        scores, failed = _text_scores(view, query.q, where)
+        notes = notes + failed
         facets, more = query_menus(view, query, where)
         return Matches(where, scores, len(scores), facets, "text", notes + more, menus_count="corpus")
     facets, more = query_menus(view, query, where)

@@ -176,7 +176,7 @@ def report_explorer(run: StageRun) -> ExplorerReport:
 
 
 EXPLORER = Stage(
-    "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="1",
+    "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="2",  # 2: search_text
     report_type=ExplorerReport, phases=("samples", "rejects"),
     settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),

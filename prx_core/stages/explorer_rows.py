@@ -119,7 +119,16 @@ def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, pa
     rows = rows.drop_columns(["mds_tier", "mds_bucket"])
     versions = pa.array([captioner if c is not None else None for c in rows["caption"].to_pylist()], pa.string())
     rows = rows.append_column("captioner_version", versions).append_column("skip_reason", reasons)
+    rows = rows.append_column("search_text", search_text(rows["caption"], rows["original_caption"]))
     return rows.select(schemas.EXPLORER.names).cast(schemas.EXPLORER)
+
+
+def search_text(caption: pa.ChunkedArray | pa.Array, original: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray:
+    """Both captions space-joined, null where neither has text: what the explorer's one full-text index covers.
+    (Not `null_handling="skip"`: pyarrow 26 drops the rows where every input is null.)"""
+    joined = pc.utf8_trim_whitespace(pc.binary_join_element_wise(caption, original, " ", null_handling="replace",
+                                                                  null_replacement=""))
+    return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
 
 def skip_reasons(storage: Storage, rows: pa.Table) -> pa.Array:

@@ -16,7 +16,8 @@ import pyarrow as pa
 from lance import LanceDataset
 
 from prx_core.store.lance_io import StorageOptions, is_commit_conflict, require_table
-from prx_core.store.schemas import BTREE_COLUMNS, FILTER_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, VECTOR_COLUMNS
+from prx_core.store.schemas import (BTREE_COLUMNS, FILTER_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, RETIRED_INDEXES,
+                                    VECTOR_COLUMNS)
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ROWS = 10_000_000  # index rows one run merges per index: ~12 min of a full-text index (74 s per 1M rows)
@@ -169,6 +170,16 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     return IndexReport(indexes=names, created=created, optimized=optimized, notes=notes, version=latest.version)
 
 
+def drop_retired_indexes(uri: str, table: str, storage_options: StorageOptions = None) -> list[str]:
+    """Drop the indexes `table` no longer keeps (schemas.RETIRED_INDEXES) where an older corpus has them."""
+    retired = set(RETIRED_INDEXES.get(table, ()))
+    ds = require_table(uri, storage_options) if retired else None
+    dropped = sorted(retired & {d.name for d in ds.describe_indices()}) if ds is not None else []
+    for name in dropped:
+        ds.drop_index(name)
+    return dropped
+
+
 def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None,
                           merge_rows: int = 0) -> IndexReport:
     """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
@@ -176,6 +187,7 @@ def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions 
     Indexes only speed reads up, so losing a commit race to a concurrent writer is a note, not a
     failed materialization: the next write or compaction catches them up."""
     try:
+        drop_retired_indexes(uri, table, storage_options)
         return refresh_indexes(uri, FTS_COLUMNS.get(table, ()), VECTOR_COLUMNS.get(table), storage_options,
                                bitmap_columns=[*PARTITION_COLUMNS.get(table, ()), *FILTER_COLUMNS.get(table, ())],
                                btree_columns=BTREE_COLUMNS.get(table, ()), merge_rows=merge_rows)

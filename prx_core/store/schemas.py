@@ -197,6 +197,10 @@ EXPLORER = pa.schema(
         ("score", pa.float32()),
         ("mds_index", pa.int64()),
         ("skip_reason", pa.string()),  # the stream's skip reasons for it, sorted and comma-joined
+        # caption and original caption, space-joined: the one full-text index the search reads. Lance
+        # keeps every indexed row's length in memory per INVERTED index (~12 B a row: 1.2 GB at 100M
+        # rows), so one index over both captions holds that once, not twice.
+        ("search_text", pa.string()),
     ]
 )
 
@@ -240,7 +244,10 @@ FILTER_COLUMNS: dict[str, list[str]] = {"explorer": ["label", "tier", "bucket", 
 # columns get BITMAP indexes, so a partition's rows are found without scanning the table: 40 ms
 # -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
 FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions": ["caption"],
-                                     "explorer": ["caption", "original_caption"]}
+                                     "explorer": ["search_text"]}
+# Indexes a table no longer keeps, dropped by refresh_table_indexes where an older corpus has them
+# (Lance would otherwise extend them at every commit): the explorer searched each caption on its own.
+RETIRED_INDEXES: dict[str, list[str]] = {"explorer": ["caption_fts", "original_caption_fts"]}
 # BTREE indexes on the keys other stages look rows up by, a batch of keys at a time (IN-lists in
 # prx_core.store.lookups): a partition's captions, labels and vectors by content_id, the other
 # samples of a content by content_id (which unit owns it), the members of a pHash group by phash,

@@ -24,7 +24,7 @@ def test_generated_tables_are_cached_counted_and_every_page_measured(tmp_path: P
     root = cache / "rows-20000" / "lance"
     rows = lance.dataset(str(root / "explorer.lance"))
     assert rows.schema == schemas.EXPLORER and rows.count_rows() == 20_000 and len(rows.get_fragments()) >= 5
-    assert {"sample_id_btree", "source_bitmap", "label_bitmap", "caption_fts"} <= {i.name for i in rows.describe_indices()}
+    assert {"sample_id_btree", "source_bitmap", "label_bitmap", "search_text_fts"} <= {i.name for i in rows.describe_indices()}
     facets = lance.dataset(str(root / "explorer_facets.lance")).to_table().to_pylist()
     for source, size in explorer_scale.source_sizes(20_000):
         totals = {f["value"]: f["count"] for f in facets if f["source"] == source and f["facet"] == "totals"}

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from prx_core.shards.skiplists import SkipList, encode, skiplist_uri
-from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_rows
+from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_rows, search_text
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 
@@ -72,6 +72,15 @@ def test_rows_join_every_table_at_the_shipped_versions(tables) -> None:
     assert [by[s]["mds_index"] for s in IDS] == [0, 1, 2, 3, 4, None]
     assert [by[s]["skip_reason"] for s in IDS] == ["text", None, None, "duplicate,text", None, None]
     assert all(r["phash"] is None and r["tier"] == 512 for r in by.values())
+    assert by[IDS[0]]["search_text"] == f"new 0 {by[IDS[0]]['original_caption']}".strip()  # what the search reads
+
+
+@pytest.mark.parametrize(("caption", "original", "expected"), [
+    ("a red car", "car.jpg", "a red car car.jpg"), (None, "alt text", "alt text"), ("a cat", None, "a cat"),
+    (None, None, None), ("", "", None), (" spaced ", None, "spaced")])
+def test_search_text_joins_both_captions_and_is_null_without_text(caption, original, expected) -> None:
+    joined = search_text(pa.chunked_array([[caption, "x"]], pa.string()), pa.chunked_array([[original, "y"]], pa.string()))
+    assert joined.to_pylist() == [expected, "x y"]  # one row per row, whatever is null
 
 
 def test_facets_count_rows_and_keep_only_the_top_values() -> None:

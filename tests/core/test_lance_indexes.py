@@ -14,6 +14,7 @@ from test_lance_io import SCHEMA, content, content_of, rows, where
 
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
+from prx_core.store import schemas
 from prx_core.upkeep import compaction
 
 
@@ -134,3 +135,20 @@ def test_a_run_merges_only_the_newest_segments_within_its_row_budget(tmp_path: P
     ds = lio.require_table(uri)
     hits = ds.to_table(full_text_query={"columns": ["caption"], "query": "caption"}, columns=["sample_id"])
     assert hits.num_rows == 333  # every row still found through the two segments
+
+
+def test_retired_indexes_are_dropped_and_the_kept_ones_built(tmp_path: Path) -> None:
+    """An older corpus's `explorer` had one INVERTED index per caption; the refresh drops them (else
+    every commit extends them) and builds the one over `search_text`."""
+    uri = str(tmp_path / "explorer.lance")
+    texts = [("a red car", "car.jpg", "a red car car.jpg"), ("a cat", None, "a cat"), (None, "zebra", "zebra")]
+    lio.overwrite(uri, pa.Table.from_pylist([{"sample_id": f"s/{i}", "source": "s", "caption": c, "original_caption": o,
+                                              "search_text": t} for i, (c, o, t) in enumerate(texts)], schemas.EXPLORER))
+    maint.refresh_indexes(uri, ["caption", "original_caption"])  # what an older version kept
+    assert maint.drop_retired_indexes(uri, "explorer") == ["caption_fts", "original_caption_fts"]
+    assert maint.drop_retired_indexes(uri, "explorer") == []
+    maint.refresh_indexes(uri, ["caption", "original_caption"])
+    report = maint.refresh_table_indexes(uri, "explorer")
+    assert "search_text_fts" in report.created and not {"caption_fts", "original_caption_fts"} & set(report.indexes)
+    hits = lio.require_table(uri).to_table(full_text_query={"columns": ["search_text"], "query": "zebra"})
+    assert hits["caption"].to_pylist() == [None]

@@ -9,6 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
+from conftest import write_small_corpus
 from starlette.testclient import TestClient
 
 from prx_core.store import lance_io
@@ -161,3 +162,14 @@ def test_a_failed_refresh_is_reported_without_its_text(small_corpus: Storage, tm
         assert time.monotonic() < deadline, "the failed refresh was never reported"
         time.sleep(0.05)
     assert "OSError" in error and "/secret" not in error and "unreachable" not in error
+
+
+def test_an_explorer_table_without_its_search_column_says_to_rematerialize(tmp_path) -> None:
+    """A corpus whose `explorer` rows were written before `search_text` existed: the search names the fix."""
+    storage = write_small_corpus(tmp_path / "corpus")
+    uri = storage.lance_uri("explorer")
+    lance_io.overwrite(uri, lance_io.read_table(uri).drop_columns(["search_text"]))
+    client = TestClient(create_app(storage), base_url="http://localhost")
+    body = client.get("/api/search", params={"q": "river"}).json()
+    assert body["notes"] == [search_module.NO_SEARCH_TEXT] and body["total"] == 0
+    assert client.get("/api/search", params={}).json()["total"] == 40  # browsing still works
