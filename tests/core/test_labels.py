@@ -226,6 +226,19 @@ def test_embed_captions() -> None:
     assert embed_captions([]).shape == (0, EMBEDDING_DIM)
 
 
+def test_embeddings_equal_the_model_folders_sentence_transformers_pipeline() -> None:
+    """MiniLM computes what the packaged folder's own pipeline (BERT, mean pooling, normalize) does,
+    run by sentence-transformers itself: long, empty and truncated texts, in any batching."""
+    from sentence_transformers import SentenceTransformer
+
+    from prx_core.models.embeddings import model_path
+
+    texts = DEMO_PHOTOS[:4] + NSFW[:2] + ["", "x", "word " * 400, "Photo: a red car, ½ price! 東京"]
+    reference = SentenceTransformer(str(model_path()), device="cpu", local_files_only=True).encode(
+        texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+    np.testing.assert_allclose(embed_captions(texts, batch_size=3), reference, atol=1e-6)
+
+
 def test_label_batch_on_ray_style_numpy_batches() -> None:
     fn = LabelBatch(LabelerConfig())
     ids = np.array([f"c{i}" for i in range(5)], dtype=object)
