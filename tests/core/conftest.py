@@ -11,9 +11,7 @@ import numpy as np
 import pytest
 
 
-def _uses_ray(module: object, items: list[pytest.Item]) -> bool:
-    return any(getattr(item, "module", None) is module and "ray_cluster" in getattr(item, "fixturenames", ())
-               for item in items)
+RAY_MODULES = pytest.StashKey[set[str]]()  # the core modules whose tests ask for `ray_cluster`, by file
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,9 +22,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     here = Path(__file__).parent
     slots = [i for i, item in enumerate(items) if here in item.path.parents]
     core = [items[i] for i in slots]
-    modules = {getattr(item, "module", None) for item in core} - {None}
-    with_ray = {id(m) for m in modules if _uses_ray(m, core)}
-    ordered = sorted(core, key=lambda item: id(getattr(item, "module", None)) in with_ray)  # stable: file order kept
+    with_ray = config.stash[RAY_MODULES] = {str(item.path) for item in core
+                                            if "ray_cluster" in getattr(item, "fixturenames", ())}
+    ordered = sorted(core, key=lambda item: str(item.path) in with_ray)  # stable: file order kept
     for slot, item in zip(slots, ordered):
         items[slot] = item
 
@@ -37,7 +35,7 @@ def _ray_only_where_asked(request: pytest.FixtureRequest) -> None:
     `fork` beside Ray's threads can deadlock the child on a lock one of them held (test_manifest's
     publishers hung so once), and some modules want no Ray or one of their own."""
     ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized() and not _uses_ray(request.module, request.session.items):
+    if ray is not None and ray.is_initialized() and str(request.path) not in request.config.stash.get(RAY_MODULES, set()):
         ray.shutdown()
 
 
