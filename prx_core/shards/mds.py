@@ -139,26 +139,20 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
 
 def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Sequence[dict],
                        columns: dict[str, str]) -> ChunkSummary:
-    from prx_core.shards.mds_writer import (
-        BytesJpegMDSWriter,  # streaming imports torch: ~15 s, only where shards are written
-    )
+    from prx_core.shards.mds_writer import MDSShardWriter
 
-    writer = BytesJpegMDSWriter(columns=columns, out=local, hashes=HASHES, size_limit=SIZE_LIMIT, max_workers=1)
+    writer = MDSShardWriter(columns, local, HASHES, SIZE_LIMIT)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}
-    try:
-        for row in rows:
-            _check_jpeg(row)
-            sample = {c: row[c] for c in columns if c != "image"}
-            sample["image"] = row["jpeg"]
-            writer.write(sample)
-            for column, value in (("sample_id", row["sample_id"]), ("content_id", row.get("content_id")),
-                                  ("source_key", row.get("source_key")), ("reason", None), ("message", None),
-                                  ("image_sha256", hashlib.sha256(row["jpeg"]).hexdigest())):
-                record[column].append(value)
-        writer.finish()
-    except BaseException:
-        writer.cancel_future_jobs()
-        raise
+    for row in rows:
+        _check_jpeg(row)
+        sample = {c: row[c] for c in columns if c != "image"}
+        sample["image"] = row["jpeg"]
+        writer.write(sample)
+        for column, value in (("sample_id", row["sample_id"]), ("content_id", row.get("content_id")),
+                              ("source_key", row.get("source_key")), ("reason", None), ("message", None),
+                              ("image_sha256", hashlib.sha256(row["jpeg"]).hexdigest())):
+            record[column].append(value)
+    writer.finish()
     stored = len(record["sample_id"])
     for row in refused:
         for column in CHUNK_RECORD_SCHEMA.names:

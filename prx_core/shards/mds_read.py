@@ -7,6 +7,7 @@ folder first). Pure library: never imports dagster.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.shards.encodings import is_text_column, register_encodings
@@ -199,13 +201,24 @@ def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256
     return report
 
 
+def decode_int(data: bytes) -> int:
+    """streaming's `int` decoder, without importing streaming: that import pulls in torch and
+    transformers (~5 s per process), paid by every worker that reads a few samples back.
+    tests/core/test_mds_encodings.py holds it equal to `mds_decode("int", ...)`."""
+    return int(np.frombuffer(data, np.int64)[0])
+
+
+def open_jpeg(data: bytes) -> Image.Image:
+    """streaming's `jpeg` decoder (Pillow on the stored bytes, as the trainer opens them), without
+    importing streaming; held equal to `mds_decode("jpeg", ...)` by the same test."""
+    return Image.open(io.BytesIO(data))
+
+
 def check_image(row: dict[str, bytes], bucket: re.Match | None, quality: int | None) -> str | None:
     """Why a stored sample is not what the loader expects (decode, size, bucket, quality), or None."""
-    from streaming.base.format.mds.encodings import mds_decode
-
     try:
-        width, height = mds_decode("int", row["width"]), mds_decode("int", row["height"])
-        with mds_decode("jpeg", row["image"]) as image:
+        width, height = decode_int(row["width"]), decode_int(row["height"])
+        with open_jpeg(row["image"]) as image:
             image.load()
             size, fmt = image.size, image.format
     except Exception as exc:

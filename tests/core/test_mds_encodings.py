@@ -33,7 +33,7 @@ from prx_core.shards.encodings import (
     register_encodings,
 )
 from prx_core.shards.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, read_chunk_record, write_chunk
-from prx_core.shards.mds_read import _iter_raw_rows, read_stream_rows, verify_shard, verify_stream
+from prx_core.shards.mds_read import _iter_raw_rows, decode_int, open_jpeg, read_stream_rows, verify_shard, verify_stream
 from prx_core.shards.publish import publish_stream
 from prx_core.shards.rewrite import rewrite_chunk
 from prx_core.store.storage import Storage
@@ -179,6 +179,36 @@ def test_importing_the_column_names_loads_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("value", [0, 1, -1, 448, 2**31, -(2**63), 2**63 - 1])
+def test_decode_int_is_streamings_int_decoder(value: int) -> None:
+    stored = mds_encode("int", value)
+    assert decode_int(stored) == mds_decode("int", stored) == value
+    assert type(decode_int(stored)) is type(mds_decode("int", stored))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "CMYK"])
+def test_open_jpeg_is_streamings_jpeg_decoder(mode: str) -> None:
+    buffer = io.BytesIO()
+    Image.new(mode, (24, 16), (90, 40, 200, 10)[:len(mode)]).save(buffer, format="JPEG", quality=92)
+    ours, theirs = open_jpeg(buffer.getvalue()), mds_decode("jpeg", buffer.getvalue())
+    assert (ours.format, ours.mode, ours.size) == (theirs.format, theirs.mode, theirs.size) == ("JPEG", mode, (24, 16))
+    assert ours.tobytes() == theirs.tobytes()
+
+
+def test_the_sampled_read_back_loads_no_torch(tmp_path) -> None:
+    """Each worker that checks a few samples of a published shard would otherwise import streaming,
+    torch and transformers first (~5 s a process, most of an unchanged rebuild's CPU)."""
+    probe = ("import io, sys, numpy as np; from PIL import Image; "
+             "from prx_core.shards.mds import BUCKET_FOLDER; from prx_core.shards.sampled_read import check_image; "
+             "b = io.BytesIO(); Image.new('RGB', (8, 8)).save(b, format='JPEG', quality=92); "
+             "row = {'image': b.getvalue(), 'width': np.int64(8).tobytes(), 'height': np.int64(8).tobytes()}; "
+             "print(check_image(row, BUCKET_FOLDER.fullmatch('8x8'), 92), "
+             "sorted(m for m in ('torch', 'streaming', 'transformers') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "None []"
 
 
 # Verification and rewrite of chunks that carry text latents: the readers must accept exactly
