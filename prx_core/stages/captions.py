@@ -57,6 +57,7 @@ from prx_core.upkeep.appends import BatchedAppend, keys_predicate
 
 CAPTION_KEYS = ["content_id", "captioner_version"]
 ROWS_PER_READ = 64  # rows per take by row address (64 source images of 400 KB: 25 MB), read ahead of the model
+TEXT_ROWS_PER_READ = 4096  # the `source` captioner reads no image: 4,096 captions are ~1 MB, one dataset open
 
 
 class NoSourceCaptions(RuntimeError):
@@ -152,8 +153,9 @@ def caption_unit(host: ModelHost, unit: Unit, run: UnitRun, *, config: Captioner
     """On a captioner actor: caption the unit's pending contents, write them as fragments (the
     captioner is loaded only when some are pending)."""
     todo, summary = pending_captions(unit, run, config=config)
-    loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, config.backend != SOURCE)
-             for addresses in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ)]
+    with_image = config.backend != SOURCE
+    loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, with_image)
+             for addresses in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ if with_image else TEXT_ROWS_PER_READ)]
     parts, model_seconds = [], 0.0
     for inputs in prefetched(loads):
         outputs, seconds = model_batches(host, inputs, config.batch_size)
