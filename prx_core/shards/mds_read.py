@@ -25,6 +25,7 @@ from PIL import Image
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.shards.encodings import is_text_column, register_encodings
 from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS, read_stream_index
+from prx_core.shards.mds_writer import file_hash
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 
@@ -116,8 +117,6 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
     against index.json, its column encodings, every image decoded through the stock `jpeg`
     decoder to the row's and the folder's size, the JPEG quality, and the SHA-256 of every stored
     image against `expected_sha256` (byte identity with the pipeline's encode)."""
-    from streaming.base.hashing import get_hash
-
     raw = info["raw_data"]
     report = ShardReport(raw["basename"], 0, True, [])
     bucket = BUCKET_FOLDER.fullmatch(stream.rstrip("/").rsplit("/", 1)[-1])
@@ -129,7 +128,7 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
             report.problems.append(f"{raw['basename']}: column encodings differ from MDS_COLUMNS (plus text latents)")
         path = os.path.join(local, raw["basename"])
         data = Path(path).read_bytes() if os.path.isfile(path) else b""
-        if get_hash("xxh64", data) != raw["hashes"].get("xxh64"):
+        if file_hash("xxh64", data) != raw["hashes"].get("xxh64"):
             report.hash_ok = False
             report.problems.append(f"{raw['basename']}: xxh64 does not match index.json")
         try:
