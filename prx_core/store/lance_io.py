@@ -47,10 +47,12 @@ def sql_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def open_table(uri: str, storage_options: StorageOptions = None) -> LanceDataset | None:
-    """The latest version of the table, or None when it does not exist yet."""
+def open_table(uri: str, storage_options: StorageOptions = None,
+               session: lance.Session | None = None) -> LanceDataset | None:
+    """The latest version of the table, or None when it does not exist yet; `session` is a cache
+    of index pages and manifests shared with other opens."""
     try:
-        return lance.dataset(uri, storage_options=storage_options or None)
+        return lance.dataset(uri, storage_options=storage_options or None, session=session)
     except (ValueError, OSError) as exc:
         if "not found" in str(exc).lower():
             return None
@@ -65,9 +67,10 @@ def table_version(uri: str, storage_options: StorageOptions = None) -> int | Non
     return None if (ds := open_table(uri, storage_options)) is None else ds.version
 
 
-def require_table(uri: str, storage_options: StorageOptions = None) -> LanceDataset:
+def require_table(uri: str, storage_options: StorageOptions = None,
+                  session: lance.Session | None = None) -> LanceDataset:
     """Like `open_table`, but a missing table is an error naming it."""
-    ds = open_table(uri, storage_options)
+    ds = open_table(uri, storage_options, session)
     if ds is None:
         raise TableNotFoundError(f"Lance table {uri} does not exist (has its asset been materialized?)")
     return ds
