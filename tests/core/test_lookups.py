@@ -9,7 +9,6 @@ from pathlib import Path
 
 import lance
 import pyarrow as pa
-import pytest
 
 from prx_core.store.lookups import lookup_keys, lookup_session
 
@@ -53,12 +52,11 @@ def test_lookups_give_what_a_scan_gives_across_appends_indexes_and_recreation(tm
     assert looked_up(uri, wanted) == [(k, "c") for k in sorted(keys[150:200])]
 
 
-@pytest.mark.parametrize("rows", [200_000])
-def test_a_process_reads_a_tables_index_pages_once(tmp_path: Path, rows: int) -> None:
+def test_a_process_reads_a_tables_index_pages_once(tmp_path: Path) -> None:
     """Units on one worker look up the same shared tables again and again: the second batch of
     5,000 random keys finds every BTREE page the first one read already in the process's cache
     (at 1M rows a cold lookup took 0.2 s, a warm one 0.03 s)."""
-    uri = str(tmp_path / "shared.lance")
+    uri, rows = str(tmp_path / "shared.lance"), 200_000
     lance.write_dataset(keyed([sha(i) for i in range(rows)], "stored"), uri)
     lance.dataset(uri).create_scalar_index("content_id", "BTREE")
     session = lookup_session()
