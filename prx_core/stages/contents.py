@@ -65,11 +65,16 @@ def owned_contents(storage: Storage, inputs: Mapping[str, int], source: str, spe
 
 
 def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], columns: list[str], where: str) -> pa.Table:
-    """The shared table's rows for these contents (newest version: what earlier commits hold)."""
-    uri, options = storage.lance_uri(table), storage.lance_storage_options()
-    if not content_ids or not lance_io.table_exists(uri, options):
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return lookup_keys(uri, "content_id", content_ids, columns, where, options)
+    """The shared table's rows for these contents (newest version: what earlier commits hold);
+    none before the table's first commit."""
+    empty = pa.table({c: pa.array([], pa.string()) for c in columns})
+    if not content_ids:
+        return empty
+    try:  # one open per lookup, through the process's lookup cache, not an existence check beside it
+        return lookup_keys(storage.lance_uri(table), "content_id", content_ids, columns, where,
+                           storage.lance_storage_options())
+    except lance_io.TableNotFoundError:
+        return empty
 
 
 def captioned_pending(unit: Unit, run: UnitRun, table: str, model_column: str,

@@ -22,8 +22,8 @@ def sha(i: int) -> str:
 
 
 def scanned(uri: str, keys: list[str]) -> list[tuple]:
-    rows = lance.dataset(uri).to_table().to_pylist()
-    return sorted((r["content_id"], r["tag"]) for r in rows if r["content_id"] in set(keys))
+    rows, wanted = lance.dataset(uri).to_table().to_pylist(), set(keys)
+    return sorted((r["content_id"], r["tag"]) for r in rows if r["content_id"] in wanted)
 
 
 def looked_up(uri: str, keys: list[str], version: int | None = None) -> list[tuple]:
