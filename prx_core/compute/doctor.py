@@ -129,9 +129,20 @@ def check_ray(timeout: float = 120.0) -> Check:
 
 
 def check_vllm() -> Check:
-    if importlib.util.find_spec("vllm") is None:
-        return Check(WARN, "vllm", "not importable here (expected: it runs in the GPU worker image only)")
-    return Check(OK, "vllm", md.version("vllm"))
+    """vLLM here (the GPU image), else the vLLM test environment (`.venv-vllm`, what `make test`
+    installs), imported by its own Python; WARN where neither is."""
+    from prx_core.models.vllm_cpu import vllm_python, vllm_version
+
+    if importlib.util.find_spec("vllm") is not None:
+        return Check(OK, "vllm", md.version("vllm"))
+    python = vllm_python()
+    if python is None:
+        return Check(WARN, "vllm", "not importable here (expected: it runs in the GPU worker image; "
+                                   "make test installs a CPU one in .venv-vllm)")
+    found = vllm_version(python)
+    if isinstance(found, str):
+        return Check(FAIL, "vllm", f"{python} cannot import vllm: {found} (run: make test, or scripts/setup-vllm.sh)")
+    return Check(OK, "vllm", f"{found[0]} on {found[1]}, from {python} (the vLLM test environment)")
 
 
 def check_storage(root: str) -> Check:
