@@ -5,8 +5,15 @@ must be exercised end to end (processor, chat template, vision tower, batched ge
 This builds the smallest checkpoint that goes through exactly the same code path as a real
 Qwen2-VL: a byte-level BPE tokenizer trained on the fly and wrapped as `Qwen2TokenizerFast`
 with the chat special tokens, a fast image processor with a small pixel cap, the video
-processor `Qwen2VLProcessor` insists on, and a 2-layer, hidden-64 model.
+processor `Qwen2VLProcessor` insists on, and a 2-layer, hidden-128 model.
 Its captions are gibberish by design; only their mechanics are meaningful.
+
+vLLM loads the same folder as a real checkpoint (the vLLM tests, prx_core.models.vllm_cpu): its
+config.json names the architecture (without `architectures` vLLM resolves the bare Qwen2VLModel
+and a pooling runner), the text heads are 64 wide (vLLM's CPU attention refuses 16; text hidden
+128 over 2 heads), the mrope sections sum to half of that, and the vision merger outputs the text
+width. Builder 1 (hidden 64 over 4 heads) generated other tokens from the same seed: the weights
+are drawn for other shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2  # 2: shapes vLLM can load (hidden 128, 2 heads of 64), architectures named
 MARKER = ".prx_tiny_vlm.json"  # written last: its presence means the checkpoint is complete
 TINY_MAX_PIXELS = 112 * 112
 TINY_MIN_PIXELS = 28 * 28
@@ -97,25 +104,27 @@ def build_processor(tokenizer):
 
 
 def build_model(tokenizer, seed: int):
-    """2 text layers of width 64 and a 2-block vision tower of width 32, random weights."""
+    """2 text layers of width 128 (2 heads of 64) and a 2-block vision tower of width 32 merged to 128, random weights."""
     import torch
     from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     config = Qwen2VLConfig(
         text_config={
-            "vocab_size": len(tokenizer), "hidden_size": 64, "intermediate_size": 128,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": len(tokenizer), "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2,
             "max_position_embeddings": 4096, "max_window_layers": 2, "tie_word_embeddings": False,
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},  # sums to head_dim / 2
+            "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},  # sums to head_dim / 2 (Qwen2-VL's ratios)
             "bos_token_id": None, "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+            "initializer_range": 0.05,  # at the default 0.02 three real photos got one caption at this width
         },
         vision_config={
-            "depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2,
-            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2,
+            "depth": 2, "embed_dim": 32, "hidden_size": 128, "num_heads": 2, "mlp_ratio": 2,  # hidden: the merger's output
+            "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "initializer_range": 0.05,
         },
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        architectures=["Qwen2VLForConditionalGeneration"],  # what vLLM resolves its model class by
     )
     torch.manual_seed(seed)
     model = Qwen2VLForConditionalGeneration(config).eval()
