@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,6 +16,8 @@ import numpy as np
 from PIL import Image
 
 from prx_core.image.decode import Rejection, decode_image
+from prx_core.models.caption_checks import DEFAULT_MAX_WORDS, DEFAULT_MIN_WORDS
+from prx_core.models.caption_keys import SOURCE_VERSION_PREFIX
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars, clean_caption
 from prx_core.models.openai_http import DEFAULT_MAX_RESPONSE_BYTES, check_endpoint
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
@@ -36,6 +38,11 @@ NO_SOURCE_CAPTION = "no_source_caption"
 DECODE_ERROR = "decode_error"
 GENERATION_ERROR = "generation_error"
 EMPTY_CAPTION = "empty_caption"
+
+FALLBACK_REPETITION_PENALTY = 1.2
+DEFAULT_CHECK_SETTINGS = {"min_words": DEFAULT_MIN_WORDS, "max_words": DEFAULT_MAX_WORDS,
+                          "fallback_repetition_penalty": FALLBACK_REPETITION_PENALTY, "fallback_temperature": 0.0,
+                          "check_captions": True}
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 TEXT_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")  # config, tokenizer, template
@@ -80,6 +87,15 @@ class CaptionerConfig:
     # transformers backend only: the weights' dtype; bfloat16 is what text latents are computed in,
     # so a captioner fused with the text-latent encoder loads it. Enters version() when not float32.
     dtype: str = "float32"
+    # model backends: every generated caption is checked before it is stored
+    # (prx_core.models.caption_checks); one that fails is generated once more with the fallback
+    # decoding below, and a second failure is stored as `rejected` and never shipped. Each enters
+    # version() when not the default (they change what is stored; defaults keep earlier versions).
+    min_words: int = DEFAULT_MIN_WORDS  # fewer words: too_short (the prompt asks for 100-200)
+    max_words: int = DEFAULT_MAX_WORDS  # more words: too_long (a source caption is only flagged)
+    fallback_repetition_penalty: float = FALLBACK_REPETITION_PENALTY  # the retry's (1.0: none); breaks greedy loops
+    fallback_temperature: float = 0.0  # the retry's temperature (0: greedy; e.g. 0.3 samples it, seeded)
+    check_captions: bool = True  # False: generated captions are stored `unchecked` (a captioner checked elsewhere)
 
     def __post_init__(self) -> None:
         if self.backend not in KNOWN_BACKENDS:
@@ -101,6 +117,10 @@ class CaptionerConfig:
         if self.max_pixels < MIN_MAX_PIXELS:
             raise ValueError(f"max_pixels must be at least {MIN_MAX_PIXELS}, got {self.max_pixels}")
         check_max_chars(self.max_caption_chars)
+        if not 0 <= self.min_words <= self.max_words:
+            raise ValueError(f"need 0 <= min_words <= max_words, got {self.min_words} and {self.max_words}")
+        if self.fallback_repetition_penalty <= 0 or self.fallback_temperature < 0:
+            raise ValueError("need fallback_repetition_penalty > 0 and fallback_temperature >= 0")
         if self.dtype not in DTYPES:
             raise ValueError(f"captioner.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.backend == OPENAI:
@@ -113,15 +133,19 @@ class CaptionerConfig:
         return f"{self.backend}:{Path(self.model.rstrip('/')).name}:{self.version()[:12]}"
 
     def version(self) -> str:
-        return hashlib.sha256(json.dumps(self.version_inputs(), sort_keys=True).encode()).hexdigest()[:16]
+        """16 hex digits of `version_inputs()`; the `source` captioner's carry SOURCE_VERSION_PREFIX,
+        which tells every stage its captions are keyed per sample text (prx_core.models.caption_keys)."""
+        digest = hashlib.sha256(json.dumps(self.version_inputs(), sort_keys=True).encode()).hexdigest()[:16]
+        return SOURCE_VERSION_PREFIX + digest if self.backend == SOURCE else digest
 
     def version_inputs(self) -> dict[str, Any]:
         """What the output depends on; batch_size does not (one result per image either way)."""
         if self.backend == SOURCE:  # no model, prompt, sampling or pixels
             stand_in = {"stand_in_seconds_per_image": self.seconds_per_image} if self.seconds_per_image else {}
-            # "clean": the source caption cleaned and capped (was "strip": stored captions copied
-            # before cleaning existed are re-made); a stand-in never reuses real captions
-            return {"backend": SOURCE, "rule": "clean", "max_caption_chars": self.max_caption_chars, **stand_in}
+            # "per-sample": each sample's own caption, cleaned and capped, keyed by (content, text)
+            # (was "clean": keyed by content and shared, so a sample could ship another source's
+            # text; before that "strip"); a stand-in never reuses real captions
+            return {"backend": SOURCE, "rule": "per-sample", "max_caption_chars": self.max_caption_chars, **stand_in}
         sampling: dict[str, float] = {"temperature": float(self.temperature)}
         if self.temperature > 0:  # greedy decoding ignores top_p
             sampling["top_p"] = float(self.top_p)
@@ -140,9 +164,18 @@ class CaptionerConfig:
             inputs["max_caption_chars"] = self.max_caption_chars
         if self.backend == TRANSFORMERS and self.dtype != "float32":  # float32 keeps earlier versions valid
             inputs["dtype"] = self.dtype
+        checks = self.check_settings()
+        if checks != DEFAULT_CHECK_SETTINGS:  # the defaults keep earlier versions valid
+            inputs["checks"] = checks
         if self.backend == VLLM:
             inputs["engine"] = {k: self.engine_kwargs[k] for k in OUTPUT_ENGINE_KWARGS if k in self.engine_kwargs}
         return inputs
+
+    def check_settings(self) -> dict[str, Any]:
+        """What the caption checks and the retry depend on (version_inputs, when not the default)."""
+        return {"min_words": self.min_words, "max_words": self.max_words,
+                "fallback_repetition_penalty": float(self.fallback_repetition_penalty),
+                "fallback_temperature": float(self.fallback_temperature), "check_captions": bool(self.check_captions)}
 
     def model_identity(self) -> str:
         """A local checkpoint by content; for vllm a Hub id as written (pin a `revision` in
@@ -193,6 +226,7 @@ class CaptionResult:
     caption: str | None
     error: str | None = None
     tokens: int | None = field(default=None, compare=False)  # generated tokens where known (accounting only)
+    finish_reason: str | None = field(default=None, compare=False)  # "stop", "length" (the token cap); None: unknown
 
     def __post_init__(self) -> None:
         if (self.caption is None) == (self.error is None):
@@ -215,8 +249,10 @@ class Captioner(ABC):
         self.config = config
 
     @abstractmethod
-    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
-        """Caption `images`; `original_captions` are the source's captions, aligned with them."""
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None],
+                      fallback: bool = False) -> list[CaptionResult]:
+        """Caption `images`; `original_captions` are the source's captions, aligned with them.
+        `fallback`: the config's fallback decoding (the retry of a caption the checks refused)."""
 
 
 
@@ -240,11 +276,13 @@ def shrink_to_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
 
 
 def generated_caption(text: object, max_chars: int, tokens: int | None = None,
-                      empty: str = "the model generated no text") -> CaptionResult:
+                      empty: str = "the model generated no text", finish_reason: str | None = None) -> CaptionResult:
     """A model's answer as a stored caption: cleaned and capped like every caption
     (prx_core.models.caption_text); nothing left is an `empty_caption` failure."""
     caption = clean_caption(text, max_chars).text
-    return CaptionResult(caption, tokens=tokens) if caption else CaptionResult.failed(EMPTY_CAPTION, empty)
+    if not caption:
+        return replace(CaptionResult.failed(EMPTY_CAPTION, empty), finish_reason=finish_reason)
+    return CaptionResult(caption, tokens=tokens, finish_reason=finish_reason)
 
 
 def check_lengths(images: Sequence[bytes], original_captions: Sequence[str | None]) -> None:

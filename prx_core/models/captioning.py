@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from prx_core.models.caption_base import (
+    EMPTY_CAPTION,
     NO_SOURCE_CAPTION,
     OPENAI,
     SOURCE,
@@ -28,6 +30,17 @@ from prx_core.models.caption_base import (
     to_bytes,
     to_optional_str,
     word_count,
+)
+from prx_core.models.caption_checks import (
+    EMPTY,
+    FLAGGED,
+    OK,
+    REJECTED,
+    RETRIED,
+    UNCHECKED,
+    Verdict,
+    check_generated,
+    check_source,
 )
 from prx_core.models.caption_text import clean_caption
 
@@ -45,7 +58,8 @@ class SourceCaptioner(Captioner):
     """Keeps the source dataset's caption: the baseline, and the no-GPU path. Ingest cleaned and
     capped it already; it is cleaned again (a no-op then) for rows ingested before that existed."""
 
-    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None],
+                      fallback: bool = False) -> list[CaptionResult]:
         check_lengths(images, original_captions)
         if self.config.seconds_per_image:
             time.sleep(self.config.seconds_per_image * len(images))
@@ -77,6 +91,14 @@ def missing_caption_message(captioner_version: str, error: str | None) -> str:
     return f"no caption for captioner version {captioner_version}"
 
 
+def rejected_caption_message(captioner_version: str, problem: str) -> str:
+    """The message of a `caption_rejected` reject in `mds_shards`: the caption checks refused the
+    captioner's answer and its retry (prx_core.models.caption_checks)."""
+    return (f"the caption of captioner version {captioner_version} failed the caption checks twice ({problem}), "
+            "also with the fallback decoding: stored as rejected, never shipped; a new captioner version or "
+            "fallback setting captions it again (the explorer's caption filter lists them)")
+
+
 def build_captioner(config: CaptionerConfig) -> Captioner:
     if config.backend == SOURCE:
         return SourceCaptioner(config)
@@ -96,12 +118,64 @@ def build_captioner(config: CaptionerConfig) -> Captioner:
     raise ValueError(f"no captioner for backend {config.backend!r}")  # unreachable: config validates
 
 
+@dataclass(frozen=True)
+class Checked:
+    """A caption with its quality verdict: `verdict` "" for a failure (its `result.error` is stored
+    and retried on the next run), else one of caption_checks.VERDICTS; `problem` the check that
+    refused (or flagged) it; `attempts` the generations made; `tokens` generated over all of them."""
+
+    result: CaptionResult
+    verdict: str = ""
+    problem: str = ""
+    attempts: int = 1
+    tokens: int = 0
+
+
+def judge(result: CaptionResult, config: CaptionerConfig) -> Verdict | None:
+    """A generated result's verdict; None for a failure that is no caption at all (a bad image,
+    an engine error: stored as a failure, not judged). An empty answer is the `empty` problem."""
+    if result.error is not None:
+        return Verdict(EMPTY, result.error) if result.reason == EMPTY_CAPTION else None
+    return check_generated(result.caption, result.finish_reason, min_words=config.min_words, max_words=config.max_words)
+
+
+def judged(result: CaptionResult, config: CaptionerConfig, attempts: int = 1, tokens: int = 0) -> Checked:
+    """One generation's result with its verdict, without a retry (vLLM's single pass, a retry's answer)."""
+    if not config.check_captions:
+        return Checked(result, "" if result.error else UNCHECKED, attempts=attempts, tokens=tokens)
+    verdict = judge(result, config)
+    if verdict is None:
+        return Checked(result, attempts=attempts, tokens=tokens)
+    if verdict.ok:
+        return Checked(result, OK if attempts == 1 else RETRIED, attempts=attempts, tokens=tokens)
+    return Checked(CaptionResult(result.caption or "", finish_reason=result.finish_reason), REJECTED,
+                   verdict.problem, attempts, tokens)
+
+
+def checked_captions(captioner: Captioner, images: Sequence[bytes], originals: Sequence[str | None]) -> list[Checked]:
+    """Caption, check, and generate once more with the fallback decoding what the checks refused;
+    a second refusal is `rejected` (stored, never shipped). Source captions are only flagged."""
+    config = captioner.config
+    results = captioner.caption_batch(images, originals)
+    if config.backend == SOURCE:
+        return [Checked(r, FLAGGED if (v := check_source(r.caption, max_words=config.max_words)).problem else OK,
+                        v.problem, 0) if r.error is None else Checked(r, attempts=0) for r in results]
+    first = [judged(r, config, tokens=r.tokens or 0) for r in results]
+    redo = [i for i, c in enumerate(first) if c.verdict == REJECTED]
+    again = captioner.caption_batch([images[i] for i in redo], [originals[i] for i in redo], fallback=True) if redo else []
+    for i, result in zip(redo, again):
+        retry = judged(result, config, attempts=2, tokens=first[i].tokens + (result.tokens or 0))
+        first[i] = Checked(retry.result, retry.verdict, retry.problem or first[i].problem, 2, retry.tokens)
+    return first
+
+
 class CaptionBatch:
     """Ray Data `map_batches` callable: one captioner per actor, built in the constructor.
 
     Input columns: content_id, image (bytes), original_caption (optional). Output: content_id,
     caption ("" on failure), captioner_id, captioner_version, prompt_version, word_count, error
-    ("" when ok), num_generated_tokens (0 where unknown). The image bytes are not passed on.
+    ("" when ok), num_generated_tokens (0 where unknown; both attempts of a retried caption),
+    finish_reason, verdict, problem, attempts (`checked_captions`). The image bytes are not passed on.
     """
 
     def __init__(self, config: CaptionerConfig) -> None:
@@ -114,7 +188,8 @@ class CaptionBatch:
         content_ids = [str(value) for value in batch["content_id"]]
         images = [to_bytes(value) for value in batch["image"]]
         originals = batch["original_caption"] if "original_caption" in batch else [None] * len(images)
-        results = self.captioner.caption_batch(images, [to_optional_str(value) for value in originals])
+        checked = checked_captions(self.captioner, images, [to_optional_str(value) for value in originals])
+        results = [c.result for c in checked]
         captions = [result.caption or "" for result in results]
         count = len(results)
         return {
@@ -125,5 +200,9 @@ class CaptionBatch:
             "prompt_version": np.array([self.config.recorded_prompt_version()] * count, dtype=object),
             "word_count": np.array([word_count(text) for text in captions], dtype=np.int64),
             "error": np.array([result.error or "" for result in results], dtype=object),
-            "num_generated_tokens": np.array([result.tokens or 0 for result in results], dtype=np.int64),
+            "num_generated_tokens": np.array([c.tokens for c in checked], dtype=np.int64),
+            "finish_reason": np.array([result.finish_reason or "" for result in results], dtype=object),
+            "verdict": np.array([c.verdict for c in checked], dtype=object),
+            "problem": np.array([c.problem for c in checked], dtype=object),
+            "attempts": np.array([c.attempts for c in checked], dtype=np.int64),
         }

@@ -21,6 +21,7 @@ import base64
 import io
 from collections import Counter
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Sequence
 
 from prx_core.models import openai_http as http
@@ -57,8 +58,11 @@ def data_url(jpeg: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
 
 
-def request_body(config: CaptionerConfig, jpeg: bytes) -> dict[str, Any]:
-    return {
+def request_body(config: CaptionerConfig, jpeg: bytes, fallback: bool = False) -> dict[str, Any]:
+    """The chat-completions body; `fallback`: the retry of a refused caption, with the config's
+    fallback temperature and `repetition_penalty` (an extra parameter vLLM, SGLang and TGI accept)."""
+    temperature = config.fallback_temperature if fallback else config.temperature
+    body = {
         "model": config.model,
         "messages": [{
             "role": "user",
@@ -68,11 +72,16 @@ def request_body(config: CaptionerConfig, jpeg: bytes) -> dict[str, Any]:
             ],
         }],
         "max_tokens": config.max_new_tokens,
-        "temperature": float(config.temperature),
-        "top_p": float(config.top_p) if config.temperature > 0 else 1.0,
+        "temperature": float(temperature),
+        "top_p": float(config.top_p) if temperature > 0 else 1.0,
         "n": 1,
         "stream": False,
     }
+    if fallback and config.fallback_repetition_penalty != 1.0:
+        body["repetition_penalty"] = float(config.fallback_repetition_penalty)
+    if fallback and temperature > 0:
+        body["seed"] = 0  # a sampled retry is reproducible where the server honours seeds
+    return body
 
 
 @dataclass
@@ -99,9 +108,10 @@ class OpenAICaptioner(Captioner):
         self.usage: Counter[str] = Counter()
         self.last_usage: list[dict[str, int] | None] = []
 
-    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None]) -> list[CaptionResult]:
+    def caption_batch(self, images: Sequence[bytes], original_captions: Sequence[str | None],
+                      fallback: bool = False) -> list[CaptionResult]:
         check_lengths(images, original_captions)
-        outcomes = self.client.gather(list(images), self._caption_one)
+        outcomes = self.client.gather(list(images), partial(self._caption_one, fallback=fallback))
         self.last_usage = [o.usage for o in outcomes]
         for o in outcomes:
             self.usage["images"] += 1
@@ -113,11 +123,11 @@ class OpenAICaptioner(Captioner):
         return [replace(o.result, tokens=(o.usage or {}).get("completion_tokens")) if o.result.error is None else o.result
                 for o in outcomes]
 
-    async def _caption_one(self, data: bytes, post: http.Post) -> Attempt:
+    async def _caption_one(self, data: bytes, post: http.Post, fallback: bool = False) -> Attempt:
         jpeg = encode_for_request(data, self.config.max_pixels)  # CPU work, before the first await
         if isinstance(jpeg, CaptionResult):
             return Attempt(jpeg, None, 0)
-        reply = await post(request_body(self.config, jpeg))
+        reply = await post(request_body(self.config, jpeg, fallback))
         if reply.text is None:
             return Attempt(caption_failure(reply, self.config.timeout_s), None, reply.attempts)
         result, usage = parse_response(reply.text, self.config.max_caption_chars)
@@ -141,8 +151,8 @@ def caption_failure(reply: http.Reply, timeout_s: float) -> CaptionResult:
 def parse_response(text: str, max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
                    ) -> tuple[CaptionResult, dict[str, int] | None]:
     """`choices[0].message.content` (a string, or content parts with string `text`) as the caption,
-    cleaned and capped, and the integer `usage` counts if present. Never raises: any other body
-    is a `bad_response` result."""
+    cleaned and capped, with `choices[0].finish_reason` ("length": the token cap stopped it) and
+    the integer `usage` counts if present. Never raises: any other body is a `bad_response` result."""
     try:
         content, body = http.parse_chat(text)
         caption = content_text(content)
@@ -151,7 +161,10 @@ def parse_response(text: str, max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
         raw = body.get("usage") if isinstance(body, dict) else None
         usage = {k: v for k, v in raw.items() if k in ("prompt_tokens", "completion_tokens")
                  and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62} if isinstance(raw, dict) else {}
-        return generated_caption(caption, max_caption_chars, empty="the endpoint returned no text"), usage or None
+        reason = body["choices"][0].get("finish_reason") if isinstance(body["choices"][0], dict) else None
+        reason = reason[:40] if isinstance(reason, str) else None
+        return generated_caption(caption, max_caption_chars, empty="the endpoint returned no text",
+                                 finish_reason=reason), usage or None
     except http.BAD_SHAPE as exc:
         return CaptionResult.failed(BAD_RESPONSE, f"{exc} in {' '.join(str(text)[:400].split())[:200]}"), None
     except Exception as exc:  # the contract: a result, never an exception, whatever the body holds

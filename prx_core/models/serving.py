@@ -190,7 +190,7 @@ class CaptionServer:
             if result.error is not None:  # a bad image is the client's fault; a model failure ours
                 return error_response(400 if result.error.startswith(DECODE_ERROR) else 500, result.error)
             stats.served += 1
-            return web.json_response(self.completion(result.caption, tokens))
+            return web.json_response(self.completion(result.caption, tokens, result.finish_reason or "stop"))
         finally:
             stats.in_flight -= 1
 
@@ -225,11 +225,11 @@ class CaptionServer:
             return len(text.split())
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def completion(self, caption: str, tokens: int) -> dict[str, Any]:
+    def completion(self, caption: str, tokens: int, finish_reason: str = "stop") -> dict[str, Any]:
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
             "model": self.model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": caption}, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": caption}, "finish_reason": finish_reason}],
             "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens},
         }
 

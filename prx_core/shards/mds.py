@@ -48,7 +48,10 @@ MEMBER_INDEX = "member.json"  # a small stream merged into `_merged` (prx_core.s
 CHUNK_RECORD = "prx-chunk.parquet"  # what a chunk holds, in order: ignored by streaming (not in index.json)
 CHUNK_RECORD_SCHEMA = pa.schema([  # the stored samples in stream order (reason null), then the refused ones
     ("sample_id", pa.string()), ("content_id", pa.string()), ("source_key", pa.string()),
-    ("image_sha256", pa.string()), ("reason", pa.string()), ("message", pa.string())])
+    ("image_sha256", pa.string()), ("reason", pa.string()), ("message", pa.string()),
+    # what the sample's caption is keyed by (prx_core.models.caption_keys): its labels are looked
+    # up by it; a record written before caption keys existed reads as its content ids
+    ("caption_key", pa.string())])
 BUCKET_FOLDER = re.compile(r"(\d+)x(\d+)")
 StreamKey = tuple[int, int, int]  # (tier, width, height)
 
@@ -97,7 +100,10 @@ def read_chunk_record(folder: str, storage_options: dict | None = None) -> pa.Ta
     with fs.open(join_uri(folder, CHUNK_RECORD), "rb") as handle:
         # pre_buffer reads on Arrow IO threads that can outlive the file object: one finishing at
         # interpreter exit aborts the process (a build printed "ok" and then died of SIGABRT)
-        return pq.read_table(handle, pre_buffer=False)
+        record = pq.read_table(handle, pre_buffer=False)
+    if "caption_key" not in record.column_names:  # captions were keyed by content then
+        record = record.append_column("caption_key", record["content_id"])
+    return record
 
 
 def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None = None,
@@ -150,6 +156,7 @@ def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Seq
         writer.write(sample)
         for column, value in (("sample_id", row["sample_id"]), ("content_id", row.get("content_id")),
                               ("source_key", row.get("source_key")), ("reason", None), ("message", None),
+                              ("caption_key", row.get("caption_key", row.get("content_id"))),
                               ("image_sha256", hashlib.sha256(row["jpeg"]).hexdigest())):
             record[column].append(value)
     writer.finish()

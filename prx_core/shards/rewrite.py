@@ -135,7 +135,7 @@ def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[
     positions left out, images and text latents verbatim (the writer stores bytes as given)."""
     from streaming.base.format.mds.encodings import mds_decode
 
-    stored = stored.select(["content_id", "source_key"]).to_pylist()
+    stored = stored.select(["content_id", "source_key", "caption_key"]).to_pylist()
     with _local_copy(folder, storage.storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
@@ -146,6 +146,7 @@ def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[
                    if columns[k] != "jpeg"}
             row["jpeg"] = raw["image"]
             row["content_id"], row["source_key"] = stored[position]["content_id"], stored[position]["source_key"]
+            row["caption_key"] = stored[position]["caption_key"]  # what skip_lists looks the labels up by
             yield row
 
 

@@ -1,8 +1,12 @@
 """Stage `captions`: caption every eligible content of a source once per captioner version.
 
 Eligible means bucketed (not rejected, not dropped): nothing that cannot reach the corpus is
-captioned. Captions are keyed by (`content_id`, captioner version) and shared by all sources,
-so re-ingests, byte-identical images in two sources and reruns after a crash reuse them.
+captioned. A model's captions are keyed by (`content_id`, captioner version) and shared by all
+sources, so re-ingests, byte-identical images in two sources and reruns after a crash reuse them;
+the `source` captioner's are keyed by (content, the sample's own caption), so a sample never
+ships another source's text (prx_core.models.caption_keys). Every caption is checked before it is
+stored (prx_core.models.caption_checks, prx_core.stages.captions_quality): a refused one is
+generated once more with the fallback decoding, then stored `rejected` and refused by mds_shards.
 The source runs as work units (prx_core.stages.contents) on captioner actors (one model each);
 each unit looks up which of its contents are captioned already, captions the rest and writes
 them as fragments, which the driver appends in batched commits. Failures are stored with their
@@ -31,6 +35,7 @@ from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.caption_base import NO_SOURCE_CAPTION, SOURCE, VLLM, CaptionerConfig
 from prx_core.models.captioning import CaptionBatch, no_source_captions_message
+from prx_core.models.caption_checks import FLAGGED, REJECTED, RETRIED
 from prx_core.models.fused import FusedCaptionBatch, check_fusable
 from prx_core.models.text_latents import TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
@@ -41,12 +46,21 @@ from prx_core.stages.contents import (
     model_seconds,
     model_units,
     offending_samples,
-    owned_contents,
+    owned_captions,
     pin_contents,
     prefetched,
     stored_rows,
     without,
     write_latents,
+)
+from prx_core.stages.captions_quality import (
+    QUALITY_COLUMNS,
+    detail_owners,
+    judged_rows,
+    new_quality,
+    refused_unchecked,
+    stored_quality,
+    verdict_counts,
 )
 from prx_core.stages.model_pipeline import pipeline_units
 from prx_core.stages.report import StageReport
@@ -93,6 +107,30 @@ class CaptionsReport(StageReport):
     without_source_caption_examples: list[str] = field(default_factory=list)  # sample_ids of a few of them
     latents_encoded: int = 0  # text_latents.fused: latents the captioners computed with their captions
     text_latents_version: int | None = None
+    # the caption checks, over the partition's eligible captions after the run: "<verdict>" or
+    # "<verdict>:<problem>" -> captions (captions_quality: `quality_table`, `verdict_counts`)
+    quality: dict[str, int] = field(default_factory=dict)
+    fallbacks: int = 0  # captions this run generated a second time with the fallback decoding
+    rejected_now: int = 0  # captions this run stored as rejected (refused twice)
+    rechecked: int = 0  # captions stored before the checks that failed them and were captioned again
+
+    @property
+    def rejected(self) -> int:
+        """Eligible captions the checks refused twice: stored, never shipped (caption_rejected)."""
+        return verdict_counts(self.quality).get(REJECTED, 0)
+
+    @property
+    def retried(self) -> int:
+        return verdict_counts(self.quality).get(RETRIED, 0)
+
+    @property
+    def flagged(self) -> int:
+        return verdict_counts(self.quality).get(FLAGGED, 0)
+
+    @property
+    def shippable(self) -> int:
+        """Eligible captions mds_shards can ship: stored, not failed, not rejected."""
+        return max(self.eligible - self.missing - self.rejected, 0)
 
     @property
     def images_per_second(self) -> float:
@@ -123,46 +161,62 @@ def version_filter(config: CaptionerConfig) -> str:
     return f"captioner_version = {lance_io.sql_literal(config.version())}"
 
 
-def failed_captions(config: CaptionerConfig, content_ids: list[str]) -> str:
-    """The stored failures of these contents, which their new captions replace."""
-    return keys_predicate("content_id", content_ids, f"{version_filter(config)} AND error != ''")
+def failed_captions(config: CaptionerConfig, keys: list[str]) -> str:
+    """The stored rows of these keys that their new captions replace: failures, and captions stored
+    before the checks existed that fail them now (no verdict)."""
+    return keys_predicate("content_id", keys, f"{version_filter(config)} AND (error != '' OR verdict IS NULL)")
 
 
 def pending_captions(unit: Unit, run: UnitRun, *, config: CaptionerConfig) -> tuple[pa.Table, dict[str, Any]]:
-    """The unit's owned contents without a caption (content_id, _rowaddr), and its counts so far."""
-    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
-    stored = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "error"],
-                         version_filter(config))
-    ok = stored.filter(pc.equal(stored["error"], ""))["content_id"]
-    todo = without(owned, ok)
-    failed_before = set(stored.filter(pc.not_equal(stored["error"], ""))["content_id"].to_pylist())
-    retry = sorted(failed_before & set(todo["content_id"].to_pylist()))
+    """The unit's owned captions still to make (`owned_captions`: content_id, caption_key,
+    sample_id, _rowaddr), and its counts so far: failures and unchecked captions the checks refuse
+    now are made again (`retry`: their rows are replaced), the rest is reused with its verdict."""
+    owned = owned_captions(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec, config.version())
+    keys = owned["caption_key"].to_pylist()
+    stored = stored_rows(run.storage, "captions", keys, QUALITY_COLUMNS, version_filter(config))
+    unchecked = stored.filter(pc.and_(pc.equal(stored["error"], ""), pc.is_null(stored["verdict"])))["content_id"]
+    texts = stored_rows(run.storage, "captions", unchecked.to_pylist(), ["content_id", "caption"],
+                        f"{version_filter(config)} AND error = ''")
+    refused = set(refused_unchecked(config, texts))
+    done = set(stored.filter(pc.equal(stored["error"], ""))["content_id"].to_pylist()) - refused
+    todo = owned.filter(pc.invert(pc.is_in(owned["caption_key"], pa.array(sorted(done), pa.string()))))
+    replaced = set(stored.filter(pc.not_equal(stored["error"], ""))["content_id"].to_pylist()) | refused
     return todo, {"rows": unit.rows, "eligible": owned.num_rows, "reused": owned.num_rows - todo.num_rows,
-                  "retry": retry}
+                  "retry": sorted(replaced & set(todo["caption_key"].to_pylist())), "rechecked": len(refused),
+                  "quality": stored_quality(stored, done)}
 
 
-def read_caption_inputs(storage: Storage, version: int, addresses: list[int], with_image: bool) -> pa.Table:
+def read_caption_inputs(storage: Storage, version: int, addresses: list[int], with_image: bool,
+                        keys: list[str] | None = None) -> pa.Table:
+    """The captioner's input rows (content_id, original_caption, image) by row address; with `keys`,
+    `content_id` holds each row's caption key, the column the captions are stored under."""
     columns = ["content_id", "original_caption"] + (["image"] if with_image else [])
     rows = take_rows(storage.lance_uri("samples"), version, addresses, columns, storage.lance_storage_options())
+    if keys is not None:
+        rows = rows.set_column(0, "content_id", pa.array(keys, pa.string()))
     if not with_image:
         rows = rows.append_column("image", pa.array([b""] * rows.num_rows, pa.large_binary()))
     return rows
 
 
 def caption_unit(host: ModelHost, unit: Unit, run: UnitRun, *, config: CaptionerConfig) -> dict[str, Any]:
-    """On a captioner actor: caption the unit's pending contents, write them as fragments (the
+    """On a captioner actor: caption the unit's pending captions, write them as fragments (the
     captioner is loaded only when some are pending)."""
     todo, summary = pending_captions(unit, run, config=config)
     with_image = config.backend != SOURCE
-    loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, with_image)
-             for addresses in chunk(todo["_rowaddr"].to_pylist(), ROWS_PER_READ if with_image else TEXT_ROWS_PER_READ)]
+    size = ROWS_PER_READ if with_image else TEXT_ROWS_PER_READ
+    loads = [partial(read_caption_inputs, run.storage, run.manifest.inputs["samples"], addresses, with_image, keys)
+             for addresses, keys in zip(chunk(todo["_rowaddr"].to_pylist(), size),
+                                        chunk(todo["caption_key"].to_pylist(), size))]
     parts, model_seconds = [], 0.0
     for inputs in prefetched(loads):
         outputs, seconds = model_batches(host, inputs, config.batch_size)
         parts += [pa.table(out) for out in outputs]
         model_seconds += seconds
     fused = fused_summary(run.storage, parts, config.version()) if "fused_encoder_version" in run.manifest.params else {}
-    return {**summary, **caption_summary(run.storage, parts), **fused, "model_seconds": round(model_seconds, 4)}
+    written = caption_summary(run.storage, parts, detail_owners(todo))
+    quality = Counter(summary.pop("quality")) + Counter(written.pop("quality", {}))
+    return {**summary, **written, **fused, "quality": dict(quality), "model_seconds": round(model_seconds, 4)}
 
 
 def fused_summary(storage: Storage, parts: list[pa.Table], captioner_version: str) -> dict[str, Any]:
@@ -181,38 +235,44 @@ def latent_appends(summary: dict[str, Any]) -> dict[str, Any]:
 
 def read_pipeline_inputs(run: UnitRun, todo: pa.Table, config: CaptionerConfig) -> pa.Table:
     return read_caption_inputs(run.storage, run.manifest.inputs["samples"], todo["_rowaddr"].to_pylist(),
-                               config.backend != SOURCE)
+                               config.backend != SOURCE, todo["caption_key"].to_pylist())
 
 
-def write_captions(storage: Storage, batch: pa.Table) -> dict[str, Any]:
-    return caption_summary(storage, [batch])
+def write_captions(storage: Storage, batch: pa.Table, config: CaptionerConfig) -> dict[str, Any]:
+    """The vLLM pipeline's rows of one unit, checked (one pass: a refused answer is rejected), written."""
+    return caption_summary(storage, [judged_rows(batch, config)])
 
 
-def caption_summary(storage: Storage, parts: list[pa.Table]) -> dict[str, Any]:
-    """Counts of the produced caption rows, and the fragments they were written to."""
+def caption_summary(storage: Storage, parts: list[pa.Table],
+                    owners: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Counts of the produced caption rows, and the fragments they were written to; `owners`
+    (caption key -> content_id, sample_id) names the samples of the failures (else keys are contents)."""
     if not parts:
         return {"captioned": 0, "failed": 0, "without_source_caption": 0, "fragments": []}
     batch = pa.concat_tables(parts)
     rows = to_caption_rows(batch)
-    errors = rows["error"].to_pylist()
-    words = [w for w, e in zip(rows["word_count"].to_pylist(), errors) if not e]
-    reasons = [(c, e.split(":", 1)[0]) for c, e in zip(rows["content_id"].to_pylist(), errors) if e]
-    failed = [(c, r) for c, r in reasons if r != NO_SOURCE_CAPTION]  # the captioner's own failures
-    uncaptioned = [[c, r] for c, r in reasons if r == NO_SOURCE_CAPTION]
+    errors, verdicts = rows["error"].to_pylist(), rows["verdict"].to_pylist()
+    words = [w for w, e, v in zip(rows["word_count"].to_pylist(), errors, verdicts) if not e and v != REJECTED]
+    owner = (owners or {}).get
+    reasons = [(*(owner(c) or (c, "")), e.split(":", 1)[0]) for c, e in zip(rows["content_id"].to_pylist(), errors) if e]
+    failed = [(c, r, s) for c, s, r in reasons if r != NO_SOURCE_CAPTION]  # the captioner's own failures
+    uncaptioned = [[c, r, s] for c, s, r in reasons if r == NO_SOURCE_CAPTION]
     tokens = int(pc.sum(batch["num_generated_tokens"]).as_py() or 0) if "num_generated_tokens" in batch.column_names else 0
     written = lance_io.write_fragments(storage.lance_uri("captions"), rows, schemas.CAPTIONS,
                                        storage.lance_storage_options())
-    return {"captioned": len(words), "failed": len(failed), "without_source_caption": len(uncaptioned),
-            "failures": dict(Counter(r for _, r in failed)),
+    return {"captioned": len(errors) - len(reasons), "failed": len(failed), "without_source_caption": len(uncaptioned),
+            "failures": dict(Counter(r for _, r, _ in failed)),
             "words": sum(words), "in_100_200_words": sum(100 <= w <= 200 for w in words), "output_tokens": tokens,
-            "failed_examples": [c for c, _ in failed][:5],
-            "failed_detail": [[c, r] for c, r in failed][:FAILED_EXAMPLES],
+            "failed_examples": [c for c, _, _ in failed][:5],
+            "failed_detail": [[c, r, s] for c, r, s in failed][:FAILED_EXAMPLES],
             "uncaptioned_detail": uncaptioned[:FAILED_EXAMPLES],
-            "fragments": [f.to_json() for f in written]}
+            **new_quality(rows), "fragments": [f.to_json() for f in written]}
 
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:
-    return pa.table({name: batch[name].cast(schemas.CAPTIONS.field(name).type) for name in schemas.CAPTIONS.names})
+    """The CAPTIONS columns of a captioner's output (a column it does not give is null)."""
+    return pa.table({name: batch[name].cast(field.type) if name in batch.column_names else pa.nulls(batch.num_rows, field.type)
+                     for name, field in zip(schemas.CAPTIONS.names, schemas.CAPTIONS)})
 
 
 def pin_captions(run: StageRun) -> dict[str, int]:
@@ -220,6 +280,7 @@ def pin_captions(run: StageRun) -> dict[str, int]:
     in the manifest. Fused, the latents recorded units wrote and no commit took are appended first."""
     config: CaptionerConfig = run["config"]
     run.params["captioner_version"] = config.version()
+    lance_io.upgrade_table(run.storage.lance_uri("captions"), schemas.CAPTIONS, run.storage.lance_storage_options())
     if config.backend == VLLM:
         run.params["path"] = "pipeline"
     if run["fused"] is not None:
@@ -239,7 +300,7 @@ def caption_units(run: StageRun) -> None:
         from prx_core.models import captioning_vllm
 
         pipeline_units(run, prepare=partial(pending_captions, config=config),
-                       read=partial(read_pipeline_inputs, config=config), write=write_captions,
+                       read=partial(read_pipeline_inputs, config=config), write=partial(write_captions, config=config),
                        pipeline=partial(captioning_vllm.caption_dataset, config=config))
     elif run["fused"] is not None:  # one model per actor makes captions and their latents
         appends, latents = run.state["appends"], run.state["latents"]
@@ -277,6 +338,8 @@ def report_captions(run: StageRun) -> CaptionsReport:
         actors=config.replicas * config.tensor_parallel_size if vllm else run["actors"],
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
     report.without_source_caption = results.total("without_source_caption")
+    report.quality, report.fallbacks = results.counts("quality"), results.total("fallbacks")
+    report.rejected_now, report.rechecked = results.total("rejected_now"), results.total("rechecked")
     report.latents_encoded, report.text_latents_version = results.total("encoded"), run.versions.get("text_latents")
     failed = [d for s in results.summaries for d in s.get("failed_detail") or []]
     report.offenders = offending_samples(run.storage, source, failed, versions["buckets"])
@@ -292,7 +355,7 @@ def report_captions(run: StageRun) -> CaptionsReport:
 
 
 CAPTIONS = Stage(
-    "captions", reads=("samples", "buckets"), writes=("captions",), code_version="1", report_type=CaptionsReport,
+    "captions", reads=("samples", "buckets"), writes=("captions",), code_version="2", report_type=CaptionsReport,
     settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None, "fused": None},
     unit_sizes=(UnitSize("unit_rows", "Samples per `captions` unit: minutes of GPU work, so a crash loses little."),),
     # the captioner (and a fused encoder) enter as versions; actors and appends shape no output

@@ -23,9 +23,10 @@ import pyarrow.compute as pc
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
+from prx_core.models.caption_keys import caption_keys, keyed_by_text
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io, schemas
-from prx_core.store.lookups import lookup_keys
+from prx_core.store.lookups import lookup_keys, shipped_filter
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
@@ -64,6 +65,46 @@ def owned_contents(storage: Storage, inputs: Mapping[str, int], source: str, spe
     return mine.sort_by("content_id")
 
 
+OWNED_COLUMNS = ["content_id", "caption_key", "sample_id", "_rowaddr"]
+
+
+def owned_captions(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any],
+                   captioner_version: str) -> pa.Table:
+    """(content_id, caption_key, sample_id, _rowaddr of that sample) of the captions this unit owns,
+    one row per caption key (prx_core.models.caption_keys), sorted by it. A model caption's key is
+    its content: the unit's owned contents. Under the `source` captioner every (content, source
+    caption) pair is a key, owned with its content: the owner also reads the source captions of
+    the content's other bucketed samples in the source (by sample_id, outside the unit), so each
+    key of the source is computed by exactly one unit, from its first sample."""
+    if not keyed_by_text(captioner_version):
+        owned = owned_contents(storage, inputs, source, spec)
+        return owned.append_column("caption_key", owned["content_id"]).select(OWNED_COLUMNS)
+    options, where = storage.lance_storage_options(), source_predicate(source)
+    columns = ["sample_id", "content_id", "original_caption"]
+    rows = read_row_unit(storage.lance_uri("samples"), inputs["samples"], dict(spec), columns, where, options,
+                         with_row_address=True)
+    if rows.num_rows == 0:
+        return pa.table({c: pa.array([], pa.uint64() if c == "_rowaddr" else pa.string()) for c in OWNED_COLUMNS})
+    bucketed = lookup_keys(storage.lance_uri("buckets"), "content_id", rows["content_id"].to_pylist(),
+                           ["content_id", "sample_id"], f"{where} AND tier IS NOT NULL", options, inputs["buckets"])
+    first = bucketed.group_by("content_id").aggregate([("sample_id", "min")])
+    mine = rows.join(first, "content_id", join_type="inner")
+    mine = mine.filter(pc.equal(mine["sample_id"], mine["sample_id_min"]))["content_id"]
+    members = bucketed.filter(pc.is_in(bucketed["content_id"], mine.unique()))["sample_id"]
+    here = rows.filter(pc.is_in(rows["sample_id"], members)).select([*columns, "_rowaddr"])
+    away = sorted(set(members.to_pylist()) - set(here["sample_id"].to_pylist()))
+    if away:
+        found = lookup_keys(storage.lance_uri("samples"), "sample_id", away, columns, where, options,
+                            inputs["samples"], with_row_address=True)
+        here = pa.concat_tables([here, found.select([*columns, "_rowaddr"]).cast(here.schema)])
+    keys = caption_keys(captioner_version, here["content_id"].to_pylist(), here["original_caption"].to_pylist())
+    keyed = here.append_column("caption_key", pa.array(keys, pa.string()))
+    keyed = keyed.sort_by([("caption_key", "ascending"), ("sample_id", "ascending"), ("_rowaddr", "ascending")])
+    firsts = keyed.group_by("caption_key", use_threads=False).aggregate(
+        [("content_id", "first"), ("sample_id", "first"), ("_rowaddr", "first")])
+    return firsts.rename_columns(["caption_key", "content_id", "sample_id", "_rowaddr"]).select(OWNED_COLUMNS)
+
+
 def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], columns: list[str], where: str) -> pa.Table:
     """The shared table's rows for these contents (newest version: what earlier commits hold);
     none before the table's first commit."""
@@ -79,14 +120,18 @@ def stored_rows(storage: Storage, table: str, content_ids: Sequence[str], column
 
 def captioned_pending(unit: Unit, run: UnitRun, table: str, model_column: str,
                       columns: Sequence[str] = ("content_id",)) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """For a stage that models captions: the unit's owned contents with a caption of the run's
+    """For a stage that models captions: the unit's owned captions (`owned_captions`: their keys
+    in `content_id`, the column the shared tables key by) with a shipped caption of the run's
     captioner (content_id, caption), their `columns` in `table` for the run's captioner and
-    `model_column` version, and the captions without such a row (what the model still has to do)."""
+    `model_column` version, and the captions without such a row (what the model still has to do).
+    A caption the checks rejected is never shipped, so nothing is computed from it."""
     params = run.manifest.params
-    owned = owned_contents(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec)
+    owned = owned_captions(run.storage, run.manifest.inputs, run.manifest.partition, unit.spec,
+                           params["captioner_version"])
     captioner = f"captioner_version = {lance_io.sql_literal(params['captioner_version'])}"
-    captions = stored_rows(run.storage, "captions", owned["content_id"].to_pylist(), ["content_id", "caption"],
-                           f"{captioner} AND error = ''").sort_by("content_id")
+    keys = owned["caption_key"].to_pylist()
+    shipped = shipped_filter(run.storage, params["captioner_version"]) if keys else ""
+    captions = stored_rows(run.storage, "captions", keys, ["content_id", "caption"], shipped).sort_by("content_id")
     stored = stored_rows(run.storage, table, captions["content_id"].to_pylist(), list(columns),
                          f"{captioner} AND {model_column} = {lance_io.sql_literal(params[model_column])}")
     return captions, stored, without(captions, stored["content_id"])
@@ -96,16 +141,20 @@ def offending_samples(storage: Storage, source: str, failures: Sequence[Sequence
                       buckets_version: int | None = None) -> list[dict[str, str]]:
     """A coverage check's offenders: (content_id, reason) pairs -> rows naming the sample that owns
     each content (its first bucketed sample in the source), from one lookup on `buckets`' content_id
-    index; at most FAILED_EXAMPLES, sorted by sample_id."""
-    reasons = {str(c): str(r) for c, r in list(failures)[:FAILED_EXAMPLES]}
+    index; a (content_id, reason, sample_id) triple names its sample itself. At most
+    FAILED_EXAMPLES, sorted by sample_id."""
+    failures = list(failures)[:FAILED_EXAMPLES]
+    reasons = {str(f[0]): str(f[1]) for f in failures}
+    named = {str(f[0]): str(f[2]) for f in failures if len(f) > 2 and f[2]}
     if not reasons:
         return []
-    owners = lookup_keys(storage.lance_uri("buckets"), "content_id", sorted(reasons), ["content_id", "sample_id"],
-                         f"{source_predicate(source)} AND tier IS NOT NULL", storage.lance_storage_options(),
-                         buckets_version)
-    first: dict[str, str] = {}
-    for content, sample in zip(owners["content_id"].to_pylist(), owners["sample_id"].to_pylist()):
-        first[content] = min(first.get(content, sample), sample)
+    first: dict[str, str] = dict(named)
+    if unnamed := sorted(set(reasons) - set(named)):
+        owners = lookup_keys(storage.lance_uri("buckets"), "content_id", unnamed, ["content_id", "sample_id"],
+                             f"{source_predicate(source)} AND tier IS NOT NULL", storage.lance_storage_options(),
+                             buckets_version)
+        for content, sample in zip(owners["content_id"].to_pylist(), owners["sample_id"].to_pylist()):
+            first[content] = min(first.get(content, sample), sample)
     rows = [{"sample_id": first.get(c, ""), "content_id": c, "reason": r} for c, r in reasons.items()]
     return sorted(rows, key=lambda row: (row["sample_id"], row["content_id"]))
 

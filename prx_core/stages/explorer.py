@@ -72,7 +72,8 @@ class ExplorerReport(StageReport):
 def _summary(storage: Storage, rows: pa.Table) -> dict[str, Any]:
     written = lance_io.write_fragments(storage.lance_uri("explorer"), rows, schemas.EXPLORER,
                                        storage.lance_storage_options()) if rows.num_rows else []
-    return {"rows": rows.num_rows, "captioned": rows.num_rows - rows["caption"].null_count,
+    rejected = sum(v == "rejected" for v in rows["caption_verdict"].to_pylist())
+    return {"rows": rows.num_rows, "captioned": rows.num_rows - rows["caption"].null_count - rejected,
             "in_mds": rows.num_rows - rows["mds_index"].null_count,
             "skipped": rows.num_rows - rows["skip_reason"].null_count,
             "facets": count_facets(rows), **unit_outputs(storage, "explorer", written, [])}
@@ -125,6 +126,7 @@ def pin_tables(run: StageRun) -> dict[str, int | None]:
     storage, options, source = run.storage, run.storage.lance_storage_options(), run.partition
     if not lance_io.table_exists(storage.lance_uri("samples"), options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
+    lance_io.upgrade_table(storage.lance_uri("explorer"), schemas.EXPLORER, options)  # workers write its schema
     samples, run.state["samples"] = plan_row_units(storage.lance_uri("samples"), source_predicate(source),
                                                    run["unit_rows"], options)
     inputs: dict[str, int | None] = {"samples": samples}
@@ -176,7 +178,8 @@ def report_explorer(run: StageRun) -> ExplorerReport:
 
 
 EXPLORER = Stage(
-    "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="2",  # 2: search_text
+    # 2: search_text; 3: captions by caption key, what produced them, their verdicts, the worst captions
+    "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="3",
     report_type=ExplorerReport, phases=("samples", "rejects"),
     settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),

@@ -17,15 +17,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.models.caption_checks import REJECTED, repetition_score
+from prx_core.models.caption_keys import caption_keys
 from prx_core.shards.skiplists import stream_skip_reasons
 from prx_core.store import lance_io, schemas
-from prx_core.store.lookups import lookup_keys
+from prx_core.store.lookups import has_verdicts, lookup_keys
 from prx_core.store.storage import Storage
 
 META_KEY = "label"  # the metadata key whose values the explorer counts and filters (`meta_label`)
 MAX_META_VALUE = 200  # characters of a metadata value the `meta` filter accepts; longer ones are not counted
 FACET_VALUES = 200  # values per facet a unit counts (the most frequent): summaries stay small
-FACETS = ("label", "tier", "bucket", "group", "skipped", "rejected", "meta", "side", "aspect", "totals")
+FACETS = ("label", "tier", "bucket", "group", "skipped", "rejected", "meta", "caption", "side", "aspect", "totals")
+# The "worst captions" lists: per source, the WORST_CAPTIONS rows at the bad end of each measure
+# (sample_id -> the measure), kept in `explorer_facets` so the view reads a few hundred rows.
+WORST = {"shortest": "worst_shortest", "longest": "worst_longest", "repetitive": "worst_repetitive",
+         "retried": "worst_retried"}
+WORST_CAPTIONS = 100
+REPETITION_SCALE = 10_000  # a repetition score is counted as an integer of this scale
+QUALITY_COLUMNS = {"verdict": "caption_verdict", "problem": "caption_problem", "attempts": "caption_attempts",
+                   "captioner_id": "captioner_id"}
 SIDE_BINS = 8  # per octave of sqrt(width x height): the overview's resolution histogram, per source
 ASPECT_BINS = 16  # per octave of width / height: its aspect-ratio histogram
 SAMPLE_COLUMNS = ["sample_id", "content_id", "source", "source_key", "width", "height", "format", "jpeg_quality",
@@ -105,13 +115,20 @@ def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, pa
     rows = _joined(rows, groups, "sample_id", {c: c for c in ("group_id", "group_size", "keeper", "keeper_sample_id")})
     captioner, labeler = params["captioner_version"], params["labeler_version"]
     where = f"captioner_version = {lance_io.sql_literal(captioner)}"
-    captions = _lookup(storage, inputs, "captions", "content_id", contents, ["content_id", "caption", "word_count", "error"],
-                       where)
-    rows = _joined(rows, captions, "content_id", {"caption": "caption", "word_count": "word_count",
-                                                  "error": "caption_error"})
-    labels = _lookup(storage, inputs, "caption_labels", "content_id", contents, ["content_id", "label", "score"],
+    keyed = [None if c is None else k for c, k in zip(rows["content_id"].to_pylist(), caption_keys(
+        captioner, [c or "" for c in rows["content_id"].to_pylist()], rows["original_caption"].to_pylist()))]
+    rows = rows.append_column("_key", pa.array(keyed, pa.string()))
+    keys = [k for k in set(keyed) if k]
+    quality = [c for c in QUALITY_COLUMNS if c != "captioner_id"] if inputs.get("captions") is not None and \
+        has_verdicts(storage, inputs["captions"]) else []
+    captions = _lookup(storage, inputs, "captions", "content_id", keys,
+                       ["content_id", "caption", "word_count", "error", "captioner_id", *quality], where)
+    rows = _joined(rows, captions.rename_columns(["_key", *captions.column_names[1:]]), "_key",
+                   {"caption": "caption", "word_count": "word_count", "error": "caption_error",
+                    **{c: QUALITY_COLUMNS[c] for c in ("captioner_id", *quality)}})
+    labels = _lookup(storage, inputs, "caption_labels", "content_id", keys, ["content_id", "label", "score"],
                      f"{where} AND labeler_version = {lance_io.sql_literal(labeler)}")
-    rows = _joined(rows, labels, "content_id", {"label": "label", "score": "score"})
+    rows = _joined(rows, labels.rename_columns(["_key", "label", "score"]), "_key", {"label": "label", "score": "score"})
     placed = _lookup(storage, inputs, "mds_index", "sample_id", ids, ["sample_id", "index", "tier", "bucket"])
     rows = _joined(rows, placed.rename_columns(["sample_id", "index", "mds_tier", "mds_bucket"]), "sample_id",
                    {"index": "mds_index", "mds_tier": "mds_tier", "mds_bucket": "mds_bucket"})
@@ -120,6 +137,13 @@ def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, pa
     versions = pa.array([captioner if c is not None else None for c in rows["caption"].to_pylist()], pa.string())
     rows = rows.append_column("captioner_version", versions).append_column("skip_reason", reasons)
     rows = rows.append_column("search_text", search_text(rows["caption"], rows["original_caption"]))
+    own_keys = [k if k is not None and k != c else None for k, c in zip(keyed, rows["content_id"].to_pylist())]
+    rows = rows.append_column("caption_key", pa.array(own_keys, pa.string()))
+    scores = [None if t is None else repetition_score(t) for t in rows["caption"].to_pylist()]
+    rows = rows.append_column("caption_repetition", pa.array(scores, pa.float32()))
+    for column in QUALITY_COLUMNS.values():
+        if column not in rows.column_names:  # a captions table from before the checks
+            rows = rows.append_column(column, pa.nulls(rows.num_rows, schemas.EXPLORER.field(column).type))
     return rows.select(schemas.EXPLORER.names).cast(schemas.EXPLORER)
 
 
@@ -171,8 +195,26 @@ def count_totals(rows: pa.Table) -> dict[str, int]:
     keeper = rows["keeper"].to_pylist()
     return {"rows": rows.num_rows, "stored": sum(bool(v) for v in rows["stored"].to_pylist()),
             "rejected": present("reject_reason"), "bucketed": present("bucket"), "in_mds": present("mds_index"),
-            "skipped": present("skip_reason"), "captioned": present("caption"),
+            "skipped": present("skip_reason"),
+            "captioned": present("caption") - sum(v == REJECTED for v in rows["caption_verdict"].to_pylist()),
+            "caption_rejected": sum(v == REJECTED for v in rows["caption_verdict"].to_pylist()),
             "duplicates": sum(v is False for v in keeper)}
+
+
+def worst_captions(rows: pa.Table, top: int = WORST_CAPTIONS) -> dict[str, dict[str, int]]:
+    """The "worst captions" lists of these rows (facet -> sample_id -> measure): the `top` shortest
+    and longest by words, most repetitive (REPETITION_SCALE x score) and retried (attempts), among
+    the rows with a caption."""
+    captioned = rows.filter(pc.fill_null(pc.not_equal(rows["caption"], ""), False))
+    ids = captioned["sample_id"].to_pylist()
+    words = [w or 0 for w in captioned["word_count"].to_pylist()]
+    repeated = [round((r or 0) * REPETITION_SCALE) for r in captioned["caption_repetition"].to_pylist()]
+    attempts = [a or 0 for a in captioned["caption_attempts"].to_pylist()]
+    by_words = sorted(zip(words, ids))
+    return {WORST["shortest"]: {s: w for w, s in by_words[:top]},
+            WORST["longest"]: {s: w for w, s in sorted(zip(words, ids), key=lambda p: (-p[0], p[1]))[:top]},
+            WORST["repetitive"]: {s: r for r, s in sorted(zip(repeated, ids), key=lambda p: (-p[0], p[1]))[:top] if r},
+            WORST["retried"]: {s: a for a, s in sorted(zip(attempts, ids), key=lambda p: (-p[0], p[1]))[:top] if a > 1}}
 
 
 def count_values(column: pa.ChunkedArray | pa.Array, split: bool = False) -> Counter[str]:
@@ -190,14 +232,15 @@ def count_facets(rows: pa.Table, top: int = FACET_VALUES) -> dict[str, dict[str,
     `aspect` are histogram bins (`size_bins`), `totals` the overview's counts."""
     out = {"label": count_values(rows["label"]), "tier": count_values(rows["tier"]),
            "bucket": count_values(rows["bucket"]), "skipped": count_values(rows["skip_reason"], split=True),
-           "rejected": count_values(rows["reject_reason"]), "meta": count_values(rows["meta_label"])}
+           "rejected": count_values(rows["reject_reason"]), "meta": count_values(rows["meta_label"]),
+           "caption": count_values(rows["caption_problem"])}
     groups = count_values(rows["group_id"])
     sizes = dict(zip(rows["group_id"].to_pylist(), rows["group_size"].to_pylist()))
     largest = sorted(groups, key=lambda g: (-(sizes.get(g) or 0), g))[:top]
     side, aspect = size_bins(rows)
     return {**{name: dict(counts.most_common(top)) for name, counts in out.items()},
             "group": {g: groups[g] for g in largest}, "side": dict(side), "aspect": dict(aspect),
-            "totals": count_totals(rows)}
+            "totals": count_totals(rows), **worst_captions(rows)}
 
 
 def facet_rows(source: str, counts: Mapping[str, Mapping[str, int]]) -> pa.Table:
@@ -209,8 +252,13 @@ def facet_rows(source: str, counts: Mapping[str, Mapping[str, int]]) -> pa.Table
         values = counts.get(facet, {})
         if facet in ("side", "aspect", "totals"):
             return sorted(values.items())
+        if facet == WORST["shortest"]:  # the bad end is the low one (a 0-word caption counts too)
+            return sorted(values.items(), key=lambda p: (p[1], p[0]))[:WORST_CAPTIONS]
+        if facet in WORST.values():
+            return sorted(values.items(), key=lambda p: (-p[1], p[0]))[:WORST_CAPTIONS]
         return sorted((v, n) for v, n in Counter(values).most_common(FACET_VALUES) if n)
 
     rows = [{"source": source, "facet": facet, "value": value, "count": int(n)}
-            for facet in FACETS for value, n in kept(facet) if n or facet == "totals"]
+            for facet in (*FACETS, *WORST.values()) for value, n in kept(facet)
+            if n or facet in ("totals", WORST["shortest"])]
     return pa.Table.from_pylist(rows, schema=schemas.EXPLORER_FACETS)

@@ -1,5 +1,6 @@
 """The chunks of `mds_shards`: one Ray task per chunk of a stream gathers its routed rows, joins
-their captions, decodes and encodes each image once (`process_image`, without the pHash and quality ingest
+their captions by caption key (the content, or under the `source` captioner the sample's own
+caption: prx_core.models.caption_keys; a caption the checks rejected is refused), decodes and encodes each image once (`process_image`, without the pHash and quality ingest
 stored) and writes the chunk folder
 (`prx_core.shards.mds`), named after everything its bytes depend on, so a rerun over the same
 content reuses the complete folder instead of rewriting it."""
@@ -20,15 +21,17 @@ from prx_core.compute.parallel import take_rows
 from prx_core.compute.units import Unit, UnitRun
 from prx_core.image.decode import Rejection
 from prx_core.image.imaging import process_image
-from prx_core.models.captioning import missing_caption_message
+from prx_core.models.caption_keys import caption_keys
+from prx_core.models.captioning import missing_caption_message, rejected_caption_message
 from prx_core.shards.encodings import latent_columns
 from prx_core.shards.mds import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
 from prx_core.stages.mds_latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
-from prx_core.store.lookups import caption_errors, caption_texts
+from prx_core.store.lookups import caption_gaps, caption_texts
 from prx_core.store.storage import join_uri
 
 TAKE_ROWS = 32  # images read from Lance per request
 NO_CAPTION = "no_caption"
+CAPTION_REJECTED = "caption_rejected"  # the caption checks refused the captioner's answer twice
 BUCKET_MISMATCH = "bucket_mismatch"
 CHUNK_FORMAT = "mds-chunk-1"  # bump when what a chunk's bytes depend on changes outside its inputs
 ROUTE_SCHEMA = pa.schema([
@@ -43,13 +46,15 @@ def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     storage, source = run.storage, run.manifest.partition
     tier, width, height = unit.spec["stream"]
     rows = chunk_rows(unit, run)
-    captions = caption_texts(storage, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
-                             run.manifest.inputs["captions"])
+    captioner = run.manifest.params["captioner_version"]
     originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
                           ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
+    rows = rows.append_column("caption_key", pa.array(caption_keys(captioner, rows["content_id"].to_pylist(), originals),
+                                                      pa.string()))
+    keys = rows["caption_key"].to_pylist()
+    captions = caption_texts(storage, captioner, keys, run.manifest.inputs["captions"])
     latents = run.manifest.params.get("latents")
-    tokens = latent_tokens(storage, latents, run.manifest.params["captioner_version"], rows["content_id"].to_pylist(),
-                           run.manifest.inputs["text_latents"]) if latents else None
+    tokens = latent_tokens(storage, latents, captioner, keys, run.manifest.inputs["text_latents"]) if latents else None
     name = chunk_name(run, rows, captions, originals, tokens)
     folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
     reused = chunk_complete(folder, storage.storage_options)
@@ -68,7 +73,8 @@ def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
 def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals: list[str | None],
                tokens: dict[str, int] | None = None) -> str:
     """A name derived from everything the chunk's bytes depend on (the code and its settings, each
-    row's id, content and captions, and with text latents the encoder and which captions have one):
+    row's id, content and captions, its caption key where it is not the content (the record holds
+    it), and with text latents the encoder and which captions have one):
     the same content always gets the same folder, other content never does, so a published name is
     never rewritten with other bytes."""
     params = run.manifest.params
@@ -80,10 +86,10 @@ def chunk_name(run: UnitRun, rows: pa.Table, captions: dict[str, str], originals
                                         rows["bucket_width"][0].as_py() if rows.num_rows else None,
                                         rows["bucket_height"][0].as_py() if rows.num_rows else None],
                                        sort_keys=True).encode())
-    for sid, cid, key, original in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
-                                       rows["source_key"].to_pylist(), originals):
-        row = [sid, cid, key, captions.get(cid), original]
-        digest.update(json.dumps(row if tokens is None else [*row, tokens.get(cid)]).encode())
+    for sid, cid, key, original, ck in zip(rows["sample_id"].to_pylist(), rows["content_id"].to_pylist(),
+                                           rows["source_key"].to_pylist(), originals, rows["caption_key"].to_pylist()):
+        row = [sid, cid, key, captions.get(ck), original] + ([ck] if ck != cid else [])  # model captions: as before
+        digest.update(json.dumps(row if tokens is None else [*row, tokens.get(ck)]).encode())
     return "c-" + digest.hexdigest()[:24]
 
 
@@ -105,26 +111,30 @@ def chunk_rows(unit: Unit, run: UnitRun) -> pa.Table:
 
 def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None], run: UnitRun,
            refused: list[dict]) -> Iterator[dict[str, Any]]:
-    """The chunk's MDS rows in order, its captions joined, each image decoded and encoded once;
-    what cannot be stored goes to `refused` with a reason (an uncaptioned one with its stored failure)."""
+    """The chunk's MDS rows in order, its captions joined by caption key, each image decoded and
+    encoded once; what cannot be stored goes to `refused` with a reason (an uncaptioned one with its
+    stored failure, a rejected caption with the check that refused it)."""
     storage, params, source = run.storage, run.manifest.params, run.manifest.partition
-    uncaptioned = [c for c in rows["content_id"].to_pylist() if c not in captions]
-    why = caption_errors(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"]).get
+    uncaptioned = [k for k in rows["caption_key"].to_pylist() if k not in captions]
+    gaps = caption_gaps(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"])
     latents = params.get("latents")
     for start in range(0, rows.num_rows, TAKE_ROWS):
         part = rows.slice(start, TAKE_ROWS).to_pylist()
         images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
                            ["image"], storage.lance_storage_options())["image"].to_pylist()
-        extra = latent_fields(storage, latents, params["captioner_version"], [r["content_id"] for r in part],
+        extra = latent_fields(storage, latents, params["captioner_version"], [r["caption_key"] for r in part],
                               run.manifest.inputs["text_latents"]) if latents else {}
         for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
-            base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"]}
-            caption = captions.get(row["content_id"])
+            base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"],
+                    "caption_key": row["caption_key"]}
+            caption = captions.get(row["caption_key"])
             if caption is None:
-                refused.append({**base, "reason": NO_CAPTION, "message": missing_caption_message(
-                    params["captioner_version"], why(row["content_id"]))})
+                error, problem = gaps.get(row["caption_key"], ("", ""))
+                message = (rejected_caption_message(params["captioner_version"], problem) if problem
+                           else missing_caption_message(params["captioner_version"], error or None))
+                refused.append({**base, "reason": CAPTION_REJECTED if problem else NO_CAPTION, "message": message})
                 continue
-            if latents and row["content_id"] not in extra:
+            if latents and row["caption_key"] not in extra:
                 refused.append({**base, "reason": NO_TEXT_LATENT, "message": missing_latent_message(latents)})
                 continue
             result = process_image(image, max_pixels=params["max_pixels"], max_tier=params["max_tier"], facts=False)
@@ -138,4 +148,4 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
             yield {**base, "source": source, "jpeg": result.jpeg, "caption": caption,
                    "original_caption": original or "", "width": result.bucket.width,
                    "height": result.bucket.height, "original_width": result.original_size[0],
-                   "original_height": result.original_size[1], **extra.get(row["content_id"], {})}
+                   "original_height": result.original_size[1], **extra.get(row["caption_key"], {})}

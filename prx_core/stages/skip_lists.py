@@ -5,7 +5,7 @@ Two passes of work units over the source's published streams (each stream's list
 completion record, `prx_core.shards.skip_records`, so the loader refuses a stream this stage has
 not finished for its current index); the driver holds one entry per
 stream and per chunk. Per chunk (the chunk's own record lists its samples in stream order) a
-worker looks up the chunk's losing duplicates by sample_id and its labels by content_id (batched
+worker looks up the chunk's losing duplicates by sample_id and its labels by caption key (batched
 IN-list lookups on the shared tables), matches opt-outs, and writes the chunk's skipped
 positions to scratch; per stream a worker concatenates them in chunk order and writes the
 stream's skip-lists, bound to the digest of the index.json they were computed for. Declared as
@@ -98,7 +98,7 @@ def skip_chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     options = storage.lance_storage_options()
     record = read_chunk_record(join_uri(unit.spec["stream_uri"], unit.spec["chunk"]), storage.storage_options)
     record = record.filter(pc.field("reason").is_null())
-    ids, contents = record["sample_id"].to_pylist(), record["content_id"].to_pylist()
+    ids, contents = record["sample_id"].to_pylist(), record["caption_key"].to_pylist()  # labels are keyed by caption
     reasons: list[tuple[str, set[str], list[str]]] = []  # (reason, hits, the column they match)
     if params["duplicates"] and inputs.get("duplicates") is not None:
         losers = lookup_keys(storage.lance_uri("duplicates"), "sample_id", ids, ["sample_id"], "NOT keeper",

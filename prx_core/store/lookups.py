@@ -32,7 +32,7 @@ def lookup_session() -> lance.Session:
 
 def lookup_keys(uri: str, key_column: str, keys: Sequence[str], columns: list[str], where: str | None = None,
                 storage_options: dict[str, str] | None = None, version: int | None = None,
-                batch: int = LOOKUP_BATCH) -> pa.Table:
+                batch: int = LOOKUP_BATCH, with_row_address: bool = False) -> pa.Table:
     """Rows of `uri` whose `key_column` is one of `keys` (and match `where`): a join done by the
     worker that needs it, in IN-list batches a scalar index answers (10,000 keys out of a million
     rows: 0.26 s with a BTREE index on the key), never a scan of the whole shared table per row."""
@@ -40,7 +40,7 @@ def lookup_keys(uri: str, key_column: str, keys: Sequence[str], columns: list[st
     if version is not None:
         ds = ds.checkout_version(version)
     return lookup_literals(ds, key_column, [lance_io.sql_literal(k) for k in sorted(set(keys))], columns, where,
-                           batch=batch)
+                           with_row_address=with_row_address, batch=batch)
 
 
 def lookup_literals(ds: Any, column: str, literals: Sequence[str], columns: list[str], where: str | None = None,
@@ -56,22 +56,46 @@ def lookup_literals(ds: Any, column: str, literals: Sequence[str], columns: list
     return pa.schema(fields).empty_table()
 
 
-def caption_texts(storage: Storage, captioner_version: str, content_ids: Sequence[str],
+def has_verdicts(storage: Storage, version: int | None = None) -> bool:
+    """Whether `captions` (at `version`) has the quality columns: a table written before the
+    caption checks existed gains them at the next captions run, and holds no rejected caption."""
+    try:
+        ds = lance_io.require_table(storage.lance_uri("captions"), storage.lance_storage_options(), lookup_session())
+    except lance_io.TableNotFoundError:
+        return False
+    return "verdict" in (ds.checkout_version(version) if version is not None else ds).schema.names
+
+
+def shipped_filter(storage: Storage, captioner_version: str, version: int | None = None) -> str:
+    """The filter of a captioner version's captions that may be trained on: captioned, and not
+    rejected by the caption checks (prx_core.models.caption_checks)."""
+    where = f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''"
+    return where + (" AND (verdict IS NULL OR verdict != 'rejected')" if has_verdicts(storage, version) else "")
+
+
+def caption_texts(storage: Storage, captioner_version: str, keys: Sequence[str],
                   version: int | None = None) -> dict[str, str]:
-    """content_id -> caption for the given contents (successful captions of that captioner only)."""
-    table = lookup_keys(storage.lance_uri("captions"), "content_id", content_ids, ["content_id", "caption"],
-                        f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error = ''",
-                        storage.lance_storage_options(), version)
+    """caption key -> caption for the given keys (content ids, or a `source` captioner's keys:
+    prx_core.models.caption_keys), shipped captions of that captioner only."""
+    if not keys:
+        return {}
+    table = lookup_keys(storage.lance_uri("captions"), "content_id", keys, ["content_id", "caption"],
+                        shipped_filter(storage, captioner_version, version), storage.lance_storage_options(), version)
     return dict(zip(table["content_id"].to_pylist(), table["caption"].to_pylist()))
 
 
-def caption_errors(storage: Storage, captioner_version: str, content_ids: Sequence[str],
-                   version: int | None = None) -> dict[str, str]:
-    """content_id -> stored error of the given contents' failed captions of that captioner: why
-    they have none."""
-    if not content_ids:
+def caption_gaps(storage: Storage, captioner_version: str, keys: Sequence[str],
+                 version: int | None = None) -> dict[str, tuple[str, str]]:
+    """caption key -> (stored error, problem) of the given keys' captions that cannot be shipped:
+    a failure (its error; retried on the next run), or a caption the checks rejected ("", its problem)."""
+    if not keys:
         return {}
-    table = lookup_keys(storage.lance_uri("captions"), "content_id", content_ids, ["content_id", "error"],
-                        f"captioner_version = {lance_io.sql_literal(captioner_version)} AND error != ''",
+    checked = has_verdicts(storage, version)
+    rejected = " OR verdict = 'rejected'" if checked else ""
+    table = lookup_keys(storage.lance_uri("captions"), "content_id", keys,
+                        ["content_id", "error"] + (["problem"] if checked else []),
+                        f"captioner_version = {lance_io.sql_literal(captioner_version)} AND (error != ''{rejected})",
                         storage.lance_storage_options(), version)
-    return dict(zip(table["content_id"].to_pylist(), table["error"].to_pylist()))
+    problems = table["problem"].to_pylist() if checked else [None] * table.num_rows
+    return {k: (e or "", "" if e else p or "") for k, e, p in
+            zip(table["content_id"].to_pylist(), table["error"].to_pylist(), problems)}

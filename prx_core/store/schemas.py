@@ -95,6 +95,12 @@ CAPTIONS = pa.schema(
         ("caption", pa.string()),
         ("word_count", pa.int32()),
         ("error", pa.string()),  # "" when captioned; failures are retried on the next run
+        # added after the first release: last, so an older table gains them as null columns
+        # (null verdict: stored before the checks existed; the next captions run checks it)
+        ("verdict", pa.string()),  # ok | retried | rejected (never shipped) | flagged (a source caption); "" failed
+        ("problem", pa.string()),  # the check that refused or flagged it (prx_core.models.caption_checks)
+        ("finish_reason", pa.string()),  # why generation stopped: stop | length (the token cap); "" unknown
+        ("attempts", pa.int32()),  # generations made: 2 when retried with the fallback decoding; 0 for a source caption
     ]
 )
 
@@ -201,6 +207,13 @@ EXPLORER = pa.schema(
         # keeps every indexed row's length in memory per INVERTED index (~12 B a row: 1.2 GB at 100M
         # rows), so one index over both captions holds that once, not twice.
         ("search_text", pa.string()),
+        # added after the first release: last, so an older table gains them as null columns
+        ("caption_key", pa.string()),  # the caption's key where it is not the content (the `source` captioner's)
+        ("captioner_id", pa.string()),  # what produced the caption: "source", or "<backend>:<model>:<version>"
+        ("caption_verdict", pa.string()),  # the caption checks': ok | retried | rejected | flagged
+        ("caption_problem", pa.string()),  # the check that refused, retried or flagged it (a filter menu)
+        ("caption_attempts", pa.int32()),  # generations made (2: retried with the fallback decoding)
+        ("caption_repetition", pa.float32()),  # 0..1, the explorer's "most repetitive" (caption_checks)
     ]
 )
 
@@ -239,7 +252,8 @@ PARTITION_COLUMNS: dict[str, list[str]] = {
     "mds_index": ["source"], "rejects": ["source", "stage"], "explorer": ["source"], "explorer_facets": ["source"],
 }
 # Low-cardinality columns the explorer filters and counts by: BITMAP indexes beside the partition's.
-FILTER_COLUMNS: dict[str, list[str]] = {"explorer": ["label", "tier", "bucket", "reject_reason", "skip_reason"]}
+FILTER_COLUMNS: dict[str, list[str]] = {"explorer": ["label", "tier", "bucket", "reject_reason", "skip_reason",
+                                                    "caption_problem"]}
 # The other indexes tables keep (prx_core.store.maintenance.refresh_table_indexes; the partition
 # columns get BITMAP indexes, so a partition's rows are found without scanning the table: 40 ms
 # -> 0.4 ms at 2M rows): full-text for the explorer's search, vectors for "more like this".
@@ -259,7 +273,7 @@ BTREE_COLUMNS: dict[str, list[str]] = {"samples": ["sample_id"], "rejects": ["sa
                                        "buckets": ["content_id", "sample_id"], "mds_index": ["sample_id"],
                                        "phashes": ["phash", "sample_id"], "source_embeddings": ["sample_id"],
                                        "duplicates": ["sample_id", "group_id"],
-                                       "explorer": ["sample_id", "content_id", "group_id"]}
+                                       "explorer": ["sample_id", "content_id", "group_id", "caption_key"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
 

@@ -15,7 +15,7 @@ import skimage.data
 from PIL import Image
 
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult, prepare_image, word_count
-from prx_core.models.captioning import CaptionBatch, SourceCaptioner, build_captioner
+from prx_core.models.captioning import CaptionBatch, SourceCaptioner, build_captioner, checked_captions
 from prx_core.models.captioning_transformers import TransformersCaptioner
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.models.tiny_vlm import build_tiny_qwen2_vl
@@ -179,15 +179,17 @@ def test_caption_batch_on_numpy_object_arrays(config: CaptionerConfig, photos: l
     out = CaptionBatch(config)({k: v for k, v in batch.items() if k != "original_caption"})
     assert set(out) == {
         "content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
-        "num_generated_tokens",
+        "num_generated_tokens", "finish_reason", "verdict", "problem", "attempts",
     }
     assert list(out["content_id"]) == ["c0", "c1", "c2"] and all(len(col) == 3 for col in out.values())
     assert out["caption"][0] and out["caption"][2] and out["caption"][1] == ""
     assert out["error"][1].startswith("decode_error:") and out["error"][0] == out["error"][2] == ""
     assert set(out["captioner_version"]) == {config.version()} and set(out["prompt_version"]) == {PROMPT_VERSION}
     assert list(out["word_count"]) == [word_count(c) for c in out["caption"]]
-    tokens = list(out["num_generated_tokens"])
-    assert tokens[1] == 0 and all(0 < t <= config.max_new_tokens for t in (tokens[0], tokens[2]))
+    tokens = list(out["num_generated_tokens"])  # both attempts: the tiny model's gibberish fails the checks twice
+    assert tokens[1] == 0 and all(config.max_new_tokens < t <= 2 * config.max_new_tokens for t in (tokens[0], tokens[2]))
+    assert list(out["verdict"]) == ["rejected", "", "rejected"] and list(out["attempts"]) == [2, 1, 2]
+    assert out["finish_reason"][0] == "length" and out["problem"][0] == "token_cap"
 
 
 def test_caption_batch_in_a_ray_data_pipeline(
@@ -197,7 +199,7 @@ def test_caption_batch_in_a_ray_data_pipeline(
 
     images = photos + [b"junk"] + photos[:2]
     items = [{"content_id": f"c{i}", "image": data, "original_caption": None} for i, data in enumerate(images)]
-    expected = captioner.caption_batch([item["image"] for item in items], [None] * len(items))
+    expected = [c.result for c in checked_captions(captioner, [item["image"] for item in items], [None] * len(items))]
     started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
     if started:
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)

@@ -90,11 +90,22 @@ def test_facets_count_rows_and_keep_only_the_top_values() -> None:
                      "meta_label": [None] * n, "group_id": [f"g{i}" for i in range(n)],
                      "group_size": list(range(n)), "width": [640] * n, "height": [480] * n,
                      "stored": [True] * n, "mds_index": list(range(n)), "caption": ["x"] * n,
-                     "keeper": [i % 3 == 0 for i in range(n)]},
+                     "keeper": [i % 3 == 0 for i in range(n)], "sample_id": [f"s/{i:03d}" for i in range(n)],
+                     "word_count": [(i * 37) % n for i in range(n)], "caption_repetition": [i / n for i in range(n)],
+                     "caption_attempts": [2 if i % 50 == 0 else 1 for i in range(n)],
+                     "caption_verdict": ["rejected" if i % 100 == 0 else "ok" for i in range(n)],
+                     "caption_problem": ["repetition" if i % 50 == 0 else None for i in range(n)]},
                     schema=pa.schema([schemas.EXPLORER.field(c) for c in (
                         "label", "tier", "bucket", "skip_reason", "reject_reason", "meta_label", "group_id",
-                        "group_size", "width", "height", "stored", "mds_index", "caption", "keeper")]))
+                        "group_size", "width", "height", "stored", "mds_index", "caption", "keeper", "sample_id",
+                        "word_count", "caption_repetition", "caption_attempts", "caption_verdict", "caption_problem")]))
     counts = count_facets(rows, top=50)
+    assert counts["caption"] == {"repetition": 10}
+    assert counts["totals"]["caption_rejected"] == 5 and counts["totals"]["captioned"] == n - 5
+    assert list(counts["worst_shortest"].values())[:3] == [0, 1, 2] and len(counts["worst_shortest"]) == 100
+    assert list(counts["worst_longest"].values())[0] == n - 1
+    assert list(counts["worst_repetitive"])[0] == f"s/{n - 1:03d}"  # the highest score first
+    assert counts["worst_retried"] == {f"s/{i:03d}": 2 for i in range(0, n, 50)}
     assert len(counts["label"]) == 50 and counts["label"]["l0"] == 2  # 300 labels: the 50 most frequent
     assert list(counts["group"]) == [f"g{i}" for i in range(n - 1, n - 51, -1)]  # the largest groups
     assert counts["skipped"] == {"a": n // 2, "b": n // 2} and counts["tier"] == {"512": n}
@@ -103,7 +114,7 @@ def test_facets_count_rows_and_keep_only_the_top_values() -> None:
     assert counts["totals"]["duplicates"] == sum(i % 3 != 0 for i in range(n)) and counts["totals"]["rows"] == n
     facets = facet_rows("s", counts)
     assert facets.schema == schemas.EXPLORER_FACETS and facets.num_rows == sum(
-        bool(n) or facet == "totals" for facet, v in counts.items() for n in v.values())  # zero totals kept
+        bool(n) or facet in ("totals", "worst_shortest") for facet, v in counts.items() for n in v.values())
 
 
 def test_summed_unit_facets_keep_the_top_values_every_bin_and_every_total() -> None:
@@ -121,3 +132,31 @@ def test_summed_unit_facets_keep_the_top_values_every_bin_and_every_total() -> N
     assert len(groups) == FACET_VALUES and {f"g{u}-0" for u in range(units)} <= {g["value"] for g in groups}
     assert len([f for f in facets if f["facet"] == "side"]) == FACET_VALUES + 7
     assert {f["value"]: f["count"] for f in facets if f["facet"] == "totals"} == {"rows": 10, "duplicates": 0}
+
+
+def test_source_captions_are_joined_by_each_samples_own_caption_key(tmp_path: Path) -> None:
+    """Two samples of one content with their own source captions each show their own, named as a
+    source caption, with the caption checks' verdict; a model caption is joined by content."""
+    from prx_core.models.caption_base import CaptionerConfig
+    from prx_core.models.caption_keys import source_caption_key
+
+    storage, source = Storage(str(tmp_path / "root")), CaptionerConfig("source").version()
+    two = base(2).set_column(1, "content_id", pa.array(["c0", "c0"], pa.string()))
+    keys = [source_caption_key("c0", f"photo {i}") for i in range(2)]
+    inputs = {"captions": write(storage, "captions", [
+        {"content_id": keys[0], "captioner_version": source, "captioner_id": "source", "caption": "photo 0",
+         "word_count": 2, "error": "", "verdict": "ok", "attempts": 0},
+        {"content_id": keys[1], "captioner_version": source, "captioner_id": "source", "caption": "photo 1",
+         "word_count": 2, "error": "", "verdict": "flagged", "problem": "boilerplate", "attempts": 0},
+        {"content_id": "c0", "captioner_version": "m1", "captioner_id": "transformers:tiny:0123456789ab",
+         "caption": "a loop a loop a loop", "word_count": 6, "error": "", "verdict": "rejected",
+         "problem": "repetition", "attempts": 2}])}
+    rows = explore_rows(storage, inputs, two, {"captioner_version": source, "labeler_version": "l1"}).to_pylist()
+    assert [r["caption"] for r in rows] == ["photo 0", "photo 1"] and [r["caption_key"] for r in rows] == keys
+    assert [r["captioner_id"] for r in rows] == ["source", "source"]
+    assert [(r["caption_verdict"], r["caption_problem"]) for r in rows] == [("ok", None), ("flagged", "boilerplate")]
+    model = explore_rows(storage, inputs, two, {"captioner_version": "m1", "labeler_version": "l1"}).to_pylist()
+    assert [r["caption"] for r in model] == ["a loop a loop a loop"] * 2 and model[0]["caption_key"] is None
+    assert (model[0]["captioner_id"], model[0]["caption_verdict"], model[0]["caption_attempts"]) == (
+        "transformers:tiny:0123456789ab", "rejected", 2)
+    assert model[0]["caption_repetition"] == 0.5  # 2 of its 4 word 3-grams distinct

@@ -1,7 +1,8 @@
 """`captions` and `caption_labels` as work units on model actors, on a real local Ray and real
-Lance tables: the same rows as a single-process reference for any unit size, each content once
-per model version across sources, failures replaced rather than duplicated, and a rerun after a
-SIGKILL that runs only the units not recorded and appends what they wrote exactly once."""
+Lance tables: the same rows as a single-process reference for any unit size, each caption key once
+per model version across sources (under the `source` captioner a key is a content and its own
+caption text: prx_core.models.caption_keys), failures replaced rather than duplicated, and a rerun
+after a SIGKILL that runs only the units not recorded and appends what they wrote exactly once."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from crash import kill_at, recorded_units
 
 from prx_core.compute.units import RUNS
 from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SourceCaptioner
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
@@ -29,12 +31,14 @@ from prx_core.store.storage import Storage
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 CONFIG = CaptionerConfig("source")
-# source a: (key, content, source caption, bucketed); c3 twice (the first bucketed sample wins),
-# c5 dropped at k05 but bucketed at k11, c7 has no caption (counted, not a failure), c9 only dropped
+# source a: (key, content, source caption, bucketed); c3 twice under two captions (two keys, k10's
+# in another unit when units are small), c5 dropped at k05 but bucketed at k11 (its caption: k11's),
+# c7 has no caption (counted, not a failure), c9 only dropped. b: c1 with a's text (a's key, shared),
+# c2 with its own (its own key)
 A = [("k00", "c0", "a dog"), ("k01", "c1", "a cat"), ("k02", "c2", "an invoice"), ("k03", "c3", "first c3"),
      ("k04", "c4", "  a tree  "), ("k05", "c5", "dropped c5", False), ("k06", "c6", "a boat"), ("k07", "c7", None),
      ("k08", "c8", "a car"), ("k09", "c9", "dropped", False), ("k10", "c3", "second c3"), ("k11", "c5", "kept c5")]
-B = [("k0", "c1", "a cat again"), ("k1", "c2", "the invoice"), ("k2", "b0", "a lake"), ("k3", "b1", "a road")]
+B = [("k0", "c1", "a cat"), ("k1", "c2", "the invoice"), ("k2", "b0", "a lake"), ("k3", "b1", "a road")]
 
 
 def write_source(storage: Storage, source: str, rows: list[tuple]) -> None:
@@ -60,18 +64,19 @@ def storage(tmp_path: Path) -> Storage:
 
 
 def eligible(rows: list[tuple]) -> dict[str, str | None]:
-    """content -> source caption of its first bucketed sample: the single-process rule."""
-    first: dict[str, str | None] = {}
+    """caption key -> source caption, one per (content, caption) pair of a bucketed sample: the
+    single-process rule."""
+    keys: dict[str, str | None] = {}
     for key, content, caption, *bucketed in sorted(rows):
         if not bucketed or bucketed[0]:
-            first.setdefault(content, caption)
-    return first
+            keys.setdefault(source_caption_key(content, caption), caption)
+    return keys
 
 
 def reference_captions(rows: list[tuple]) -> set[tuple]:
-    contents = eligible(rows)
-    results = SourceCaptioner(CONFIG).caption_batch([b""] * len(contents), list(contents.values()))
-    return {(c, r.caption or "", (r.error or "").split(":")[0]) for c, r in zip(contents, results)}
+    keys = eligible(rows)
+    results = SourceCaptioner(CONFIG).caption_batch([b""] * len(keys), list(keys.values()))
+    return {(k, r.caption or "", (r.error or "").split(":")[0]) for k, r in zip(keys, results)}
 
 
 def caption_rows(storage: Storage, contents: set[str] | None = None) -> list[tuple]:
@@ -84,9 +89,10 @@ def caption_rows(storage: Storage, contents: set[str] | None = None) -> list[tup
 def test_captions_units_give_the_reference_rows_once_per_content(storage: Storage, unit_rows: int) -> None:
     report = build_captions("a", storage, CONFIG, unit_rows=unit_rows)
     want = reference_captions(A)
-    assert caption_rows(storage) == sorted(want)  # one row per content: no duplicate keys
+    assert caption_rows(storage) == sorted(want)  # one row per caption key: no duplicate keys
+    assert {"first c3", "second c3", "kept c5"} <= {row[1] for row in caption_rows(storage)}
     assert report.units.units == -(-len(A) // unit_rows) and report.units.ran == report.units.units
-    assert (report.eligible, report.reused, report.captioned, report.failed) == (9, 0, 8, 0)
+    assert (report.eligible, report.reused, report.captioned, report.failed) == (10, 0, 9, 0)
     assert report.without_source_caption == 1 and report.without_source_caption_examples == ["a/k07"]
     assert report.failures == {} and report.missing == 1 and report.captioner_missing == 0
     # one append (64 units per append by default), then, from two units on, their fragments merged into one
@@ -95,12 +101,13 @@ def test_captions_units_give_the_reference_rows_once_per_content(storage: Storag
     assert not os.listdir(os.path.join(storage.root, RUNS, "captions", "a"))  # the attempt is forgotten
 
     again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # the failure is retried and replaced
-    assert (again.reused, again.captioned, again.failed, again.without_source_caption) == (8, 0, 0, 1)
+    assert (again.reused, again.captioned, again.failed, again.without_source_caption) == (9, 0, 0, 1)
     assert caption_rows(storage) == sorted(want)
 
-    other = build_captions("b", storage, CONFIG, unit_rows=unit_rows)  # c1 and c2 are a's bytes too
-    assert (other.eligible, other.reused, other.captioned) == (4, 2, 2)
-    assert caption_rows(storage) == sorted(want | {("b0", "a lake", ""), ("b1", "a road", "")})  # a's c1, c2 kept
+    other = build_captions("b", storage, CONFIG, unit_rows=unit_rows)  # c1, c2 are a's bytes; c1 a's text too
+    assert (other.eligible, other.reused, other.captioned) == (4, 1, 3)
+    assert caption_rows(storage) == sorted(want | reference_captions(B))  # b's c2 has its own caption
+    assert len(caption_rows(storage)) == len(want) + 3
 
 
 def test_labels_units_give_the_reference_labels_once_per_content(storage: Storage) -> None:
@@ -108,8 +115,8 @@ def test_labels_units_give_the_reference_labels_once_per_content(storage: Storag
     build_captions("b", storage, CONFIG)
     config = LabelerConfig()
     first = build_labels("a", storage, CONFIG.version(), config, unit_rows=4)
-    assert (first.captioned, first.reused, first.labelled, first.failed) == (8, 0, 8, 0)
-    assert sum(first.distribution.values()) == 8 and first.units.units == 3
+    assert (first.captioned, first.reused, first.labelled, first.failed) == (9, 0, 9, 0)
+    assert sum(first.distribution.values()) == 9 and first.units.units == 3
     captions = dict(row[:2] for row in caption_rows(storage) if not row[2])
     ids = sorted(c for c in eligible(A) if c in captions)
     reference = LabelBatch(config)({"content_id": ids, "caption": [captions[c] for c in ids]})
@@ -118,9 +125,9 @@ def test_labels_units_give_the_reference_labels_once_per_content(storage: Storag
     assert [stored[c]["label"] for c in ids] == list(reference["label"])
     np.testing.assert_allclose([stored[c]["score"] for c in ids], reference["score"], rtol=1e-5)
 
-    second = build_labels("b", storage, CONFIG.version(), config, unit_rows=4)  # c1, c2 are labelled already
-    assert (second.captioned, second.reused, second.labelled) == (4, 2, 2)
-    assert len(stored_labels(storage, config, CONFIG.version())) == 10
+    second = build_labels("b", storage, CONFIG.version(), config, unit_rows=4)  # c1 with a's text: labelled already
+    assert (second.captioned, second.reused, second.labelled) == (4, 1, 3)
+    assert len(stored_labels(storage, config, CONFIG.version())) == 12
 
 
 SCRIPT = """
@@ -149,4 +156,4 @@ def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once
     report = build_captions("a", storage, CONFIG, unit_rows=2)
     assert report.units.skipped == recorded and report.units.ran == report.units.units - recorded == 6 - recorded
     assert caption_rows(storage) == sorted(reference_captions(A))  # recorded rows appended once, none lost
-    assert (report.eligible, report.captioned + report.reused, report.without_source_caption) == (9, 8, 1)
+    assert (report.eligible, report.captioned + report.reused, report.without_source_caption) == (10, 9, 1)

@@ -10,6 +10,7 @@ import pytest
 from corpora import write_contents
 
 from prx_core.models.caption_base import NO_SOURCE_CAPTION, CaptionerConfig
+from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SOURCE_HAS_NONE, SourceCaptioner, missing_caption_message
 from prx_core.models.serving import CaptionServer, Faults
 from prx_core.stages.captions import NoSourceCaptions, build_captions
@@ -42,9 +43,11 @@ def test_missing_source_captions_are_counted_apart_from_failures(storage: Storag
         assert report.without_source_caption == 2 and report.missing == 2 and report.captioner_missing == 0
         assert report.without_source_caption_examples == ["web/c17", "web/c3"]  # by sample_id
         assert report.reused == 18 * attempt
-    stored = errors(storage, SOURCE)
-    assert sorted(c for c, e in stored.items() if e) == ["c17", "c3"]
-    assert all(stored[c].startswith(NO_SOURCE_CAPTION) for c in ("c3", "c17")) and "c20" not in stored
+    stored = errors(storage, SOURCE)  # keyed by (content, source caption): prx_core.models.caption_keys
+    uncaptioned = sorted(source_caption_key(c, None) for c in ("c3", "c17"))
+    assert sorted(c for c, e in stored.items() if e) == uncaptioned
+    assert all(stored[c].startswith(NO_SOURCE_CAPTION) for c in uncaptioned)
+    assert len(stored) == 20 and source_caption_key("c20", None) not in stored
 
 
 def test_a_source_without_any_caption_fails_at_once_naming_it_and_the_fix(storage: Storage) -> None:
@@ -60,14 +63,19 @@ def test_a_source_without_any_caption_fails_at_once_naming_it_and_the_fix(storag
     assert "\n" not in message
 
 
-def test_shared_bytes_captioned_by_another_source_are_not_a_source_without_captions(storage: Storage) -> None:
-    """b has no caption of its own, but two of its images are a's bytes: those reuse a's captions."""
+def test_shared_bytes_never_lend_another_source_its_caption(storage: Storage) -> None:
+    """b's images include a's bytes but b has no caption of its own: a's captions are a's, so b
+    has none (refused as a source without captions); once b has captions, its own are used, and
+    the bytes with the very same text share a's row."""
     write_contents(storage, "a", {"c1": b"one", "c2": b"two"}, {"c1": "a lake", "c2": "a road"})
     write_contents(storage, "b", {"c1": b"one", "c2": b"two", "b0": b"three"})
     build_captions("a", storage, SOURCE)
+    with pytest.raises(NoSourceCaptions):
+        build_captions("b", storage, SOURCE)
+    write_contents(storage, "b", {"c1": b"one", "c2": b"two", "b0": b"three"}, {"c1": "a lake", "c2": "b's road"})
     report = build_captions("b", storage, SOURCE)
-    assert (report.eligible, report.reused, report.captioned, report.without_source_caption) == (3, 2, 0, 1)
-    assert report.captioner_missing == 0
+    assert (report.eligible, report.reused, report.captioned, report.without_source_caption) == (3, 1, 1, 1)
+    assert report.captioner_missing == 0 and report.without_source_caption_examples == ["b/b0"]
 
 
 def test_vlm_captioner_failures_count_against_coverage_without_source_captions(storage: Storage,
