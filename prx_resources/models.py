@@ -101,8 +101,12 @@ class LabelerResource(dg.ConfigurableResource):
     output-changing engine settings) enter the code_version; placement and transport do not."""
 
     backend: str = Field(default="minilm", description="minilm | llm")
-    text_threshold: float | None = Field(default=None, description="Override of the text threshold (minilm).")
-    nsfw_threshold: float | None = Field(default=None, description="Override of the nsfw threshold (minilm).")
+    method: str | None = Field(default=None, description="minilm: head (default; a classifier over the caption "
+                               "embedding, prx_core.models.label_head) | similarity (cosine to label descriptions).")
+    text_threshold: float | None = Field(default=None, description="Override of the text threshold (minilm: a "
+                                         "probability for head, a cosine for similarity).")
+    nsfw_threshold: float | None = Field(default=None, description="Override of the nsfw threshold (minilm: a "
+                                         "probability for head, a cosine for similarity).")
     actors: int = Field(default=1, description="Ray actors labelling in parallel.")
     model: str | None = Field(default=None, description="llm: served model name, e.g. Qwen/Qwen3-8B (required for llm).")
     endpoint: str | None = Field(default=None, description="llm: OpenAI-compatible base URL, e.g. http://vllm:8000/v1.")
@@ -134,10 +138,10 @@ class LabelerResource(dg.ConfigurableResource):
         return self.backend == "llm" and self.transport == "vllm"
 
     def config(self) -> LabelerConfig:
-        names = ("text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency", "timeout_s",
-                 "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens", "constrained",
-                 "transport", "replicas", "tensor_parallel_size", "max_model_len", "accelerator_type", "engine_kwargs",
-                 "runtime_env")
+        names = ("method", "text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency",
+                 "timeout_s", "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens",
+                 "constrained", "transport", "replicas", "tensor_parallel_size", "max_model_len", "accelerator_type",
+                 "engine_kwargs", "runtime_env")
         overrides = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return LabelerConfig(backend=self.backend, thinking=self.thinking, **overrides)
 

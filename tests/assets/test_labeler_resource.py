@@ -37,6 +37,14 @@ def test_minilm_version_ignores_llm_only_fields() -> None:
     assert code_version(LabelerResource(thinking=True)) == code_version(LabelerResource())
 
 
+def test_minilm_method_reaches_the_config_and_the_code_version() -> None:
+    head, similarity = LabelerResource().config(), LabelerResource(method="similarity").config()
+    assert (head.method, similarity.method) == ("head", "similarity")
+    assert (similarity.text_threshold, similarity.nsfw_threshold) == (0.33, 0.45)  # cosines, not the head's
+    assert code_version(LabelerResource(method="similarity")) != code_version(LabelerResource())
+    assert code_version(LabelerResource(method="head")) == code_version(LabelerResource())
+
+
 def test_the_deploy_example_config_builds_valid_resources() -> None:
     from pathlib import Path
 

