@@ -51,6 +51,9 @@ grep -E "$HEAVY" "$LOCK" >"$heavy"
 grep -vE "$HEAVY" "$LOCK" >"$rest"
 pip_v install -q --no-cache-dir --no-deps -r "$heavy"
 pip_v install -q --no-cache-dir --no-deps -r "$rest"  # complete by construction (make lock-vllm)
+# The checkout's packages importable there, as the GPU image installs the project beside vLLM: Ray runs the
+# pipeline's vLLM worker setup hook (prx_core.models.vllm_compat) in this environment.
+echo "$ROOT" >"$(echo "$VLLM_VENV"/lib/python3*/site-packages)/prx-checkout.pth"
 # What the tests need of it: vLLM's CPU platform, and the Ray of the pipeline's own venv.
 "$VLLM_VENV/bin/python" - "$(grep -E '^ray==' "$LOCK" | cut -d= -f3 | cut -d' ' -f1)" <<'EOF'
 import sys

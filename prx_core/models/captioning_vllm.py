@@ -17,8 +17,11 @@ Per row:
 - Ray's stages: PrepareMultimodal (vLLM parses the image out of the messages), ChatTemplate,
   Tokenize, vLLMEngine (the GPU), Detokenize.
 - postprocess: `generated_text` -> caption (cleaned, capped and made one paragraph,
-  prx_core.models.caption_text), `num_generated_tokens` kept for tokens/s; empty text or missing
-  fields become `empty_caption` / `generation_error` rows. Rows the engine failed
+  prx_core.models.caption_text); per caption also `finish_reason` ("length" when the generation
+  used its whole `max_tokens`, else "stop": Ray 2.60's engine stage does not pass vLLM's own on,
+  and vLLM stops for length exactly there), `num_generated_tokens`, `num_input_tokens` and
+  `llm_seconds` (the engine's time on the request); empty text or missing fields become
+  `empty_caption` / `generation_error` rows. Rows the engine failed
   (`should_continue_on_error`, `__inference_error__` set) bypass postprocess inside Ray and are
   turned into `generation_error` rows by `finalize_row`.
 """
@@ -47,7 +50,9 @@ JPEG_QUALITY = 95  # the model sees the image re-encoded once, after the pixel c
 INFERENCE_ERROR = "__inference_error__"  # Ray's column for a row the engine failed
 CARRIED = ("unit_id",)  # columns passed through the engine untouched (which work unit a row belongs to)
 OUTPUT_COLUMNS = ("content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
-                  "num_generated_tokens")
+                  "num_generated_tokens", "num_input_tokens", "finish_reason", "llm_seconds")
+CPU_STAGES = ("prepare_multimodal_stage", "chat_template_stage", "tokenize_stage", "detokenize_stage")
+CPU_STAGE_CPUS = 0.1  # accelerator_type CPU: each tokenizer stage's share, so engines and tasks fit a two-CPU Ray
 
 
 class EngineConfig(Protocol):
@@ -93,12 +98,42 @@ def processor_config(config: EngineConfig, engine: Mapping[str, Any], **stages: 
         model_source=config.model,
         batch_size=config.batch_size,
         concurrency=config.replicas,
-        accelerator_type=config.accelerator_type,
         engine_kwargs=dict(engine),
-        runtime_env=dict(config.runtime_env) or None,
+        runtime_env=worker_env(config.runtime_env),
         should_continue_on_error=True,  # a failed request becomes an error row, not a failed run
-        **stages,
+        **placement(config, stages),
     )
+
+
+def worker_env(runtime_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The vLLM workers' runtime_env: the config's, plus the setup hook that lets Ray 2.60's stages
+    import what newer vLLM moved (prx_core.models.vllm_compat). Ray takes `worker_process_setup_hook`
+    only from ray.init's runtime_env; per stage, the hook is the variable Ray's worker start reads
+    (its own name for it, ray_constants), which is what Ray sets for a module-path hook."""
+    from ray._private.ray_constants import WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+
+    from prx_core.models.vllm_compat import HOOK
+
+    env = dict(runtime_env)
+    env["env_vars"] = {WORKER_PROCESS_SETUP_HOOK_ENV_VAR: HOOK, **dict(env.get("env_vars") or {})}
+    return env
+
+
+def placement(config: EngineConfig, stages: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the engines run: one replica per `tensor_parallel_size` GPUs of `accelerator_type`; with
+    `accelerator_type: CPU` (vLLM's CPU build, prx_core.models.vllm_cpu) a half-CPU bundle per replica and
+    the CPU stages at a tenth each: actors hold their CPUs for the whole pipeline, so on a two-CPU Ray
+    anything more leaves no CPU for its tasks (read, preprocess, write) and the pipeline waits forever."""
+    from prx_core.models.vllm_cpu import CPU, cpu_placement
+
+    if (config.accelerator_type or "").upper() != CPU:
+        return {"accelerator_type": config.accelerator_type, **stages}
+    light = dict(stages)
+    for name in CPU_STAGES:
+        value = stages.get(name, name != "prepare_multimodal_stage")  # Ray's defaults: only that one is off
+        if value is True or isinstance(value, Mapping):
+            light[name] = {"enabled": True, "num_cpus": CPU_STAGE_CPUS, **(value if isinstance(value, Mapping) else {})}
+    return {"accelerator_type": None, "placement_group_config": cpu_placement(), **light}
 
 
 def build_vllm_processor_config(config: CaptionerConfig) -> Any:
@@ -155,9 +190,11 @@ class Postprocess:
         self.version = config.version()
         self.prompt_version = config.recorded_prompt_version()
         self.max_caption_chars = config.max_caption_chars
+        self.max_tokens = config.max_new_tokens
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         tokens = row.get("num_generated_tokens")
+        tokens = 0 if tokens is None or row.get("decode_error") else int(tokens)
         if row.get("decode_error"):
             result = CaptionResult(None, str(row["decode_error"]))
         elif row.get(INFERENCE_ERROR):
@@ -177,9 +214,22 @@ class Postprocess:
             "prompt_version": self.prompt_version,
             "word_count": word_count(caption),
             "error": result.error or "",
-            "num_generated_tokens": 0 if tokens is None or row.get("decode_error") else int(tokens),
+            **engine_accounting(row, tokens, self.max_tokens),
             **carried(row),
         }
+
+
+def engine_accounting(row: Mapping[str, Any], tokens: int, max_tokens: int) -> dict[str, Any]:
+    """What the engine reports of one request: tokens in and out, why it stopped ("" where nothing
+    was generated), and its seconds in the engine (0.0 where unknown)."""
+    generated = not row.get("decode_error") and not row.get(INFERENCE_ERROR) and row.get("generated_text") is not None
+    seconds = row.get("time_taken_llm")
+    return {
+        "num_generated_tokens": tokens,
+        "num_input_tokens": int(row.get("num_input_tokens") or 0) if generated else 0,
+        "finish_reason": ("length" if tokens >= max_tokens else "stop") if generated else "",
+        "llm_seconds": float(seconds) if generated and seconds is not None and seconds >= 0 else 0.0,
+    }
 
 
 class FinalizeRows:

@@ -53,13 +53,18 @@ def vllm_version(python: Path, timeout: float = 120.0) -> tuple[str, str] | str:
 def cpu_runtime_env(python: Path | str, *, kv_cache_gib: int = 1, threads: int = 1) -> dict[str, Any]:
     """Ray runtime_env of CPU engine workers: the vLLM environment's Python, a KV cache of
     `kv_cache_gib` (vLLM's CPU backend sizes it from this variable, not from
-    gpu_memory_utilization) and `threads` OpenMP threads, unpinned (a shared machine)."""
+    gpu_memory_utilization), `threads` OpenMP threads, unpinned (a shared machine), and the engine
+    inside the Ray actor (no multiprocessing): vLLM's CPU engine otherwise runs its model in a
+    child process that outlives an actor Ray kills, spinning a core until someone kills it."""
     return {"py_executable": str(python), "env_vars": {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "WARNING"}}
 
 
 def cpu_placement() -> dict[str, Any]:
-    """The placement group of one CPU engine replica (`accelerator_type: CPU`): one CPU, no GPU."""
-    return {"bundles": [{"CPU": 1}]}
+    """The placement group of one CPU engine replica (`accelerator_type: CPU`): half a CPU of Ray's
+    count, no GPU. What the engine computes with is its OpenMP threads (`cpu_runtime_env`); the
+    count only decides what Ray schedules beside it, and the pipeline's tasks need a CPU free."""
+    return {"bundles": [{"CPU": 0.5}]}

@@ -26,6 +26,7 @@ from prx_core.store.storage import Storage
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
 
 MODEL = "Qwen/Qwen3-VL-8B-Instruct"
+HOOK_VAR = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"  # Ray 2.60's worker start runs the module it names
 
 
 def jpeg(width: int, height: int, seed: int = 0) -> bytes:
@@ -51,7 +52,20 @@ def config() -> CaptionerConfig:
 
 
 def test_vllm_is_not_installed_here() -> None:
+    """Here: the pipeline's environment. The engine runs from the vLLM test environment (tests/e2e/test_vllm_*)."""
     assert importlib.util.find_spec("vllm") is None
+
+
+def test_a_cpu_accelerator_places_engines_on_cpu_bundles(config: CaptionerConfig) -> None:
+    """`accelerator_type: CPU` (the vLLM test environment): no GPU asked for, the engine on half a
+    CPU and every CPU stage on a tenth, so the pipeline's tasks still find a CPU on a small Ray."""
+    cpu = cv.build_vllm_processor_config(replace(config, accelerator_type="cpu", tensor_parallel_size=1))
+    assert cpu.accelerator_type is None and cpu.placement_group_config["bundles"] == [{"CPU": 0.5, "GPU": 0.0}]
+    assert cpu.prepare_multimodal_stage == {"enabled": True, "num_cpus": cv.CPU_STAGE_CPUS}
+    for stage in ("chat_template_stage", "tokenize_stage", "detokenize_stage"):
+        assert getattr(cpu, stage) == {"enabled": True, "num_cpus": cv.CPU_STAGE_CPUS}, stage
+    gpu = cv.build_vllm_processor_config(config)
+    assert gpu.placement_group_config is None and gpu.chat_template_stage is True
 
 
 def test_processor_config_has_the_exact_fields(config: CaptionerConfig) -> None:
@@ -60,7 +74,8 @@ def test_processor_config_has_the_exact_fields(config: CaptionerConfig) -> None:
     assert processor_config.batch_size == 32
     assert processor_config.concurrency == 3
     assert processor_config.accelerator_type == "H200"
-    assert processor_config.runtime_env == {"env_vars": {"X": "1"}}
+    assert processor_config.runtime_env == {"env_vars": {"X": "1", HOOK_VAR: "prx_core.models.vllm_compat.install"}}
+    assert config.runtime_env == {"env_vars": {"X": "1"}}  # the config's own dict is never mutated
     assert processor_config.prepare_multimodal_stage == {"enabled": True}
     assert processor_config.should_continue_on_error is True
     assert processor_config.engine_kwargs == {
@@ -146,25 +161,30 @@ def test_a_corrupt_image_becomes_an_error_row_not_an_exception(config: Captioner
 def test_postprocess_maps_engine_rows_to_caption_rows(config: CaptionerConfig) -> None:
     post = cv.Postprocess(config)
     base = {"content_id": "c1", "decode_error": "", "prompt": "...", "num_input_tokens": 500}
-    ok = post({**base, "generated_text": "  A photograph of a red\n\nbrick wall.  ", "num_generated_tokens": 9})
+    ok = post({**base, "generated_text": "  A photograph of a red\n\nbrick wall.  ", "num_generated_tokens": 9,
+               "time_taken_llm": 0.25})
     assert ok == {
         "content_id": "c1", "caption": "A photograph of a red brick wall.", "captioner_id": config.captioner_id(),
         "captioner_version": config.version(), "prompt_version": PROMPT_VERSION, "word_count": 7, "error": "",
-        "num_generated_tokens": 9,
+        "num_generated_tokens": 9, "num_input_tokens": 500, "finish_reason": "stop", "llm_seconds": 0.25,
     }
+    # the whole token budget used: vLLM stopped it for length (Ray 2.60 does not pass vLLM's reason on)
+    capped = post({**base, "generated_text": "word " * 300, "num_generated_tokens": config.max_new_tokens})
+    assert capped["finish_reason"] == "length" and capped["llm_seconds"] == 0.0  # no time reported
     assert tuple(ok) == cv.OUTPUT_COLUMNS
     empty = post({**base, "generated_text": " \n", "num_generated_tokens": 1})
     assert empty["error"] == "empty_caption: the model generated no text" and empty["caption"] == ""
     missing = post(base)
     assert missing["error"].startswith("generation_error: ") and missing["word_count"] == 0
-    assert missing["num_generated_tokens"] == 0
+    assert (missing["num_generated_tokens"], missing["num_input_tokens"], missing["finish_reason"]) == (0, 0, "")
     # an engine failure bypasses postprocess inside Ray; Finalize turns the raw row into an error row
     failed = cv.Finalize(config)({**base, "generated_text": "", "__inference_error__": "ValueError: too long"})
     assert failed["error"] == "generation_error: ValueError: too long" and failed["content_id"] == "c1"
     assert tuple(failed) == cv.OUTPUT_COLUMNS
     assert cv.Finalize(config)({**ok, "__inference_error__": "", "extra": 1}) == ok
     # a raw row Ray let through with a null __inference_error__ is postprocessed here
-    raw = {**base, "generated_text": "A photograph of a red brick wall.", "num_generated_tokens": 9, "__inference_error__": None}
+    raw = {**base, "generated_text": "A photograph of a red brick wall.", "num_generated_tokens": 9, "__inference_error__": None,
+           "time_taken_llm": 0.25}
     assert cv.Finalize(config)(raw) == ok
 
 

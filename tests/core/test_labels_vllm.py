@@ -40,7 +40,8 @@ def test_vllm_is_not_installed_here() -> None:
 def test_processor_config_has_the_exact_fields(config: LabelerConfig) -> None:
     processor_config = lv.build_vllm_processor_config(config)
     assert (processor_config.model_source, processor_config.batch_size, processor_config.concurrency) == (MODEL, 64, 3)
-    assert processor_config.accelerator_type == "H200" and processor_config.runtime_env == {"env_vars": {"X": "1"}}
+    assert processor_config.accelerator_type == "H200" and processor_config.runtime_env == {
+        "env_vars": {"X": "1", "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR": "prx_core.models.vllm_compat.install"}}
     assert processor_config.should_continue_on_error is True
     assert processor_config.chat_template_stage == THINKING_OFF  # Qwen3: no <think> block
     assert processor_config.prepare_multimodal_stage is False  # text only
