@@ -200,12 +200,15 @@ def resumed_lines(outcome: BuildOutcome, result: dg.ExecuteInProcessResult, keys
 
 
 def caption_lines(outcome: BuildOutcome) -> list[str]:
-    """`captions [source]: N captioned, M reused, K failed (captioner)` for every captions run."""
+    """`captions [source]: N captioned, M reused, K failed[, R retried, J rejected by the caption checks]
+    (captioner)` for every captions run."""
     lines = []
     for (asset, partition), meta in sorted(outcome.metadata.items(), key=lambda kv: str(kv[0])):
         if asset == "captions":
+            checked = (f", {meta.get('retried', 0)} retried, {meta.get('rejected', 0)} rejected by the caption checks"
+                       if meta.get("retried") or meta.get("rejected") else "")
             lines.append(f"captions [{partition}]: {meta.get('captioned', 0)} captioned, {meta.get('reused', 0)} reused, "
-                         f"{meta.get('failed', 0)} failed ({meta.get('captioner', '?')})")
+                         f"{meta.get('failed', 0)} failed{checked} ({meta.get('captioner', '?')})")
     return lines
 
 

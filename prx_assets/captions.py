@@ -1,4 +1,5 @@
-"""Asset `captions`: VLM re-captioning of eligible samples, each content once per captioner."""
+"""Asset `captions`: VLM re-captioning of eligible samples, each content once per captioner (a
+source caption once per sample text), every caption checked before it is stored."""
 
 
 import dagster as dg
@@ -6,6 +7,7 @@ from dagster_ray import RayResource
 
 from prx_assets.common import (
     GROUP,
+    md_table,
     OWNERS,
     SOURCES,
     catalog_source,
@@ -21,6 +23,7 @@ from prx_assets.versions import content_version
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.models.fused import check_fusable
 from prx_core.stages.captions import CaptionsReport
+from prx_core.stages.captions_quality import quality_table, verdict_counts
 from prx_core.stages.entry import Progress
 from prx_resources import (
     CaptionerResource,
@@ -37,12 +40,35 @@ COVERAGE = ("Eligible (bucketed) contents of the source the captioner failed on 
             "retried on the next run); mds_shards refuses them (reject `no_caption`). Under the `source` captioner a "
             "content the source has no caption for is not a failure: it is counted apart (`without_source_caption`) "
             "and refused by mds_shards the same way, and a source with no caption at all fails the captions run.")
+QUALITY = ("Eligible captions the caption checks refused twice (a repetition loop, the token cap, a refusal, a "
+           "prompt echo, special tokens, too few or too many words, empty: prx_core.models.caption_checks), each "
+           "retried once with the fallback decoding and then stored as rejected: never shipped (mds_shards rejects "
+           "them as caption_rejected). Warns above `checks.captions_quality_warn`.")
 CHECKS = [source_check("captions_coverage", "captions", blocking=True,
-                       description=rate_description("captions_coverage", COVERAGE))]
+                       description=rate_description("captions_coverage", COVERAGE)),
+          source_check("captions_quality", "captions", blocking=True,
+                       description=rate_description("captions_quality", QUALITY))]
 DESCRIPTION = ("A caption of every eligible (bucketed) content of the source by the configured captioner, in the "
                "shared `captions` table keyed by content_id and captioner version: the same bytes in two sources, a "
-               "rerun or a resumed run reuse the stored caption. Never automatic (it is the dominant cost): "
+               "rerun or a resumed run reuse the stored caption (a source caption belongs to its sample: keyed by "
+               "content and its own text). Every generated caption is checked before it is stored, a refused one "
+               "retried once with the fallback decoding. Never automatic (it is the dominant cost): "
                "materialize by hand or by backfill; one at a time in the `gpu` pool.")
+
+
+def quality_check(checks: ChecksResource, report: CaptionsReport) -> dg.AssetCheckResult:
+    """captions_quality: rejected / eligible; fails (blocking) above `captions_quality`, warns above
+    `captions_quality_warn`, with the counts per problem and a few rejected samples."""
+    result = rate_check("captions_quality", checks, checked=report.eligible, failed=report.rejected,
+                        offenders=report.rejected_offenders, verdicts=dg.MetadataValue.json(verdict_counts(report.quality)),
+                        problems=md_table(quality_table(report.quality), ["problem", "retried", "rejected", "flagged"]),
+                        fallbacks=report.fallbacks, warn_above=checks.captions_quality_warn)
+    rate = report.rejected / report.eligible if report.eligible else 0.0
+    if result.passed and rate > checks.captions_quality_warn:
+        return dg.AssetCheckResult(check_name=result.check_name, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"{result.description}; above the warning threshold "
+                                               f"{checks.captions_quality_warn:.3%}", metadata=result.metadata)
+    return result
 
 
 def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -> dg.AssetsDefinition:
@@ -70,8 +96,8 @@ def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -
             context.log.warning(f"captions[{context.partition_key}]: {report.without_source_caption} of "
                                 f"{report.eligible} eligible contents have no source caption; mds_shards refuses "
                                 f"them (no_caption): {SOURCE_HAS_NONE}")
-        made = max(report.captioned, 1)
-        held = max(report.eligible - report.missing, 0)  # eligible contents with a caption after the run
+        made = max(report.captioned - report.rejected_now, 1)
+        held = report.shippable  # eligible contents with a caption mds_shards ships, after the run
         return dg.MaterializeResult(
             metadata={
                 "captioner": config.captioner_id(), "eligible": report.eligible, "reused": report.reused,
@@ -83,6 +109,10 @@ def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -
                 "mean_words": dg.MetadataValue.float(round(report.words / made, 1) if report.captioned else 0.0),
                 "in_100_200_words": rate(report.in_100_200_words, made if report.captioned else 0),
                 "failures": counts_table(report.failures, "reason"),
+                "rejected": report.rejected, "retried": report.retried, "flagged": report.flagged,
+                "fallbacks": report.fallbacks, "rechecked": report.rechecked,
+                "caption_problems": md_table(quality_table(report.quality), ["problem", "retried", "rejected", "flagged"]),
+                "caption_verdicts": dg.MetadataValue.json(verdict_counts(report.quality)),
                 "output_tokens_per_second": per_second(report.output_tokens_per_second),
                 **({"gpu_hours": dg.MetadataValue.float(round(report.gpu_hours, 4))} if report.gpu_hours is not None else {}),
                 **dataset_metadata(store, held, table="captions"),
@@ -94,11 +124,13 @@ def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -
             check_results=[rate_check("captions_coverage", checks, checked=report.eligible,
                                       failed=report.captioner_missing, offenders=report.offenders,
                                       eligible=report.eligible, missing=report.missing,
-                                      without_source_caption=report.without_source_caption)],
+                                      without_source_caption=report.without_source_caption),
+                           quality_check(checks, report)],
             # model outputs are stored once per content and captioner and reused: the buckets' version, the
             # captioner, and what the partition holds after the run (a retried failure now captioned changes it)
             data_version=content_version(context, eligible=report.eligible, missing=report.missing,
-                                         without_source_caption=report.without_source_caption),
+                                         without_source_caption=report.without_source_caption,
+                                         quality=sorted(report.quality.items())),
         )
 
     return captions

@@ -26,6 +26,9 @@ def add_parser(sub: Any) -> None:
     plan.add_argument("--gpus", type=int, default=8, help="cluster GPUs, for the wall time (default 8)")
     plan.add_argument("--caption-rate", type=float, default=None,
                       help="VLM captions per second per GPU (default 20, an H200's)")
+    plan.add_argument("--retry-share", type=float, default=None,
+                      help="share of VLM captions the caption checks refuse and generate again with the fallback "
+                           "decoding (default 0.05; a captions run's fallbacks / eligible measures it)")
     plan.add_argument("--json", help="also write the plan as JSON to this file")
     plan.set_defaults(func=run_plan)
 
@@ -45,6 +48,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if unknown:
         raise SettingsError(f"--source: {', '.join(unknown)} not in {args.sources} (sources: {', '.join(catalog.names)})")
     models = plan_models(settings, args.caption_rate or CAPTION_RATE)
+    if args.retry_share is not None:
+        if not 0 <= args.retry_share <= 1:
+            raise SettingsError(f"--retry-share: must be from 0 to 1, got {args.retry_share}")
+        models.retry_share = args.retry_share
     specs = [s for s in catalog.sources if not args.source or s.name in args.source]
     plan = plan_corpus(specs, models, args.sample, args.cpus, args.gpus,
                        settings.section("storage").get("storage_options") or {}, echo=lambda line: print(line, flush=True))

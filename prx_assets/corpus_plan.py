@@ -9,7 +9,7 @@ from pydantic import Field
 
 from prx_assets.common import GROUP, OWNERS, md_table
 from prx_core.models.text_latents import latent_sizing
-from prx_core.stages.plan_estimates import CAPTION_RATE, LatentSizing, Models, format_plan, plan_corpus
+from prx_core.stages.plan_estimates import CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus
 from prx_resources import (
     CaptionerResource,
     CatalogResource,
@@ -30,6 +30,8 @@ class PlanConfig(dg.Config):
     cpus: int = Field(default=64, ge=1, description="Cluster cores, for the wall time.")
     gpus: int = Field(default=8, ge=0, description="Cluster GPUs, for the wall time.")
     caption_rate: float = Field(default=CAPTION_RATE, gt=0, description="VLM captions per second per GPU.")
+    retry_share: float = Field(default=RETRY_SHARE, ge=0, le=1,
+                               description="VLM captions the caption checks refuse and generate again (fallback decoding).")
 
 
 def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: TrainingResource,
@@ -54,6 +56,7 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
                 storage: StorageResource, captioner: CaptionerResource, labeler: LabelerResource,
                 training: TrainingResource, text_latents: TextLatentsResource, ray: RayResource) -> dg.MaterializeResult:
     models = models_of(captioner, labeler, training, text_latents, config.caption_rate)
+    models.retry_share = config.retry_share
     plan = plan_corpus(list(catalog.load().sources), models, config.sample, config.cpus, config.gpus,
                        storage.storage().storage_options, echo=context.log.info)
     totals = plan.totals()

@@ -132,7 +132,8 @@ class Explorer:
         """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
         results = run_query(self.views.get(), Query.from_params(request.query_params), self.queries)
         columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
-                   "meta_label", "caption", "original_caption"] + (["score"] if results.mode != "browse" else [])
+                   "meta_label", "caption", "original_caption", "captioner_id", "caption_verdict", "caption_problem",
+                   "word_count"] + (["score"] if results.mode != "browse" else [])
         rows = [{c: row.get(c) for c in columns} for row in results.rows]
         return JSONResponse({"total": results.total, "page": results.query.page, "pages": results.pages,
                              "mode": results.mode, "notes": results.notes, "rows": rows, "facets": results.facets,

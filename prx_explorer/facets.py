@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
-from prx_core.stages.explorer_rows import META_KEY, count_values
+from prx_core.stages.explorer_rows import META_KEY, REPETITION_SCALE, WORST, count_values
 from prx_core.store import lance_io
 from prx_explorer.query import COLUMN, FILTERS, Query
 from prx_explorer.view import View
@@ -41,19 +41,28 @@ def table_counts(view: View, source: str = "") -> dict[str, Counter[str]]:
     for row in facet_rows(view, source).to_pylist():
         if row["facet"] == "totals" and row["value"] == "rows":
             counts["source"][row["source"]] += row["count"]
-        elif row["facet"] in ("label", "tier", "bucket", "group", "skipped", "rejected", "meta"):
+        elif row["facet"] in ("label", "tier", "bucket", "group", "skipped", "rejected", "meta", "caption"):
             counts[row["facet"]][row["value"]] += row["count"]
     return counts
 
 
 def row_counts(rows: pa.Table) -> dict[str, Counter[str]]:
-    """menu -> value -> rows of `rows` (explorer columns; empty and null values left out)."""
-    return {name: count_values(rows[column], split=name in SPLIT) for name, column in COUNTED.items()}
+    """menu -> value -> rows of `rows` (explorer columns; empty and null values left out; a column an
+    older explorer table lacks counts nothing)."""
+    return {name: count_values(rows[column], split=name in SPLIT) if column in rows.column_names else Counter()
+            for name, column in COUNTED.items()}
+
+
+def present(view: View, columns: Iterable[str]) -> list[str]:
+    """Of `columns`, those the `explorer` table has (one written before a column existed lacks it)."""
+    names = set(view.table("explorer").schema.names)
+    return [c for c in columns if c in names]
 
 
 def scanned_counts(view: View, where: str | None) -> tuple[dict[str, Counter[str]], str | None]:
     """Counts over the first FACET_SCAN rows matching `where`, and a note when there were more."""
-    rows = view.table("explorer").to_table(columns=sorted(set(COUNTED.values())), filter=where, limit=FACET_SCAN)
+    rows = view.table("explorer").to_table(columns=present(view, sorted(set(COUNTED.values()))), filter=where,
+                                           limit=FACET_SCAN)
     return row_counts(rows), capped_note(FACET_SCAN) if rows.num_rows == FACET_SCAN else None
 
 
@@ -86,6 +95,23 @@ def query_menus(view: View, query: Query, where: str | None,
         return menus(table_counts(view, query.source)), []
     counts, note = scanned_counts(view, where)
     return menus(counts), [note] if note else []
+
+
+def worst_captions(view: View, by: str, source: str = "") -> dict[str, float]:
+    """sample_id -> measure of the worst captions by `by` (Query.WORST), worst first: the lists the
+    `explorer` asset kept per source in `explorer_facets` (a few hundred rows, never a scan of the
+    corpus), merged over the sources. Words for shortest and longest, a 0..1 score for repetitive,
+    generations for retried."""
+    facets = view.table("explorer_facets")
+    if facets is None:
+        return {}
+    where = f"facet = {lance_io.sql_literal(WORST[by])}"
+    if source:
+        where += f" AND source = {lance_io.sql_literal(source)}"
+    rows = facets.to_table(columns=["value", "count"], filter=where).to_pylist()
+    order = sorted(rows, key=lambda r: (r["count"] if by == "shortest" else -r["count"], r["value"]))
+    scale = REPETITION_SCALE if by == "repetitive" else 1
+    return {r["value"]: r["count"] / scale for r in order}
 
 
 def totals(view: View) -> list[dict[str, int | str]]:

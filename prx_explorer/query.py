@@ -21,9 +21,10 @@ from prx_explorer.view import View, both, in_list
 MAX_PAGE = 1_000_000
 MAX_TIER = 1 << 16
 BY = ("caption", "clip")
-FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected")
+FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected", "caption")
 COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
-          "skipped": "skip_reason", "rejected": "reject_reason"}
+          "skipped": "skip_reason", "rejected": "reject_reason", "caption": "caption_problem"}
+WORST = ("shortest", "longest", "repetitive", "retried")  # the "worst captions" views (explorer_rows.WORST)
 META_IDS = 5000  # sample ids a metadata filter on another key than `label` may select (an IN list)
 NO_METADATA = "this corpus's samples carry no metadata"
 
@@ -43,16 +44,19 @@ class Query:
     skipped: str = ""
     rejected: str = ""
     meta: str = ""  # key:value of the samples' source metadata, e.g. label:cat
+    caption: str = ""  # a caption problem (prx_core.models.caption_checks), e.g. repetition
+    worst: str = ""  # one of WORST: the source's worst captions by that measure, worst first
     page: int = 1
 
     @classmethod
     def from_params(cls, params: Mapping[str, str]) -> Query:
         """The query of a request; a malformed value raises `BadRequest` (a 400)."""
-        checked = ("by", "tier", "page", "meta")
+        checked = ("by", "tier", "page", "meta", "worst")
         values = {f.name: text_param(params, f.name) for f in fields(cls) if f.name not in checked}
         tier = int_param(params, "tier", None, 1, MAX_TIER)
         return cls(**values, by=choice_param(params, "by", BY, "caption"), tier="" if tier is None else str(tier),
-                   meta=meta_param(params, "meta"), page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
+                   meta=meta_param(params, "meta"), worst=choice_param(params, "worst", WORST, ""),
+                   page=int_param(params, "page", 1, 1, MAX_PAGE) or 1)
 
     def url(self, **changes: object) -> str:
         """This query with `changes`, as a `?...` string (page resets unless given)."""
@@ -64,7 +68,8 @@ class Query:
     @property
     def only_source(self) -> bool:
         """Whether no filter but `source` narrows the rows: the facets table then has the menus' counts."""
-        return not (self.q or self.like or self.meta or any(getattr(self, n) for n in FILTERS if n != "source"))
+        return not (self.q or self.like or self.meta or self.worst
+                    or any(getattr(self, n) for n in FILTERS if n != "source"))
 
 
 def _condition(name: str, value: str) -> str:

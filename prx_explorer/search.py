@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pyarrow as pa
 
-from prx_explorer.facets import COUNTED, menus, query_menus
+from prx_explorer.facets import COUNTED, menus, present, query_menus, worst_captions
 from prx_explorer.fulltext import text_hits
 from prx_explorer.query import Query, lance_filter
 from prx_explorer.view import View, one_row, rows_by_key, versions_filter
@@ -27,7 +27,8 @@ PAGE_SIZE = 48
 NEIGHBOURS = 200
 # What a card, the API and the facet counts of a search read of a row: never the whole row.
 PAGE_COLUMNS = ["sample_id", "source", "stored", "label", "tier", "bucket", "group_id", "keeper", "skip_reason",
-                "reject_reason", "meta_label", "caption", "original_caption"]
+                "reject_reason", "meta_label", "caption", "original_caption", "word_count", "captioner_id",
+                "caption_verdict", "caption_problem"]
 MATCH_COLUMNS = sorted({"sample_id", *COUNTED.values()})
 # What a page says when a search fails: never the exception, which names paths inside the corpus.
 SEARCH_FAILED = "The text search could not be run; the details are in the explorer log."
@@ -42,7 +43,7 @@ class Results:
     total: int
     rows: list[dict]  # the page: explorer columns, captions "" where none, `score` in text and like modes
     facets: dict[str, list[tuple[str, int]]]
-    mode: str  # browse | text | like
+    mode: str  # browse | text | like | worst
     notes: list[str] = field(default_factory=list)
     menus_count: str = "matches"  # or "corpus" (a text search: its hits are ranked, not counted)
 
@@ -53,7 +54,7 @@ class Results:
 
 def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], str | None]:
     """sample_id -> cosine distance of the nearest samples to `sample_id` (nearest first), or a note why none."""
-    row = one_row(view.table("explorer"), "sample_id", sample_id, ["content_id"])
+    row = one_row(view.table("explorer"), "sample_id", sample_id, present(view, ["content_id", "caption_key"]))
     if row is None:
         return {}, f"no sample {sample_id!r}"
     if by == "clip":
@@ -67,7 +68,8 @@ def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], s
         if table is None or not view.captioner_version:
             return {}, "no caption embeddings in this corpus (materialize caption_embeddings)"
         key, where = "content_id", versions_filter(view, embeddings=True)
-        own = rows_by_key(table, "content_id", [row["content_id"]] if row["content_id"] else [], ["embedding"], where)
+        mine = row.get("caption_key") or row["content_id"]  # a source caption's vectors are keyed by its caption key
+        own = rows_by_key(table, "content_id", [mine] if mine else [], ["embedding"], where)
     if own.num_rows == 0:
         return {}, f"{sample_id} has no {by} embedding"
     vector = np.asarray(own["embedding"][0].as_py(), dtype=np.float32)
@@ -78,9 +80,10 @@ def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], s
     distance: dict[str, float] = {}
     for hit, value in zip(hits[key].to_pylist(), hits["_distance"].to_pylist()):
         distance[hit] = min(value, distance.get(hit, value))
-    if key == "content_id":  # every sample of a content is as near as it is
-        samples = rows_by_key(view.table("explorer"), "content_id", list(distance), ["sample_id", "content_id"])
-        distance = {s: distance[c] for s, c in zip(samples["sample_id"].to_pylist(), samples["content_id"].to_pylist())}
+    if key == "content_id":  # every sample of a content (or caption key) is as near as it is
+        column = "caption_key" if row.get("caption_key") else "content_id"
+        samples = rows_by_key(view.table("explorer"), column, list(distance), ["sample_id", column])
+        distance = {s: distance[c] for s, c in zip(samples["sample_id"].to_pylist(), samples[column].to_pylist())}
     distance.pop(sample_id, None)
     return dict(sorted(distance.items(), key=lambda kv: (kv[1], kv[0]))), None
 
@@ -134,7 +137,7 @@ class Matches:
 
 def _ranked(view: View, scores: dict[str, float], where: str | None) -> tuple[dict[str, float], pa.Table]:
     """The ranked hits that `where` selects, and their rows' counted columns (an IN lookup)."""
-    rows = rows_by_key(view.table("explorer"), "sample_id", list(scores), MATCH_COLUMNS, where)
+    rows = rows_by_key(view.table("explorer"), "sample_id", list(scores), present(view, MATCH_COLUMNS), where)
     kept = set(rows["sample_id"].to_pylist())
     return {k: v for k, v in scores.items() if k in kept}, rows
 
@@ -159,6 +162,10 @@ def match(view: View, query: Query, nearest: NeighbourCache | None = None) -> Ma
         scores, rows = _ranked(view, scores, where)
         facets, more = query_menus(view, query, where, rows)
         return Matches(where, scores, len(scores), facets, "like", notes + ([note] if note else []) + more)
+    if query.worst:  # the source's worst captions, kept by the `explorer` asset; filtered here, by key
+        scores, rows = _ranked(view, worst_captions(view, query.worst, query.source), where)
+        facets, more = query_menus(view, query, where, rows)
+        return Matches(where, scores, len(scores), facets, "worst", notes + more)
     if query.q:  # the filter is the search's prefilter: every hit matches it
         scores, failed = _text_scores(view, query.q, where)
         notes = notes + failed
@@ -204,12 +211,13 @@ def page_rows(view: View, found: Matches, start: int) -> list[dict]:
     explorer = view.table("explorer")
     if explorer is None or start >= found.total:
         return []
+    columns = present(view, PAGE_COLUMNS)
     if found.scores is None:
-        rows = explorer.to_table(columns=PAGE_COLUMNS, filter=found.where, offset=start, limit=PAGE_SIZE,
+        rows = explorer.to_table(columns=columns, filter=found.where, offset=start, limit=PAGE_SIZE,
                                  scan_in_order=True).to_pylist()
     else:
         ids = list(found.scores)[start:start + PAGE_SIZE]
-        by_id = {r["sample_id"]: r for r in rows_by_key(explorer, "sample_id", ids, PAGE_COLUMNS).to_pylist()}
+        by_id = {r["sample_id"]: r for r in rows_by_key(explorer, "sample_id", ids, columns).to_pylist()}
         rows = [{**by_id[s], "score": found.scores[s]} for s in ids if s in by_id]
     return [{**r, "caption": r["caption"] or "", "original_caption": r["original_caption"] or ""} for r in rows]
 

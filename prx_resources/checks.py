@@ -23,8 +23,8 @@ from pydantic import Field, model_validator
 from prx_core.stages.contents import FAILED_EXAMPLES
 
 MAX_EXAMPLES = FAILED_EXAMPLES  # offending samples the stages collect per check; `examples` shows at most this many
-RATE_CHECKS = ("samples_unique_sample_ids", "captions_coverage", "caption_labels_coverage", "caption_embeddings_coverage",
-               "text_latents_coverage")
+RATE_CHECKS = ("samples_unique_sample_ids", "captions_coverage", "captions_quality", "caption_labels_coverage",
+               "caption_embeddings_coverage", "text_latents_coverage")
 
 
 class ChecksResource(dg.ConfigurableResource):
@@ -40,6 +40,16 @@ class ChecksResource(dg.ConfigurableResource):
         description="Eligible contents the captioner failed on (retried on the next run): largest passing "
                     "share. Uncaptioned samples are refused by mds_shards (no_caption). A source caption missing "
                     "under the `source` captioner is counted apart (without_source_caption), not a failure.")
+    captions_quality: float = Field(
+        default=0.05, ge=0, le=1,
+        description="Eligible captions the caption checks refused twice (a loop, the token cap, a refusal...: "
+                    "retried once with the fallback decoding, then stored as rejected and refused by mds_shards "
+                    "as caption_rejected): largest share that does not fail (above it the check fails and blocks "
+                    "what depends on captions).")
+    captions_quality_warn: float = Field(
+        default=0.01, ge=0, le=1,
+        description="The share of rejected captions above which captions_quality warns (without blocking); "
+                    "at most captions_quality.")
     caption_labels_coverage: float = Field(
         default=0.001, ge=0, le=1,
         description="Captioned contents without a label (a labeller error): largest passing share. "
@@ -64,6 +74,13 @@ class ChecksResource(dg.ConfigurableResource):
                 raise ValueError(f"checks: unknown setting(s) {', '.join(unknown)}; "
                                  f"valid: {', '.join(cls.model_fields)}")
         return values
+
+    @model_validator(mode="after")
+    def warn_below_failure(self) -> "ChecksResource":
+        if self.captions_quality_warn > self.captions_quality:
+            raise ValueError(f"checks: captions_quality_warn ({self.captions_quality_warn}) must be at most "
+                             f"captions_quality ({self.captions_quality})")
+        return self
 
     def max_rate(self, check: str) -> float:
         if check not in RATE_CHECKS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
+from prx_core.models.caption_keys import source_caption_key
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
@@ -32,12 +33,16 @@ def corpus_summary(store: Storage) -> list[dict[str, Any]]:
     for r in _by_source(store, "duplicates", ["source"], "NOT keeper"):
         rows[r["source"]]["duplicates"] += 1
     labels = {r["content_id"]: r["label"] for r in _by_source(store, "caption_labels", ["content_id", "label"])}
+    # a model caption's labels are keyed by content, a source caption's by (content, its own text)
+    own = {r["sample_id"]: source_caption_key(r["content_id"], r["original_caption"])
+           for r in _by_source(store, "samples", ["sample_id", "content_id", "original_caption"])} if labels else {}
     streams: dict[str, set[str]] = defaultdict(set)
-    for r in _by_source(store, "mds_index", ["source", "tier", "bucket", "content_id"]):
+    for r in _by_source(store, "mds_index", ["source", "tier", "bucket", "content_id", "sample_id"]):
         rows[r["source"]]["in_mds"] += 1
         streams[r["source"]].add(f"{r['tier']}/{r['bucket']}")
-        if labels.get(r["content_id"]) in ("text", "nsfw"):
-            rows[r["source"]][labels[r["content_id"]]] += 1
+        label = labels.get(r["content_id"]) or labels.get(own.get(r["sample_id"], ""))
+        if label in ("text", "nsfw"):
+            rows[r["source"]][label] += 1
     for source, names in streams.items():
         rows[source]["streams"] = len(names)
     skipped: dict[str, set[tuple[str, int]]] = defaultdict(set)

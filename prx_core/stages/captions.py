@@ -34,8 +34,8 @@ from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.caption_base import NO_SOURCE_CAPTION, SOURCE, VLLM, CaptionerConfig
-from prx_core.models.captioning import CaptionBatch, no_source_captions_message
 from prx_core.models.caption_checks import FLAGGED, REJECTED, RETRIED
+from prx_core.models.captioning import CaptionBatch, no_source_captions_message
 from prx_core.models.fused import FusedCaptionBatch, check_fusable
 from prx_core.models.text_latents import TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
@@ -56,6 +56,7 @@ from prx_core.stages.contents import (
 from prx_core.stages.captions_quality import (
     QUALITY_COLUMNS,
     detail_owners,
+    rejected_detail,
     judged_rows,
     new_quality,
     refused_unchecked,
@@ -113,6 +114,7 @@ class CaptionsReport(StageReport):
     fallbacks: int = 0  # captions this run generated a second time with the fallback decoding
     rejected_now: int = 0  # captions this run stored as rejected (refused twice)
     rechecked: int = 0  # captions stored before the checks that failed them and were captioned again
+    rejected_offenders: list[dict[str, str]] = field(default_factory=list)  # sample_id, content_id, reason (problem)
 
     @property
     def rejected(self) -> int:
@@ -181,9 +183,12 @@ def pending_captions(unit: Unit, run: UnitRun, *, config: CaptionerConfig) -> tu
     done = set(stored.filter(pc.equal(stored["error"], ""))["content_id"].to_pylist()) - refused
     todo = owned.filter(pc.invert(pc.is_in(owned["caption_key"], pa.array(sorted(done), pa.string()))))
     replaced = set(stored.filter(pc.not_equal(stored["error"], ""))["content_id"].to_pylist()) | refused
+    rejected = stored.filter(pc.equal(pc.fill_null(stored["verdict"], ""), REJECTED))
     return todo, {"rows": unit.rows, "eligible": owned.num_rows, "reused": owned.num_rows - todo.num_rows,
                   "retry": sorted(replaced & set(todo["caption_key"].to_pylist())), "rechecked": len(refused),
-                  "quality": stored_quality(stored, done)}
+                  "quality": stored_quality(stored, done),
+                  "rejected_detail": rejected_detail(rejected["content_id"].to_pylist(), rejected["problem"].to_pylist(),
+                                                     detail_owners(owned), FAILED_EXAMPLES)}
 
 
 def read_caption_inputs(storage: Storage, version: int, addresses: list[int], with_image: bool,
@@ -216,7 +221,9 @@ def caption_unit(host: ModelHost, unit: Unit, run: UnitRun, *, config: Captioner
     fused = fused_summary(run.storage, parts, config.version()) if "fused_encoder_version" in run.manifest.params else {}
     written = caption_summary(run.storage, parts, detail_owners(todo))
     quality = Counter(summary.pop("quality")) + Counter(written.pop("quality", {}))
-    return {**summary, **written, **fused, "quality": dict(quality), "model_seconds": round(model_seconds, 4)}
+    detail = summary.pop("rejected_detail") + written.pop("rejected_detail", [])
+    return {**summary, **written, **fused, "quality": dict(quality), "rejected_detail": detail[:FAILED_EXAMPLES],
+            "model_seconds": round(model_seconds, 4)}
 
 
 def fused_summary(storage: Storage, parts: list[pa.Table], captioner_version: str) -> dict[str, Any]:
@@ -266,6 +273,9 @@ def caption_summary(storage: Storage, parts: list[pa.Table],
             "failed_examples": [c for c, _, _ in failed][:5],
             "failed_detail": [[c, r, s] for c, r, s in failed][:FAILED_EXAMPLES],
             "uncaptioned_detail": uncaptioned[:FAILED_EXAMPLES],
+            "rejected_detail": rejected_detail([k for k, v in zip(rows["content_id"].to_pylist(), verdicts) if v == REJECTED],
+                                               [p for p, v in zip(rows["problem"].to_pylist(), verdicts) if v == REJECTED],
+                                               owners or {}, FAILED_EXAMPLES),
             **new_quality(rows), "fragments": [f.to_json() for f in written]}
 
 
@@ -340,6 +350,8 @@ def report_captions(run: StageRun) -> CaptionsReport:
     report.without_source_caption = results.total("without_source_caption")
     report.quality, report.fallbacks = results.counts("quality"), results.total("fallbacks")
     report.rejected_now, report.rechecked = results.total("rejected_now"), results.total("rechecked")
+    rejected = [d for s in results.summaries for d in s.get("rejected_detail") or []]
+    report.rejected_offenders = offending_samples(run.storage, source, rejected, versions["buckets"])
     report.latents_encoded, report.text_latents_version = results.total("encoded"), run.versions.get("text_latents")
     failed = [d for s in results.summaries for d in s.get("failed_detail") or []]
     report.offenders = offending_samples(run.storage, source, failed, versions["buckets"])

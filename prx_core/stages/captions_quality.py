@@ -49,6 +49,12 @@ def stored_quality(stored: pa.Table, keys: Iterable[str]) -> dict[str, int]:
                                                             ok["problem"].to_pylist()) if k in wanted))
 
 
+def rejected_detail(keys: Sequence[str], problems: Sequence[str], owners: Mapping[str, Sequence[str]],
+                    limit: int) -> list[list[str]]:
+    """(content_id, problem, sample_id) of a few rejected captions: the quality check's offenders."""
+    return [[*owners.get(k, (k, ""))[:1], p, owners.get(k, (k, ""))[1]] for k, p in list(zip(keys, problems))[:limit]]
+
+
 def judged_rows(batch: pa.Table, config: CaptionerConfig) -> pa.Table:
     """Caption rows of a backend that did not check them (the vLLM pipeline: one pass, no retry)
     with their verdicts: a refused answer is `rejected` at its first attempt."""

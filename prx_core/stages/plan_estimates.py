@@ -5,8 +5,11 @@ Rates that a sample of 1,000 images cannot measure are constants, each from a me
 per-row costs of the stages beyond their image work (bench-scale at 100,000 rows,
 docs/benchmarks.md: `samples` 3.5 core-ms per image of which the validating decode measured
 here is ~2.7, `mds_shards` 9.0 of which the render is ~6.5, the other stages whole), a VLM's
-captions per second per GPU (the source team's 20 images/s per H200, `caption_rate`), and a
-labeller's 200 captions/s per GPU (vLLM) or 23 per core (MiniLM, measured here).
+captions per second per GPU (the source team's 20 images/s per H200, `caption_rate`), the share of
+captions the caption checks refuse and generate again with the fallback decoding (`retry_share`:
+assumed 5%, the share of rejected captions at which `captions_quality` fails; a captions run's
+`fallbacks` / `eligible` measures it), and a labeller's 200 captions/s per GPU (vLLM) or 23 per
+core (MiniLM, measured here).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from prx_core.upkeep.compaction import TARGET_BYTES
 ROW_MS = {"samples": 0.8, "buckets": 0.05, "phashes": 0.04, "captions": 0.33, "mds_shards": 2.5,
           "skip_lists": 0.25, "compact_corpus": 0.7}  # core-ms per row beyond the measured image work
 CAPTION_RATE = 20.0  # VLM captions per second per GPU (H200)
+RETRY_SHARE = 0.05  # captions generated twice (the caption checks refused the first answer): assumed
 LABEL_RATE_GPU, LABEL_RATE_CORE = 200.0, 23.0  # captions labelled per second
 VLM_CAPTION_BYTES = 1_000  # a 100-200 word caption
 MDS_SAMPLE_OVERHEAD = 100  # bytes per MDS sample beside image and captions (ints, ids, offsets)
@@ -61,6 +65,7 @@ class Models:
     vlm_captions: bool = False  # a VLM re-captions (not the `source` captioner)
     gpu_labels: bool = False  # labels by an LLM on vLLM (else MiniLM on CPUs)
     caption_rate: float = CAPTION_RATE
+    retry_share: float = RETRY_SHARE  # captions the checks refuse and generate once more (fallback decoding)
     batch_size: int = 256  # training.global_batch_size: a stream smaller than one batch is unusable
     latents: LatentSizing | None = None  # text_latents configured: stored in the table and in every MDS sample
 
@@ -125,10 +130,15 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
                **{s: ingested * ROW_MS[s] for s in ("buckets", "phashes", "skip_lists", "compact_corpus")},
                "captions": bucketed * ROW_MS["captions"]}
     gpu = {"captions": contents / models.caption_rate / 3600 if models.vlm_captions else 0.0,
+           "caption_retries": contents * models.retry_share / models.caption_rate / 3600 if models.vlm_captions else 0.0,
            "caption_labels": contents / LABEL_RATE_GPU / 3600 if models.gpu_labels else 0.0}
     if not models.gpu_labels:
         core_ms["caption_labels"] = contents * 1000 / LABEL_RATE_CORE
     notes = [] if stats.read else ["no record could be read: every estimate is 0"]
+    if models.vlm_captions:
+        notes.append(f"caption checks: ~{models.retry_share:.1%} of {contents:,} captions generated again with the "
+                     f"fallback decoding: {gpu['caption_retries']:.3g} of its {gpu['captions'] + gpu['caption_retries']:.3g} "
+                     "captioning GPU-hours (--retry-share: a captions run's fallbacks / eligible)")
     if models.latents is not None:
         notes.append(f"text latents: ~{models.latents.latent_bytes(words):,.0f} bytes per caption of ~{words:.0f} "
                      "words, in the table and again in MDS; their GPU time is not estimated (no measured rate)")

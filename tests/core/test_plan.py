@@ -95,8 +95,15 @@ def test_a_vlm_plan_costs_gpu_hours_per_distinct_content() -> None:
     assert (vlm.mds_samples, vlm.contents, vlm.streams) == (3_000_000, 2_000_000, {"512/480x640": 1_000_000,
                                                                                   "512/640x480": 2_000_000})
     assert vlm.gpu_hours["captions"] == pytest.approx(2_000_000 / 20 / 3600)
+    # the caption checks' retries: 5% of the captions generated again with the fallback decoding
+    assert vlm.gpu_hours["caption_retries"] == pytest.approx(0.05 * 2_000_000 / 20 / 3600)
+    assert any(n.startswith("caption checks: ~5.0% of 2,000,000 captions") for n in vlm.notes)
+    costly = estimate("s", "parquet", stats, SourceSize(1, 0, 4_000_000, "parquet footers"),
+                      Models(vlm_captions=True, retry_share=0.2))
+    assert costly.gpu_hours["caption_retries"] == pytest.approx(4 * vlm.gpu_hours["caption_retries"])
     source = estimate("s", "parquet", stats, SourceSize(1, 0, 4_000_000, "parquet footers"), Models())
     assert source.mds_samples == 2_000_000 and source.gpu_hours["captions"] == 0  # uncaptioned: refused from MDS
+    assert source.gpu_hours["caption_retries"] == 0 and not any("caption checks" in n for n in source.notes)
     by_bytes = estimate("s", "webdataset", stats, SourceSize(1, 600_000_000, None, "listed bytes"), Models())
     assert by_bytes.rows == 10_000 and "rows estimated from" in by_bytes.notes[0]
 

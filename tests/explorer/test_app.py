@@ -13,6 +13,7 @@ from PIL import Image
 from starlette.testclient import TestClient
 
 from prx_core.image.buckets import Bucket, crop_box
+from prx_core.models.caption_keys import source_caption_key
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
@@ -178,11 +179,13 @@ def test_detail_page_shows_captions_label_phash_bucket_crop_and_versions(client:
     [mds] = table(explorer_corpus, "mds_index", ["sample_id", "content_id", "tier", "bucket"], "source = 'stock_photos'")[:1]
     sid = mds["sample_id"]
     [sample] = table(explorer_corpus, "samples", ["width", "height", "original_caption"], f"sample_id = '{sid}'")
-    [caption] = table(explorer_corpus, "captions", ["caption"], f"content_id = '{mds['content_id']}'")
-    [label] = table(explorer_corpus, "caption_labels", ["label"], f"content_id = '{mds['content_id']}'")
+    key = source_caption_key(mds["content_id"], sample["original_caption"])  # the demo's captions are its sources'
+    [caption] = table(explorer_corpus, "captions", ["caption"], f"content_id = '{key}'")
+    [label] = table(explorer_corpus, "caption_labels", ["label"], f"content_id = '{key}'")
     [phash] = table(explorer_corpus, "phashes", ["phash"], f"sample_id = '{sid}'")
     html = client.get("/sample", params={"id": sid}).text
     assert caption["caption"].split()[0] in html and label["label"] in html
+    assert "Source caption" in html and "VLM caption" not in html  # named for what made it: no VLM ran
     assert f"{phash['phash']:016x}" in html
     w, _, h = mds["bucket"].partition("x")
     left, top, right, bottom = crop_box(sample["width"], sample["height"], Bucket(mds["tier"], int(w), int(h)))

@@ -75,6 +75,37 @@ def browse(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     process.wait(timeout=10)
 
 
+LOOP = "g theads theads theads theads theads theads theads theads theads theads theads theads"
+CAPTIONER_ID = "transformers:tiny-qwen2-vl:0123456789ab"
+
+
+def checked_caption(i: int) -> dict:
+    """Sample i's caption with its check: every tenth a rejected loop, the next a retried one, words growing with i."""
+    base = {"content_id": f"c{i}", "captioner_version": "cap-1", "captioner_id": CAPTIONER_ID, "error": ""}
+    if i % 10 == 1:
+        return {**base, "caption": LOOP, "word_count": len(LOOP.split()), "verdict": "rejected",
+                "problem": "repetition", "finish_reason": "length", "attempts": 2}
+    text = " ".join(["a photo of", *(f"thing{j}" for j in range(i + 2))])
+    retried = i % 10 == 2
+    return {**base, "caption": text, "word_count": len(text.split()), "verdict": "retried" if retried else "ok",
+            "problem": "token_cap" if retried else None, "finish_reason": "stop", "attempts": 2 if retried else 1}
+
+
+@pytest.fixture(scope="module")
+def quality_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The explorer over a small corpus whose model captions carry the caption checks' verdicts."""
+    import pyarrow as pa
+
+    from conftest import write_explorer
+    from prx_core.store import lance_io, schemas
+
+    storage = write_small_corpus(tmp_path_factory.mktemp("quality-browse") / "corpus")
+    rows = pa.Table.from_pylist([checked_caption(i) for i in range(40)], schema=schemas.CAPTIONS)
+    lance_io.overwrite(storage.lance_uri("captions"), rows)
+    write_explorer(storage)
+    yield from browse(Path(storage.root), tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -115,7 +146,8 @@ def test_search_open_result_follow_duplicate_group(page: Page, server: str, expl
     page.screenshot(path=str(SHOTS / "01-search.png"), full_page=True)
 
     page.locator("ul.grid a.sid").first.click()
-    expect(page.locator("#vlm-caption")).to_contain_text("stronaut")
+    expect(page.locator("#caption")).to_contain_text("stronaut")
+    expect(page.locator("#caption-by")).to_contain_text("Source caption")  # no VLM ran: named for what made it
     page.screenshot(path=str(SHOTS / "02-detail.png"), full_page=True)
 
     copy = next(e for e in explorer_corpus.manifest if e.get("role") == "copy")
@@ -174,3 +206,35 @@ def test_a_metadata_value_links_to_its_filter(page: Page, meta_server: str) -> N
     expect(page.locator("#result-count")).to_contain_text("1 images")
     expect(page.locator("ul.grid li.card")).to_have_count(1)
     expect(page.locator("select[name=meta]")).to_have_value("label:cat & dog: mixed")
+
+
+def test_caption_problems_filter_and_the_worst_captions(page: Page, quality_server: str) -> None:
+    """The view the PRX team used to find poor captions: a filter by caption problem, and the
+    worst captions (shortest, longest, most repetitive, retried), each opening the sample's checks."""
+    page.goto(quality_server)
+    page.locator("select[name=caption]").select_option("repetition")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#result-count")).to_contain_text("4 images")
+    expect(page.locator("ul.grid .badge.caption-problem")).to_have_count(4)
+    expect(page.locator("ul.grid .badge.caption-problem").first).to_have_text("caption rejected: repetition")
+    page.screenshot(path=str(SHOTS / "08-caption-problem.png"), full_page=True)
+
+    page.goto(quality_server)
+    page.locator("#worst-captions").get_by_role("link", name="most repetitive").click()
+    expect(page.locator("#result-count")).to_contain_text("worst captions by repetition")
+    first = page.locator("ul.grid a.sid").first.inner_text()
+    assert int(first.split("/")[1]) % 10 == 1, first  # a loop comes first
+    expect(page.locator("ul.grid .badge.score").first).to_contain_text("repetition 0.")
+    page.screenshot(path=str(SHOTS / "09-worst-repetitive.png"), full_page=True)
+
+    page.locator("#worst-captions").get_by_role("link", name="shortest").click()
+    expect(page.locator("ul.grid .badge.score").first).to_have_text("5 words")  # sample 0: "a photo of thing0 thing1"
+    page.locator("#worst-captions").get_by_role("link", name="retried").click()
+    expect(page.locator("#result-count")).to_contain_text("8 worst captions by retried")  # 4 rejected + 4 retried
+    expect(page.locator("ul.grid .badge.score").first).to_have_text("2 attempts")
+
+    page.goto(f"{quality_server}/sample?id=tiny/011")
+    expect(page.locator("#caption-by")).to_have_text(f"Caption by {CAPTIONER_ID}")
+    expect(page.locator("#caption-check")).to_contain_text("rejected (repetition) · 2 generations")
+    expect(page.locator("#caption-check")).to_contain_text("not in the MDS output")
+    page.screenshot(path=str(SHOTS / "10-rejected-caption.png"), full_page=True)

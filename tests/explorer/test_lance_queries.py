@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from conftest import ExplorerCorpus  # tests/explorer/conftest.py
 
 MENU_COLUMNS = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
-                "skipped": "skip_reason", "rejected": "reject_reason", "meta": "meta_label"}
+                "skipped": "skip_reason", "rejected": "reject_reason", "meta": "meta_label", "caption": "caption_problem"}
 
 
 def explorer_rows(root: Path, where: str | None = None) -> list[dict]:
