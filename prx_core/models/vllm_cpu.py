@@ -68,3 +68,11 @@ def cpu_placement() -> dict[str, Any]:
     count, no GPU. What the engine computes with is its OpenMP threads (`cpu_runtime_env`); the
     count only decides what Ray schedules beside it, and the pipeline's tasks need a CPU free."""
     return {"bundles": [{"CPU": 0.5}]}
+
+
+def cpu_engine_settings(python: Path | str, *, max_model_len: int = 4096) -> dict[str, Any]:
+    """The `captioner` / `labeler` fields (vllm) that run a small checkpoint on the CPU engine of the
+    vLLM test environment: the tests', the CPU smoke benchmark's. Eager (no torch.compile: minutes
+    on two cores), float32 (the tiny checkpoint's own dtype), a few sequences at a time."""
+    return {"accelerator_type": CPU, "runtime_env": cpu_runtime_env(python), "max_model_len": max_model_len,
+            "engine_kwargs": {"enforce_eager": True, "dtype": "float32", "max_num_seqs": 16}}

