@@ -149,7 +149,9 @@ def test_transformers_backend_captions_every_eligible_content(corpus: Corpus, ti
     version = resources["captioner"].config().version()
     assert version != SOURCE_VERSION
     result = materialize(resources, ["captions"], "crawl_wds", fresh_instance(corpus.catalog))
-    assert result.success, [e.event_specific_data for e in result.all_events if e.is_failure]
+    # every caption rejected: the blocking captions_quality check fails the step, after the captions are stored
+    (failure,) = result.get_step_failure_events()
+    assert "blocking asset check failed" in str(failure.event_specific_data.error)
     meta = materialized(result)["captions"]
     wanted = eligible(corpus, "crawl_wds")
     assert meta["captioned"] == len(wanted) and meta["reused"] == 0 and meta["failed"] == 0
