@@ -117,7 +117,8 @@ class LabelerConfig:
                 raise ValueError(f"label {label!r} needs at least one non-blank description")
         for name in ("text_threshold", "nsfw_threshold"):
             if not -1.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} is a cosine similarity in [-1, 1], got {getattr(self, name)}")
+                raise ValueError(f"{name} is a score in [-1, 1] (a probability for head, a cosine for similarity), "
+                                 f"got {getattr(self, name)}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.backend == "llm":
