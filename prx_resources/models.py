@@ -74,11 +74,25 @@ class CaptionerResource(dg.ConfigurableResource):
 
     dtype: str = Field(default="float32", description="transformers: weights dtype, float32 | bfloat16 (bfloat16 to "
                                                          "fuse captioning with text latents: text_latents.fused).")
+    # The caption checks (prx_core.models.caption_checks): every generated caption is judged before it
+    # is stored; a refused one is generated once more with the fallback decoding, then stored rejected
+    # (never shipped). Unset, they keep CaptionerConfig's defaults; set otherwise, they enter the code_version.
+    min_words: int | None = Field(default=None, description="A generated caption of fewer words is refused "
+                                  "(too_short; default 30: the prompt asks for 100-200).")
+    max_words: int | None = Field(default=None, description="A caption of more words is refused (too_long; default "
+                                  "300); a source caption is only flagged.")
+    fallback_repetition_penalty: float | None = Field(default=None, description="The retry's repetition penalty "
+                                                      "(default 1.2; 1.0: none).")
+    fallback_temperature: float | None = Field(default=None, description="The retry's temperature (default 0: "
+                                               "greedy; e.g. 0.3 samples it, seeded).")
+    check_captions: bool | None = Field(default=None, description="false: generated captions are stored unchecked "
+                                        "(a captioner whose output is checked elsewhere; default true).")
 
     def config(self) -> CaptionerConfig:
         names = ("tensor_parallel_size", "replicas", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env",
                  "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries", "max_response_bytes",
-                 "allow_insecure_http")
+                 "allow_insecure_http", "min_words", "max_words", "fallback_repetition_penalty", "fallback_temperature",
+                 "check_captions")
         optional = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return CaptionerConfig(
             backend=self.backend, model=self.model, prompt_version=self.prompt_version,

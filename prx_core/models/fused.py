@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from prx_core.models.caption_base import TRANSFORMERS, CaptionerConfig, fingerprint_checkpoint
+from prx_core.models.caption_checks import REJECTED
 from prx_core.models.captioning import CaptionBatch
 from prx_core.models.text_latents import TextLatentsConfig, encode_texts, latent_outputs, text_backbone
 
@@ -49,8 +50,8 @@ class FusedCaptionBatch(CaptionBatch):
         self.hidden = int(text_backbone(self.model).config.hidden_size)
 
     def __call__(self, batch: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        out = super().__call__(batch)
-        ok = [i for i, error in enumerate(out["error"]) if not error]
+        out = super().__call__(batch)  # a rejected caption is never shipped: no latent for it
+        ok = [i for i, (error, verdict) in enumerate(zip(out["error"], out["verdict"])) if not error and verdict != REJECTED]
         encoded: list[tuple[bytes, int] | None] = [None] * len(out["content_id"])
         for i, row in zip(ok, encode_texts(self.model, self.tokenizer, self.latents, [out["caption"][i] for i in ok])):
             encoded[i] = row

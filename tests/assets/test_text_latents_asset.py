@@ -136,7 +136,8 @@ def test_fused_captioning_computes_the_same_latents_in_the_captioners_pass(corpu
     root = copy_corpus(corpus, tmp_path / "corpus")
     config = latents_config(tiny_vlm)
     config["text_latents"]["fused"] = True
-    config["captioner"] = {**transformers_config(tiny_vlm), "dtype": "bfloat16"}
+    # the tiny model's gibberish would fail the caption checks (test_caption_quality): latents of every caption here
+    config["captioner"] = {**transformers_config(tiny_vlm), "dtype": "bfloat16", "check_captions": False}
     resources = resources_for(corpus, root, config)
     result = materialize(resources, ["captions", "text_latents"], SOURCE, fresh_instance(corpus.catalog))
     assert result.success, [e.event_specific_data for e in result.all_events if e.is_failure]

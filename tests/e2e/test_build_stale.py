@@ -59,7 +59,8 @@ def write_photos(work: Path) -> Path:
 
 def captioner_config(path: Path, server: CaptionServer, max_new_tokens: int) -> tuple[Path, str]:
     """A PRX_CONFIG with the `openai` captioner on the loopback server, and its captioner version."""
-    section = {"backend": "openai", "model": "vlm", "endpoint": server.url, "max_new_tokens": max_new_tokens}
+    section = {"backend": "openai", "model": "vlm", "endpoint": server.url, "max_new_tokens": max_new_tokens,
+               "min_words": 5}  # the stand-in model's captions are one short sentence
     path.write_text(yaml.safe_dump({"captioner": section}))
     return path, CaptionerResource(**section).config().version()
 
