@@ -101,7 +101,6 @@ def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, pa
     """EXPLORER rows for `base` (sample_id, source, ... with `stored` and `meta_label`): every
     per-sample and per-content table joined by key, and the skip reasons of the stream rows."""
     ids = base["sample_id"].to_pylist()
-    contents = [c for c in set(base["content_id"].to_pylist()) if c]
     rejects = _lookup(storage, inputs, "rejects", "sample_id", ids, ["sample_id", "reason", "stage", "message"])
     rows = _joined(base, rejects, "sample_id", {"reason": "reject_reason", "stage": "reject_stage",
                                                 "message": "reject_message"})

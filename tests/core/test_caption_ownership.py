@@ -7,7 +7,6 @@ the bytes are captioned once and both sources ship that one caption."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
