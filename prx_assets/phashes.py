@@ -23,7 +23,7 @@ from prx_resources.ray import run_stage
 DESCRIPTION = "The 64-bit DCT perceptual hash of every sample, from a DCT-scaled decode; feeds the global `duplicates`."
 
 
-@dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="1",
+@dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="2",
           description=DESCRIPTION, owners=OWNERS)
 def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
             units: UnitsResource) -> dg.MaterializeResult:

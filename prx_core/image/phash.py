@@ -84,9 +84,10 @@ def hamming(a: int, b: int) -> int:
     return (int(a) ^ int(b)).bit_count()
 
 
-def hamming_many(hashes: np.ndarray, h: int) -> np.ndarray:
-    """Hamming distance from every uint64 hash in `hashes` to `h`, as uint8."""
-    xor = np.bitwise_xor(np.asarray(hashes, dtype=np.uint64), np.uint64(h))
+def hamming_many(hashes: np.ndarray, h: int | np.ndarray) -> np.ndarray:
+    """Hamming distance from every uint64 hash in `hashes` to `h` (or to the hash at the same
+    position of an array `h`), as uint8."""
+    xor = np.bitwise_xor(np.asarray(hashes, dtype=np.uint64), np.asarray(h, dtype=np.uint64))
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0
         return np.bitwise_count(xor).astype(np.uint8)
     bits = np.unpackbits(xor.reshape(-1, 1).view(np.uint8), axis=1)

@@ -24,8 +24,9 @@ from prx_core.image.decode import (
     exif_orientation,
     open_image,
 )
+from prx_core.image.fingerprint import fingerprint, is_lossless
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
-from prx_core.image.phash import PHASH_DECODE_SIZE, phash
+from prx_core.image.phash import PHASH_DECODE_SIZE
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, clean_caption
 from prx_core.sources.records import BAD_NAME, key_problem, safe_key
 from prx_core.store import schemas
@@ -41,12 +42,16 @@ class ImageFacts:
     orientation: int
     jpeg_quality: int | None
     phash: int
+    match_keys: tuple[int, ...]
+    signature: bytes
+    lossless: bool
 
 
 def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFacts | Rejection:
-    """Validate by decoding and describe the image, pHash included; never raises. The decode is
-    DCT-scaled to what the pHash needs (>= 128 px): for a photo of a few megapixels that is the
-    smallest scale libjpeg offers anyway, and the `phashes` stage then never decodes again."""
+    """Validate by decoding and describe the image, its fingerprint included (pHash, match keys,
+    signature: prx_core.image.fingerprint); never raises. The decode is DCT-scaled to what the
+    pHash needs (>= 128 px): for a photo of a few megapixels that is the smallest scale libjpeg
+    offers anyway, and the `phashes` stage then never decodes again."""
     try:
         opened = open_image(data, max_pixels)
         if isinstance(opened, Rejection):
@@ -57,9 +62,17 @@ def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageFac
         if isinstance(decoded, Rejection):
             return decoded
         width, height = decoded.original_size
-        return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality, phash(decoded.image))
+        found = fingerprint(decoded.image)
+        return ImageFacts(width, height, decoded.format, decoded.mode, orientation, quality, found.phash,
+                          found.match_keys, found.signature, is_lossless(opened, data))
     except Exception as exc:  # the contract: a Rejection, never an exception
         return Rejection(DECODE_ERROR, f"{type(exc).__name__}: {exc}"[:300])
+
+
+def fingerprint_columns(facts: ImageFacts) -> dict[str, Any]:
+    """The `samples` and `phashes` columns `duplicates` reads of an image."""
+    return {"phash": facts.phash, "match_keys": list(facts.match_keys), "signature": facts.signature,
+            "lossless": facts.lossless}
 
 
 def content_id(data: bytes) -> str:
@@ -108,12 +121,12 @@ def ingest_batch(
                 "mode": facts.mode,
                 "orientation": facts.orientation,
                 "jpeg_quality": facts.jpeg_quality,
-                "phash": facts.phash,
                 "num_bytes": len(data),
                 "original_caption": caption.text,
                 "embedding": record["embedding"],
                 "metadata": record.get("metadata") or None,
                 "source_url": record.get("source_url"),
+                **fingerprint_columns(facts),
             }
         )
     return (

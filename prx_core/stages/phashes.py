@@ -1,10 +1,12 @@
-"""Stage `phashes`: the 64-bit DCT pHash of every sample of a source.
+"""Stage `phashes`: the fingerprint of every sample of a source (its 64-bit DCT pHash, the match
+keys that find its copies and the signature that confirms them: prx_core.image.fingerprint).
 
 The hash is taken from a DCT-scaled decode (>= 128 px, what the 32x32 Lanczos reduction with
 reducing_gap 4 uses anyway), so a 12 MP photo costs a 1/8-scale decode, and an original and
 its half-size copy reach the hash from nearly the same pixels. Ingest computes it from the
 decode it makes anyway to validate the image (`prx_core.sources.ingest`); this stage copies it
-into the per-source table `duplicates` reads, and hashes only rows that lack one. Row-range
+into the per-source table `duplicates` reads, and decodes only rows ingested before ingest took
+fingerprints (no signature: a corpus built by an older version pays one small decode). Row-range
 units of the pinned `samples` version run on Ray workers, which write the `phashes` and
 `rejects` fragments; the driver replaces the partition of each table in one commit.
 """
@@ -19,9 +21,9 @@ import pyarrow as pa
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
-from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection, decode_image
-from prx_core.image.phash import PHASH_DECODE_SIZE, phash
+from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.stages.report import StageReport
+from prx_core.sources.ingest import fingerprint_columns, inspect_image
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
@@ -30,7 +32,8 @@ from prx_core.upkeep.indexing import index_table
 
 TAKE_ROWS = 64  # images read at once for rows ingested without a hash: bounded worker memory
 UNIT_ROWS = 1_000_000  # ingest's hashes are copied, no pixel is decoded: a million rows take seconds
-COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height", "phash", "jpeg_quality", "num_bytes"]
+COLUMNS = ["sample_id", "source", "source_key", "content_id", "width", "height", "phash", "jpeg_quality", "num_bytes",
+           "match_keys", "signature", "lossless"]
 
 
 @dataclass
@@ -51,42 +54,34 @@ class PhashesReport(StageReport):
         return (self.rows + self.failed) / max(self.seconds, 1e-9)
 
 
-def phash_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int, int, int] | Rejection:
-    """(pHash, width, height) of upright image bytes, or why they cannot be hashed."""
-    decoded = decode_image(data, max_pixels, min_size=PHASH_DECODE_SIZE)
-    if isinstance(decoded, Rejection):
-        return decoded
-    return phash(decoded.image), *decoded.original_size
-
-
 def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: the pHashes of one row range of the pinned samples version, as ingest computed
-    them; a row without one (ingested before ingest hashed) is hashed from its bytes here, and a
-    sample that cannot be hashed becomes a reject row. Writes `phashes` and `rejects` fragments."""
+    """Ray task: the fingerprints of one row range of the pinned samples version, as ingest took
+    them; a row without one (ingested before ingest took fingerprints) is decoded here, and a
+    sample that cannot be decoded becomes a reject row. Writes `phashes` and `rejects` fragments."""
     storage, source = run.storage, run.manifest.partition
     options = storage.lance_storage_options()
     samples_uri, version = storage.lance_uri("samples"), run.manifest.inputs["samples"]
     hashes: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
-    for batch in scan_row_unit(samples_uri, version, unit.spec, COLUMNS, source_predicate(source), options,
+    present = set(lance_io.require_table(samples_uri, options).checkout_version(version).schema.names)
+    columns = [c for c in COLUMNS if c in present]  # a `samples` table older than fingerprints lacks them
+    for batch in scan_row_unit(samples_uri, version, unit.spec, columns, source_predicate(source), options,
                                batch_size=1 << 14, with_row_address=True):
         rows = batch.to_pylist()
-        unhashed = [row["_rowaddr"] for row in rows if row["phash"] is None]
+        unhashed = [row["_rowaddr"] for row in rows if row.get("signature") is None]
         images = (image for part in chunk(unhashed, TAKE_ROWS)  # a take per 64 images, not per row or per batch
                   for image in take_rows(samples_uri, version, part, ["image"], options)["image"].to_pylist())
         for row in rows:
-            if row["phash"] is not None:
-                value, width, height = row["phash"], row["width"], row["height"]
-            else:
-                result = phash_image(next(images), run.manifest.params["max_pixels"])
-                if isinstance(result, Rejection):
+            if row.get("signature") is None:
+                facts = inspect_image(next(images), run.manifest.params["max_pixels"])
+                if isinstance(facts, Rejection):
                     rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
-                                              "phashes", result.reason, result.message))
+                                              "phashes", facts.reason, facts.message))
                     continue
-                value, width, height = result
-            hashes.append({"sample_id": row["sample_id"], "source": row["source"], "phash": value, "width": width,
-                           "height": height, "pixels": width * height, "jpeg_quality": row["jpeg_quality"],
-                           "num_bytes": row["num_bytes"]})
+                row.update(fingerprint_columns(facts), width=facts.width, height=facts.height)
+            hashes.append({"sample_id": row["sample_id"], "source": row["source"], "phash": row["phash"],
+                           "width": row["width"], "height": row["height"], "pixels": row["width"] * row["height"],
+                           **{c: row[c] for c in ("jpeg_quality", "num_bytes", "match_keys", "signature", "lossless")}})
     uri = storage.lance_uri("phashes")
     written = lance_io.write_fragments(uri, pa.Table.from_pylist(hashes, schema=schemas.PHASHES), schemas.PHASHES,
                                        options) if hashes else []
@@ -98,6 +93,7 @@ def pin_samples(run: StageRun) -> dict[str, int]:
     """The `samples` version the units read, planned into row ranges of the partition."""
     version, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
                                                  run["unit_rows"], run.storage.lance_storage_options())
+    lance_io.upgrade_table(run.storage.lance_uri("phashes"), schemas.PHASHES, run.storage.lance_storage_options())
     return {"samples": version}
 
 
@@ -118,7 +114,7 @@ def report_phashes(run: StageRun) -> PhashesReport:
 
 
 PHASHES = Stage(
-    "phashes", reads=("samples",), writes=("phashes", "rejects"), code_version="1", report_type=PhashesReport,
+    "phashes", reads=("samples",), writes=("phashes", "rejects"), code_version="2", report_type=PhashesReport,
     settings={"max_pixels": DEFAULT_MAX_PIXELS, "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `phashes` unit (ingest's hashes are copied; rows without one "
                                       "are decoded)."),),

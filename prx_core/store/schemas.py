@@ -9,6 +9,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+# What `duplicates` needs of a picture besides its pHash (prx_core.image.fingerprint): the keys that
+# find its copies, the signature that confirms them, and whether the file is lossless (the keeper's tie-break).
+FINGERPRINT = [
+    ("match_keys", pa.list_(pa.uint64())),
+    ("signature", pa.binary()),  # 16x16 luma and 8x8 chroma, 384 bytes
+    ("lossless", pa.bool_()),
+]
+
 SAMPLES = pa.schema(
     [
         ("sample_id", pa.string()),
@@ -29,6 +37,7 @@ SAMPLES = pa.schema(
         ("phash", pa.uint64()),  # 64-bit DCT pHash, from the ingest decode (the `phashes` stage copies it)
         ("metadata", pa.map_(pa.string(), pa.string())),  # per-sample source metadata: label, license, width, ...
         ("source_url", pa.string()),  # a fetched image's URL (url_column sources), else null
+        *FINGERPRINT,  # from the ingest decode; null in rows ingested before (the `phashes` stage fills them in)
     ]
 )
 
@@ -54,8 +63,9 @@ PHASHES = pa.schema(
         ("width", pa.int32()),
         ("height", pa.int32()),
         ("pixels", pa.int64()),
-        ("jpeg_quality", pa.int16()),  # keeper tie-breaks: quality, then size in bytes
+        ("jpeg_quality", pa.int16()),  # keeper tie-breaks: lossless, then quality, then size in bytes
         ("num_bytes", pa.int64()),
+        *FINGERPRINT,
     ]
 )
 
@@ -78,11 +88,16 @@ DUPLICATES = pa.schema(
     [
         ("sample_id", pa.string()),
         ("source", pa.string()),
-        ("group_id", pa.string()),  # the shared pHash, 16 hex digits
+        ("group_id", pa.string()),  # 16 hex digits of the keeper's sample_id digest (stage duplicates)
         ("group_size", pa.int32()),
         ("keeper", pa.bool_()),
         ("keeper_sample_id", pa.string()),
         ("pixels", pa.int64()),
+        # added with near-duplicates: the component of confirmed pairs the group was cut from (16 hex
+        # digits of its smallest sample_id's digest), and how far the member is from its keeper
+        ("component_id", pa.string()),
+        ("distance", pa.int16()),  # pHash Hamming distance to the keeper (0 for the keeper)
+        ("signature_distance", pa.float32()),  # prx_core.image.fingerprint: <= 1 confirmed (0 for the keeper)
     ]
 )
 
@@ -272,7 +287,7 @@ BTREE_COLUMNS: dict[str, list[str]] = {"samples": ["sample_id"], "rejects": ["sa
                                        "caption_embeddings": ["content_id"], "text_latents": ["content_id"],
                                        "buckets": ["content_id", "sample_id"], "mds_index": ["sample_id"],
                                        "phashes": ["phash", "sample_id"], "source_embeddings": ["sample_id"],
-                                       "duplicates": ["sample_id", "group_id"],
+                                       "duplicates": ["sample_id", "group_id", "component_id"],
                                        "explorer": ["sample_id", "content_id", "group_id", "caption_key"]}
 VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_embeddings": "embedding"}
 
