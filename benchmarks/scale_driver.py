@@ -94,7 +94,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
             add_copied_source(storage, spec.name, COPIED_FRACTION)
         r = build_duplicates(storage)
         return (*counted(r), {"groups": r.groups, "duplicates": r.duplicates, "mode": r.mode,
-                              "phashes_rows": r.phashes_rows, "affected_hashes": r.affected_hashes,
+                              "phashes_rows": r.phashes_rows, "affected_components": r.affected_components,
                               "member_rows": r.member_rows, "buckets": r.buckets})
     if stage == "mds_shards":
         from prx_core.image.decode import DEFAULT_MAX_PIXELS

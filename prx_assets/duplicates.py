@@ -1,6 +1,6 @@
-"""Asset `duplicates` (global): identical-pHash groups across all sources, one keeper each.
+"""Asset `duplicates` (global): groups of copies of one picture across all sources, one keeper each.
 
-Eager: it re-runs after every source's `phashes` and then recomputes only the groups the
+Eager: it re-runs after every source's `phashes` and then recomputes only the components the
 changed sources touch (prx_core.stages.duplicates); its check is an aggregate on Ray workers."""
 
 
@@ -14,17 +14,20 @@ from prx_resources import StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
-                            description="Every group has exactly one keeper, and it has the most pixels. Exact, no "
+                            description="Every group has exactly one keeper, it has the most pixels, and every member "
+                                        "is confirmed with it (signature distance <= 1). Exact, no "
                                         "threshold: groups are computed, so a bad group is a pipeline bug, and "
                                         "skip_lists would drop both copies or none. After an incremental run, the "
                                         "groups it wrote (scope: changed) when the version before passed; else all.")]
 SAMPLE_ROWS = 30
-DESCRIPTION = ("Groups of samples with an identical pHash (Hamming 0) across all sources, one keeper each: the "
-               "highest resolution, ties to the smallest sample_id; skip_lists skips the others. Incremental: after a "
-               "source changes, only the groups its hashes touch are recomputed.")
+DESCRIPTION = ("Groups of copies of one picture across all sources (re-encodes, resizes, PNG/WebP copies): "
+               "found by pHash match keys, each confirmed by a 16x16 signature, so flat or watermarked pictures "
+               "never merge. One keeper each: the highest resolution, then lossless, then JPEG quality, then bytes; "
+               "skip_lists skips the others. Incremental: after a source changes, only the components it touches "
+               "are recomputed.")
 
 
-@dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="1",
+@dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="2",
           automation_condition=dg.AutomationCondition.eager(), description=DESCRIPTION, owners=OWNERS)
 def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
                units: UnitsResource) -> dg.MaterializeResult:
@@ -33,7 +36,7 @@ def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray:
     report, check, sample = groups.duplicates, groups.check, groups.sample
     context.log.info(f"duplicates: {report.mode} run" + (f" ({report.reason})" if report.reason else "")
                      + f", changed sources {report.changed_sources or 'none'}")
-    members = report.groups + report.duplicates  # a keeper and its losers per group
+    members = report.groups + report.duplicates  # a keeper and its losers per group (not the groups of one)
     return dg.MaterializeResult(
         metadata={"groups": report.groups, "duplicates": report.duplicates,
                   "duplicate_rate": dg.MetadataValue.float(round(report.duplicate_rate, 6)),
@@ -41,7 +44,9 @@ def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray:
                   "changed_sources": ", ".join(report.changed_sources) or "-",
                   "groups_sample": md_table(sample, ["group_id", "sample_id", "source", "keeper", "pixels"]),
                   **dataset_metadata(storage.storage(), members, table="duplicates"),
-                  **stage_metadata(groups, hashes_read=report.rows_read, affected_hashes=report.affected_hashes,
+                  "candidate_pairs": report.candidate_pairs, "confirmed_pairs": report.confirmed_pairs,
+                  "skipped_keys": report.skipped_keys,
+                  **stage_metadata(groups, hashes_read=report.rows_read, affected_components=report.affected_components,
                                    member_rows=report.member_rows, rows_written=report.rows_written,
                                    rows_deleted=report.rows_deleted, buckets=report.buckets, map_units=report.map_units)},
         check_results=[dg.AssetCheckResult(check_name="duplicates_one_keeper", passed=check.passed,

@@ -1,17 +1,19 @@
-"""Stage `duplicates` (global): groups of identical pHash across every source.
+"""Stage `duplicates` (global): groups of copies of one picture across every source.
 
-Hamming distance 0 only: the pHash is computed from a canonical reduced image so that
-re-encodes and resizes of one picture collide exactly, and exact grouping is a sort, not an
-all-pairs search, at a billion rows. The keeper is the copy with the most pixels; among equal
-sizes the highest estimated JPEG quality (lossless formats count as 100), then the most bytes,
-then the smallest `sample_id`, so the choice never depends on read order.
+Copies are found by their match keys and confirmed by their signatures (prx_core.image.fingerprint);
+groups are the connected components of confirmed pairs, cut around keepers so that every member is
+confirmed with its keeper directly (prx_core.stages.duplicates_groups). The keeper is the copy
+with the most pixels; among equal sizes a lossless file, then the highest estimated JPEG quality,
+then the most bytes, then the smallest `sample_id`, so the choice never depends on read order.
+Every row of a component gets a `duplicates` row (a row confirmed with no better keeper is a
+group of one, kept), so a later run can recompute the component whole.
 
-At a billion rows the grouping is a distributed group-by on Ray (prx_core.stages.duplicates_runs
-over prx_core.compute.groupby), committed once. The asset re-runs after every source's
-`phashes`, so a run recomputes only the groups the changed sources touch (which sources changed:
-prx_core.stages.duplicates_state). Without a state, after someone else changed the table, or
-when the changed sources hold more than `full_fraction` of the rows, it recomputes every group. The driver holds one
-summary per work unit and per fragment, never rows.
+At a billion rows the grouping is layers of Ray tasks (prx_core.stages.duplicates_runs), committed
+once. The asset re-runs after every source's `phashes`, so a run recomputes only the components the
+changed sources touch (which sources changed: prx_core.stages.duplicates_state). Without a state,
+after someone else changed the table, or when the changed sources hold more than `full_fraction`
+of the rows, it recomputes every group. The driver holds object references and one summary per
+work unit, never rows.
 """
 
 from __future__ import annotations
@@ -19,17 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from lance import LanceDataset
 
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
+from prx_core.stages.duplicates_groups import find_duplicates, keeper_order
 from prx_core.stages.duplicates_runs import (
-    COLUMNS,
     commit_all,
     commit_changed,
-    group_phashes,
     plan_all,
     plan_changed,
     reduce_all,
@@ -46,16 +46,16 @@ from prx_core.stages.duplicates_state import (
 )
 from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
-from prx_core.store import lance_io, schemas
+from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_columns, index_table
 
-CODE_VERSION = "2"  # part of the state: another version recomputes everything
-UNIT_ROWS = 1_000_000  # rows per map task (six small columns)
+CODE_VERSION = "3"  # part of the state: another version recomputes everything (3: near-duplicates)
+UNIT_ROWS = 1_000_000  # rows per map unit (keys, pHash and signature: ~450 bytes a row)
 # Changed sources holding more of the rows than this: a full recompute is cheaper (measured at 4M
 # rows on 2 cores: ~2-3 us per row for a full run, 15-30 us per affected hash incrementally).
 FULL_FRACTION = 0.1
-__all__ = ["DUPLICATES", "DuplicatesReport", "build_duplicates", "find_duplicates", "group_phashes", "keeper_order"]
+__all__ = ["DUPLICATES", "DuplicatesReport", "build_duplicates", "find_duplicates", "keeper_order"]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class DuplicatesReport(StageReport):
     WRITTEN = {"duplicates": "duplicates_version"}
 
     rows_read: int  # phashes rows the map tasks read: all (full) or the changed sources' (incremental)
-    groups: int  # groups in the table after the run
+    groups: int  # groups of two or more in the table after the run
     duplicates: int  # samples that lose to a keeper, in the table after the run
     phashes_version: int
     duplicates_version: int
@@ -75,9 +75,13 @@ class DuplicatesReport(StageReport):
     reason: str = ""  # why a full recompute
     changed_sources: list[str] = field(default_factory=list)
     phashes_rows: int = 0  # rows of the pinned phashes version
-    affected_hashes: int = 0  # incremental: hashes whose groups were recomputed
-    member_rows: int = 0  # incremental: phashes rows of those hashes, looked up by phash
+    affected_components: int = 0  # incremental: stored components recomputed
+    member_rows: int = 0  # rows regrouped: every row of a component (full), of the affected ones (incremental)
     previous_rows_read: int = 0  # incremental: the changed sources' rows in the previous table
+    candidate_pairs: int = 0  # pairs sharing a match key (copy classes chained)
+    confirmed_pairs: int = 0  # of those, confirmed by their signatures
+    skipped_keys: int = 0  # key values held by too many copy classes to pair all with all
+    rounds: int = 0  # connected-components rounds
     rows_written: int = 0
     rows_deleted: int = 0  # incremental: previous rows of the recomputed groups
     buckets: int = 0
@@ -89,29 +93,6 @@ class DuplicatesReport(StageReport):
     @property
     def duplicate_rate(self) -> float:
         return self.duplicates / max(self.phashes_rows or self.rows_read, 1)
-
-
-def find_duplicates(phashes: pa.Table) -> pa.Table:
-    """DUPLICATES rows (members of groups of two or more) from PHASHES rows."""
-    groups: dict[int, list[dict]] = {}
-    for row in phashes.select(COLUMNS).to_pylist():
-        groups.setdefault(row["phash"], []).append(row)
-    out: list[dict] = []
-    for value, members in sorted(groups.items()):
-        if len(members) < 2:
-            continue
-        members.sort(key=keeper_order)
-        keeper = members[0]["sample_id"]
-        for member in members:
-            out.append({"sample_id": member["sample_id"], "source": member["source"], "group_id": f"{value:016x}",
-                        "group_size": len(members), "keeper": member["sample_id"] == keeper,
-                        "keeper_sample_id": keeper, "pixels": member["pixels"]})
-    return pa.Table.from_pylist(out, schema=schemas.DUPLICATES)
-
-
-def keeper_order(row: dict) -> tuple:
-    quality = 100 if row["jpeg_quality"] is None else row["jpeg_quality"]
-    return (-row["pixels"], -quality, -(row["num_bytes"] or 0), row["sample_id"])
 
 
 def pin_duplicates(run: StageRun) -> dict[str, Any]:
@@ -211,7 +192,7 @@ def _full_reason(state: State | None, table: LanceDataset | None, layout: Layout
 
 
 def _totals(table: LanceDataset | None) -> tuple[int, int]:
-    """(groups, losers) of the whole table: counted by Lance, no row reaches Python."""
+    """(groups of two or more, losers) of the whole table: counted by Lance, no row reaches Python."""
     if table is None:
         return 0, 0
-    return table.count_rows(filter="keeper"), table.count_rows(filter="NOT keeper")
+    return table.count_rows(filter="keeper AND group_size >= 2"), table.count_rows(filter="NOT keeper")

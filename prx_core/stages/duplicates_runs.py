@@ -1,165 +1,256 @@
-"""How a `duplicates` run recomputes groups on Ray (prx_core.stages.duplicates decides which way;
-each way is a plan for its `pin`, a `work` and a `commit` step of the stage):
+"""How a `duplicates` run regroups on Ray (prx_core.stages.duplicates decides which way; each way
+is a plan for its `pin`, a `work` and a `commit` step of the stage). The task bodies are in
+prx_core.stages.duplicates_tasks; what they compute, in prx_core.stages.duplicates_groups.
 
-- all of them: map tasks split every `phashes` row of the pinned version by `phash % buckets`,
-  one reduce task per bucket groups its rows and writes fragments; one Overwrite commit;
-- those of the changed sources: map tasks hash-split the affected hashes (the changed sources'
-  current pHashes, and the group ids their rows had in the previous table) to the reducers, each
-  looks the members of its hashes up by `phash` (BTREE), writes the new groups and names the
-  previous rows of those groups per `duplicates` fragment; one task per affected fragment
-  deletes them; one Update commit. Work follows the changed sources, not the corpus.
+Both ways regroup a set of rows the same way, in layers of tasks over `buckets` parts:
 
-Reduces and deletes are work units (phases `reduce`, `delete`): a crashed run resumes from its
-recorded units (the map outputs, kept in the object store, are recomputed), and until the
-single commit the table is unchanged.
+    key entries (by key) -> candidate pairs (by node) -> confirmed edges and row payloads (by node)
+    -> connected components (prx_core.compute.components) -> rows with labels (by label) -> groups
+
+- all of them (full): the entries of every `phashes` row of the pinned version; one Overwrite.
+- those of the changed sources (incremental): a Bloom filter of the changed rows' keys lets the
+  map tasks pass on only the stored keys the changed rows share; the rows that pair with a changed
+  row, and the changed sources' previous rows, name the stored components to recompute; those
+  components' rows still present, with the new pairs, are regrouped; one task per affected
+  `duplicates` fragment deletes the components' previous rows; one Update. An incremental run
+  reads every stored key (8 bytes a key) once, and the pHash, signature and rows of what changed.
+
+The group units (phase `reduce`) and deletes (phase `delete`) are work units: a crashed run
+recomputes the layers before them (kept in the object store) and resumes its recorded units;
+until the single commit the table is unchanged.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceDataset, LanceOperation
 
-from prx_core.compute.groupby import (
-    bucket_count,
-    fragment_units,
-    gather_keys,
-    gather_table,
-    hex_ids,
-    shuffle,
-)
-from prx_core.compute.row_units import plan_row_units
+from prx_core.compute.bloom import Bloom
+from prx_core.compute.components import connected_components
+from prx_core.compute.groupby import bucket_count, fragment_units
+from prx_core.compute.row_units import map_groups, plan_row_units
 from prx_core.compute.units import COMMITTED, Unit, UnitRun
+from prx_core.stages import duplicates_tasks as tasks
+from prx_core.stages.duplicates_groups import NODE_COLUMNS, group_component
 from prx_core.stages.duplicates_state import Layout
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io, schemas
 from prx_core.store.lance_io import sql_literal
-from prx_core.store.lookups import lookup_literals
 from prx_core.store.storage import Storage, put_atomic
 
-LOOKUP_BATCH = 20_000  # keys per IN-list a BTREE answers: 14 us/key at 20k-50k, 29 us at 5k (4M rows)
-COLUMNS = ["sample_id", "source", "phash", "pixels", "jpeg_quality", "num_bytes"]
+COLUMNS = NODE_COLUMNS
+KEYS_PER_ROW = 7  # match keys of a photo (a flat picture has 8, or 15 near the threshold)
+ENTRY_BYTES = 32
 EVERY_ROW = "true"
-# an incremental reducer looks its hashes up (~30 us each, members and previous rows): 100k
-# hashes take a few seconds. A task's return under Ray's 100 KB inline limit is kept by its
-# owner, the driver: a million-row unit's hashes split at most 64 ways stay above it.
+# an incremental run's buckets: its affected rows are few, its lookups (~30 us a key) are not free
 KEY_BUCKET_ROWS = 100_000
 KEY_BUCKETS = 64
-
-
-def group_phashes(rows: pa.Table) -> pa.Table:
-    """`find_duplicates` as one sort (a reducer's million rows without a Python object per row):
-    rows ordered by phash then `keeper_order`, so each group's first row is its keeper."""
-    rows = rows.filter(pc.is_valid(rows["phash"]))  # never written: no hash, no group
-    if rows.num_rows == 0:
-        return schemas.DUPLICATES.empty_table()
-    keys = pa.table({"phash": rows["phash"], "pixels": rows["pixels"],
-                     "quality": pc.fill_null(rows["jpeg_quality"].cast(pa.int32()), 100),
-                     "bytes": pc.fill_null(rows["num_bytes"], 0), "sample_id": rows["sample_id"]})
-    order = pc.sort_indices(keys, [("phash", "ascending"), ("pixels", "descending"), ("quality", "descending"),
-                                   ("bytes", "descending"), ("sample_id", "ascending")])
-    rows = rows.take(order)
-    hashes = np.asarray(rows["phash"].to_numpy(), np.uint64)
-    starts = np.flatnonzero(np.r_[True, hashes[1:] != hashes[:-1]])
-    sizes = np.diff(np.r_[starts, len(hashes)])
-    first, size = np.repeat(starts, sizes), np.repeat(sizes, sizes)
-    members = np.flatnonzero(size >= 2)
-    return pa.table({
-        "sample_id": rows["sample_id"].take(members), "source": rows["source"].take(members),
-        "group_id": hex_ids(hashes[members]), "group_size": pa.array(size[members].astype(np.int32)),
-        "keeper": pa.array(first[members] == members), "keeper_sample_id": rows["sample_id"].take(first[members]),
-        "pixels": rows["pixels"].take(members),
-    }, schema=schemas.DUPLICATES)
 
 
 def plan_all(run: StageRun, phashes: LanceDataset) -> dict[str, Any]:
     """A full run's pinned inputs; its map units and bucket count (`run.params`, `run.state`)."""
     units = run.state["map_units"] = fragment_units(phashes, run["unit_rows"])
-    run.state["buckets"] = bucket_count(sum(u.rows for u in units), run["rows_per_bucket"])
+    run.state["buckets"] = bucket_count(sum(u.rows for u in units) * KEYS_PER_ROW, run["rows_per_bucket"])
     run.params.update(mode="full", buckets=run.state["buckets"])
     return {"phashes": phashes.version}
 
 
 def reduce_all(run: StageRun) -> None:
-    """Every group, from every row of the pinned `phashes`: map tasks split them by hash, one
-    reduce unit per bucket groups its rows and writes fragments."""
-    storage, phashes, units, buckets = run.storage, run.state["phashes"], run.state["map_units"], run.state["buckets"]
-    parts = _shuffled(run, buckets, lambda skip: [shuffle(storage.lance_uri("phashes"), phashes.version, units,
-                                                          EVERY_ROW, COLUMNS, "phash", buckets,
-                                                          storage.lance_storage_options(), skip=skip)])
-    run.units("reduce", _reduce_units(parts), _reduce_all)
+    """Every group, from every row of the pinned `phashes`."""
+    storage, phashes, buckets = run.storage, run.state["phashes"], run.state["buckets"]
+    calls = [(storage.lance_uri("phashes"), phashes.version, specs, EVERY_ROW, storage.lance_storage_options(), buckets,
+              []) for specs in map_groups(run.state["map_units"], buckets, ENTRY_BYTES * KEYS_PER_ROW)]
+    _regroup(run, lambda: _scatter(tasks.map_units, calls, buckets))
 
 
 def commit_all(run: StageRun) -> dict[str, Any]:
-    """One Overwrite commit of the reducers' fragments; returns the report's fields."""
+    """One Overwrite commit of the group units' fragments; returns the report's fields."""
     options, uri, table = run.storage.lance_storage_options(), run.storage.lance_uri("duplicates"), run.state["table"]
-    reduced, units = run.results["reduce"], run.state["map_units"]
-    fragments = lance_io.fragments_from_json(f for s in reduced.summaries for f in s["fragments"])
+    grouped, units = run.results["reduce"], run.state["map_units"]
+    fragments = lance_io.fragments_from_json(f for s in grouped.summaries for f in s["fragments"])
     _committing(run)
     LanceDataset.commit(uri, LanceOperation.Overwrite(schemas.DUPLICATES, fragments),
                         read_version=table.version if table else None, storage_options=options or None)
-    return {"mode": "full", "rows_read": sum(u.rows for u in units), "buckets": run.state["buckets"],
-            "map_units": len(units), "rows_written": reduced.total("written"), "units": reduced}
+    return {"mode": "full", "rows_read": sum(u.rows for u in units), "map_units": len(units), **_counts(run)}
 
 
 def plan_changed(run: StageRun, phashes: LanceDataset, table: LanceDataset, layout: Layout,
                  changed: list[str]) -> dict[str, Any]:
-    """An incremental run's pinned inputs: the changed sources' map units over both tables."""
+    """An incremental run's pinned inputs: the changed sources' rows, every row's keys, and the
+    changed sources' previous `duplicates` rows."""
     predicate = run.state["predicate"] = f"source IN ({', '.join(sql_literal(s) for s in changed)})"
     current = run.state["map_units"] = fragment_units(phashes, run["unit_rows"], layout.matched(changed))
+    run.state["all_units"] = fragment_units(phashes, run["unit_rows"])
     _, previous = plan_row_units(run.storage.lance_uri("duplicates"), predicate, run["unit_rows"],
                                  run.storage.lance_storage_options(), version=table.version)
-    run.state["previous_units"] = previous
-    run.state["buckets"] = bucket_count(sum(u.rows for u in current + previous),
-                                        min(run["rows_per_bucket"], KEY_BUCKET_ROWS), KEY_BUCKETS)
+    run.state["previous_units"], run.state["changed"] = previous, changed
+    rows = sum(u.rows for u in current) * KEYS_PER_ROW + sum(u.rows for u in previous)
+    run.state["buckets"] = bucket_count(rows, min(run["rows_per_bucket"], KEY_BUCKET_ROWS), KEY_BUCKETS)
     run.params.update(mode="incremental", buckets=run.state["buckets"])
     return {"phashes": phashes.version, "duplicates": table.version, "changed": changed}
 
 
 def reduce_changed(run: StageRun) -> None:
-    """The groups of the affected hashes: the changed sources' current ones and the groups they
-    had, hash-split to the reducers by map tasks over just those sources' rows of both tables;
-    then one unit per affected `duplicates` fragment deletes their previous rows."""
-    storage, options, uri = run.storage, run.storage.lance_storage_options(), run.storage.lance_uri("duplicates")
-    phashes, table, predicate = run.state["phashes"], run.state["table"], run.state["predicate"]
-    buckets = run.state["buckets"]
-    current, previous = run.state["map_units"], run.state["previous_units"]
-    parts = _shuffled(run, buckets, lambda skip: [
-        shuffle(storage.lance_uri("phashes"), phashes.version, current, predicate, ["phash"], "phash", buckets, options,
-                keys_only=True, skip=skip),
-        shuffle(uri, table.version, previous, predicate, ["group_id"], "group_id", buckets, options,
-                keys_only=True, skip=skip)])
-    reduced = run.units("reduce", _reduce_units(parts), _reduce_changed)
-    targets: dict[int, dict[str, Any]] = {}
-    for summary in reduced.summaries:
-        for frag_id, delete in summary["deletes"].items():
-            target = targets.setdefault(int(frag_id), {"fragment": int(frag_id), "files": [], "rows": 0})
-            target["files"].append(delete["path"])
-            target["rows"] += delete["rows"]
-    run.units("delete", [Unit(f"d{f:07d}", t["rows"], t) for f, t in sorted(targets.items())], _delete_unit)
+    """The components the changed sources touch, regrouped; then one unit per affected `duplicates`
+    fragment deletes those components' previous rows."""
+    import ray
+
+    storage, options, buckets = run.storage, run.storage.lance_storage_options(), run.state["buckets"]
+    phashes, table, changed = run.state["phashes"], run.state["table"], run.state["changed"]
+    uri, table_uri = storage.lance_uri("phashes"), storage.lance_uri("duplicates")
+    deletes: list[Any] = []
+
+    def affected() -> list[list[Any]]:
+        """The key entries of the affected rows, by key (and `deletes` filled in)."""
+        current = run.state["map_units"]
+        words = len(Bloom.sized(sum(u.rows for u in current) * KEYS_PER_ROW).words)
+        blooms = [ray.remote(tasks.bloom_of_units).remote(uri, phashes.version, specs, run.state["predicate"],
+                                                          options, words) for specs in map_groups(current, 1, 64)]
+        bloom = ray.put(_union([ray.get(b) for b in blooms], words))
+        calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, bloom)
+                 for specs in map_groups(run.state["all_units"], buckets, ENTRY_BYTES)]
+        paired = _layer(tasks.pair_bucket, [(refs, buckets, True) for refs in _scatter(tasks.map_units, calls, buckets)],
+                        buckets + 1)
+        run.state["skipped_keys"] = sum(ray.get([out[buckets] for out in paired]))
+        seeds = _by_bucket(paired, buckets)
+        stored = _by_bucket(_layer(tasks.seed_components, [(seeds[b], uri, phashes.version, table_uri, table.version,
+                                                            options, buckets) for b in range(buckets)], buckets), buckets)
+        previous = _scatter(tasks.previous_components, [
+            (table_uri, table.version, specs, run.state["predicate"], options, buckets)
+            for specs in map_groups(run.state["previous_units"], buckets, 16)], buckets)
+        members = _layer(tasks.component_members, [(stored[b] + previous[b], table_uri, table.version, uri,
+                                                    phashes.version, options, buckets) for b in range(buckets)],
+                         buckets + 1)
+        deletes.extend(out[buckets] for out in members)
+        nodes = _by_bucket(members, buckets)
+        return _scatter(tasks.map_nodes, [(uri, phashes.version, seeds[b] + nodes[b], options, buckets)
+                                          for b in range(buckets)], buckets)
+
+    _regroup(run, affected, lazy=False)  # the deletes need the layers even when every group unit is done
+    fragments = _delete_targets(deletes)
+    run.state["affected_components"] = fragments.pop(None, 0)
+    run.units("delete", [Unit(f"d{f:07d}", rows, {"fragment": f, "rows": rows, "parts": deletes})
+                         for f, rows in sorted(fragments.items())], _delete_unit)
 
 
 def commit_changed(run: StageRun) -> dict[str, Any]:
     """One Update commit (none when nothing changed); returns the report's fields."""
     options, uri, table = run.storage.lance_storage_options(), run.storage.lance_uri("duplicates"), run.state["table"]
-    reduced, deleted = run.results["reduce"], run.results["delete"]
+    grouped, deleted = run.results["reduce"], run.results["delete"]
     removed = [s["fragment"] for s in deleted.summaries if s["updated"] is None]
     updated = lance_io.fragments_from_json(s["updated"] for s in deleted.summaries if s["updated"] is not None)
-    new = lance_io.fragments_from_json(f for s in reduced.summaries for f in s["fragments"])
+    new = lance_io.fragments_from_json(f for s in grouped.summaries for f in s["fragments"])
     if removed or updated or new:
         _committing(run)
         op = LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new)
         LanceDataset.commit(uri, op, read_version=table.version, storage_options=options or None)
     current, previous = run.state["map_units"], run.state["previous_units"]
-    return {"mode": "incremental", "buckets": run.state["buckets"], "map_units": len(current) + len(previous),
-            "rows_read": sum(u.rows for u in current), "previous_rows_read": sum(u.rows for u in previous),
-            "affected_hashes": reduced.total("hashes"), "member_rows": reduced.total("members"),
-            "rows_written": reduced.total("written"), "rows_deleted": deleted.total("rows"), "units": reduced}
+    return {"mode": "incremental", "map_units": len(current) + len(previous), "rows_read": sum(u.rows for u in current),
+            "previous_rows_read": sum(u.rows for u in previous), "rows_deleted": deleted.total("rows"),
+            "affected_components": run.state.get("affected_components", 0), **_counts(run)}
+
+
+def _regroup(run: StageRun, entries: Callable[[], list[list[Any]]], lazy: bool = True) -> None:
+    """From key entries (per bucket, refs; `lazy`: computed only when a group unit is left to run)
+    to the group units' fragments (phase `reduce`)."""
+    import ray
+
+    buckets = run.state["buckets"]
+    assert run.attempt is not None
+    done = {int(u[1:]) for u in run.attempt.completed() if u.startswith("b")}
+    parts: list[list[Any]] = [[] for _ in range(buckets)]
+    if len(done) < buckets or not lazy:
+        storage, phashes = run.storage, run.state["phashes"]
+        paired = _layer(tasks.pair_bucket, [(refs, buckets, False) for refs in entries()], buckets + 1)
+        run.state["skipped_keys"] = run.state.get("skipped_keys", 0) + sum(ray.get([o[buckets] for o in paired]))
+        pairs = _by_bucket(paired, buckets)
+        confirmed = _layer(tasks.confirm_bucket, [(pairs[b], storage.lance_uri("phashes"), phashes.version,
+                                                   storage.lance_storage_options(), buckets) for b in range(buckets)],
+                           2 * buckets + 1)
+        counts = ray.get([out[2 * buckets] for out in confirmed])
+        run.state["pairs"] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
+        edges = _by_bucket(confirmed, buckets)
+        payloads = [[out[buckets + b] for out in confirmed] for b in range(buckets)]
+        labels, run.state["rounds"] = connected_components(edges, buckets)
+        parts = _by_bucket(_layer(tasks.label_bucket, [(labels[b], payloads[b], buckets) for b in range(buckets)],
+                                  buckets), buckets)
+    run.units("reduce", [Unit(f"b{b:05d}", 0, {"bucket": b, "parts": parts[b]}) for b in range(buckets)], _group_unit)
+
+
+def _group_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: the groups of one bucket of components; writes its `duplicates` fragments."""
+    tables = tasks.gathered(unit.spec["parts"])
+    groups = schemas.DUPLICATES.empty_table()
+    if tables:
+        rows = pa.concat_tables(tables)
+        rows = rows.take(pa.array(np.argsort(rows["_label"].to_numpy(), kind="stable")))
+        labels = rows["_label"].to_numpy()
+        starts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
+        groups = pa.concat_tables([groups] + [group_component(rows.slice(s, e - s).select(NODE_COLUMNS))
+                                              for s, e in zip(starts, np.r_[starts[1:], len(labels)])])
+    return {"rows": groups.num_rows, "components": len(set(groups["component_id"].to_pylist())),
+            **_write(run.storage, groups)}
+
+
+def _delete_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Ray task: delete the affected components' previous rows from one `duplicates` fragment (the
+    only task touching it); returns its new metadata, None when no row is left. Uncommitted."""
+    fragment_id = unit.spec["fragment"]
+    ids = sorted({c for t in tasks.gathered(unit.spec["parts"])
+                  for c, f in zip(t["component_id"].to_pylist(), t["fragment"].to_pylist()) if f == fragment_id})
+    table = lance.dataset(run.storage.lance_uri("duplicates"), version=run.manifest.inputs["duplicates"],
+                          storage_options=run.storage.lance_storage_options() or None)
+    fragment = table.get_fragment(fragment_id)
+    before = fragment.count_rows()
+    meta = fragment.delete(f"component_id IN ({', '.join(sql_literal(c) for c in ids)})")
+    removed = before - (meta.num_rows if meta is not None else 0)
+    if removed != unit.spec["rows"]:
+        raise RuntimeError(f"duplicates fragment {fragment_id}: deleted {removed} rows, the lookups found "
+                           f"{unit.spec['rows']}")
+    return {"rows": removed, "fragment": fragment_id, "updated": None if meta is None else meta.to_json()}
+
+
+def _delete_targets(deletes: Sequence[Any]) -> dict[Any, int]:
+    """Rows to delete per `duplicates` fragment (and, under None, the affected components): counts
+    computed where the ids are (one small task), never the ids in the driver."""
+    import ray
+
+    return ray.get(ray.remote(_count_deletes).remote(list(deletes)))
+
+
+def _count_deletes(refs: Sequence[Any]) -> dict[Any, int]:
+    tables = tasks.gathered(refs)
+    if not tables:
+        return {None: 0}
+    rows = pa.concat_tables(tables)
+    fragments, counts = np.unique(rows["fragment"].to_numpy(), return_counts=True)
+    return {**{int(f): int(n) for f, n in zip(fragments, counts)}, None: len(set(rows["component_id"].to_pylist()))}
+
+
+def _write(storage: Storage, groups: pa.Table) -> dict[str, Any]:
+    """Uncommitted `duplicates` fragments of a unit's groups, and what it reports of them."""
+    uri = storage.lance_uri("duplicates")
+    fragments = lance_io.write_fragments(uri, groups, schemas.DUPLICATES, storage.lance_storage_options()) \
+        if groups.num_rows else []
+    keepers = groups.filter(pa.array(np.asarray(groups["keeper"].to_numpy(zero_copy_only=False), bool) &
+                                     (groups["group_size"].to_numpy() >= 2))).num_rows if groups.num_rows else 0
+    losers = groups.num_rows - int(np.asarray(groups["keeper"].to_numpy(zero_copy_only=False), bool).sum()) \
+        if groups.num_rows else 0
+    return {"written": groups.num_rows, "groups": keepers, "losers": losers,
+            "fragments": [f.to_json() for f in fragments], "outputs": lance_io.fragment_files(uri, fragments)}
+
+
+def _counts(run: StageRun) -> dict[str, Any]:
+    grouped = run.results["reduce"]
+    candidates, confirmed = run.state.get("pairs", (0, 0))
+    return {"buckets": run.state["buckets"], "rows_written": grouped.total("written"), "units": grouped,
+            "member_rows": grouped.total("written"), "candidate_pairs": candidates, "confirmed_pairs": confirmed,
+            "skipped_keys": run.state.get("skipped_keys", 0), "rounds": run.state.get("rounds", 0)}
 
 
 def _committing(run: StageRun) -> None:
@@ -171,74 +262,26 @@ def _committing(run: StageRun) -> None:
     put_atomic(run.storage.filesystem(), f"{run.attempt.uri}/{COMMITTED}", b"")
 
 
-def _shuffled(run: StageRun, buckets: int, maps: Any) -> list[list[Any]]:
-    """Per bucket, the refs of its map outputs; the maps run only when some bucket is not yet
-    reduced (a resumed run recomputes them, empty for the reduced buckets)."""
-    assert run.attempt is not None
-    done = {int(u[1:]) for u in run.attempt.completed() if u.startswith("b")}
-    if len(done) >= buckets:
-        return [[] for _ in range(buckets)]
-    outputs = maps(done)
-    return [[ref for out in outputs for ref in out[b]] for b in range(buckets)]
+def _union(blooms: list[Bloom], words: int) -> Bloom:
+    merged = Bloom(np.zeros(words, np.uint64))
+    for bloom in blooms:
+        merged = merged.union(bloom)
+    return merged
 
 
-def _reduce_units(parts: list[list[Any]]) -> list[Unit]:
-    return [Unit(f"b{b:05d}", 0, {"bucket": b, "parts": refs}) for b, refs in enumerate(parts)]
+def _layer(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], returns: int) -> list[Any]:
+    """One task per call, each with `returns` outputs (a list of refs per task)."""
+    import ray
+
+    task = ray.remote(fn).options(num_returns=returns)
+    outputs = [task.remote(*args) for args in calls]
+    return [out if returns > 1 else [out] for out in outputs]
 
 
-def _reduce_all(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: group one bucket of every phashes row; write its `duplicates` fragments."""
-    rows = gather_table(unit.spec["parts"], pa.schema([schemas.PHASHES.field(c) for c in COLUMNS]))
-    return {"rows": rows.num_rows, **_write(run.storage, group_phashes(rows))}
+def _scatter(fn: Callable[..., Any], calls: Sequence[tuple[Any, ...]], buckets: int) -> list[list[Any]]:
+    """Map tasks whose outputs are split by bucket: per bucket, the refs of its parts."""
+    return _by_bucket(_layer(fn, calls, buckets), buckets)
 
 
-def _reduce_changed(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: regroup one bucket of the affected hashes from their members (looked up by
-    phash); write the groups, and per `duplicates` fragment the previous group ids to delete
-    (a scratch file: the driver holds counts, not ids)."""
-    storage, inputs, bucket = run.storage, run.manifest.inputs, unit.spec["bucket"]
-    options = storage.lance_storage_options() or None
-    hashes = gather_keys(unit.spec["parts"])
-    phashes = lance.dataset(storage.lance_uri("phashes"), version=inputs["phashes"], storage_options=options)
-    members = lookup_literals(phashes, "phash", [str(int(h)) for h in hashes], COLUMNS, batch=LOOKUP_BATCH)
-    summary = {"rows": len(hashes), "hashes": len(hashes), "members": members.num_rows,
-               **_write(storage, group_phashes(members)), "deletes": {}}
-    table = lance.dataset(storage.lance_uri("duplicates"), version=inputs["duplicates"], storage_options=options)
-    old = lookup_literals(table, "group_id", [sql_literal(g) for g in hex_ids(hashes).to_pylist()], ["group_id"],
-                          with_row_address=True, batch=LOOKUP_BATCH)
-    fragment_of = old["_rowaddr"].to_numpy() >> np.uint64(32)
-    for frag_id in np.unique(fragment_of).tolist():
-        ids = sorted(set(old["group_id"].filter(pa.array(fragment_of == frag_id)).to_pylist()))
-        path = run.scratch_uri("delete", f"f{frag_id:07d}-b{bucket:05d}.json")
-        put_atomic(storage.filesystem(), path, json.dumps(ids).encode())
-        summary["deletes"][str(frag_id)] = {"path": path, "rows": int((fragment_of == frag_id).sum())}
-        summary["outputs"].append(path)
-    return summary
-
-
-def _delete_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: delete the recomputed groups' previous rows from one `duplicates` fragment (the
-    only task touching it); returns its new metadata, None when no row is left. Uncommitted."""
-    storage = run.storage
-    fs = storage.filesystem()
-    ids = sorted({g for path in unit.spec["files"] for g in json.loads(fs.cat_file(path))})
-    table = lance.dataset(storage.lance_uri("duplicates"), version=run.manifest.inputs["duplicates"],
-                          storage_options=storage.lance_storage_options() or None)
-    fragment = table.get_fragment(unit.spec["fragment"])
-    before = fragment.count_rows()
-    meta = fragment.delete(f"group_id IN ({', '.join(sql_literal(g) for g in ids)})")
-    removed = before - (meta.num_rows if meta is not None else 0)
-    if removed != unit.spec["rows"]:
-        raise RuntimeError(f"duplicates fragment {unit.spec['fragment']}: deleted {removed} rows, "
-                           f"the reducers found {unit.spec['rows']}")
-    return {"rows": removed, "fragment": unit.spec["fragment"], "updated": None if meta is None else meta.to_json()}
-
-
-def _write(storage: Storage, groups: pa.Table) -> dict[str, Any]:
-    """Uncommitted `duplicates` fragments of a reducer's groups, and what it reports of them."""
-    uri = storage.lance_uri("duplicates")
-    fragments = lance_io.write_fragments(uri, groups, schemas.DUPLICATES, storage.lance_storage_options()) \
-        if groups.num_rows else []
-    keepers = int(pc.sum(groups["keeper"]).as_py() or 0)
-    return {"written": groups.num_rows, "groups": keepers, "losers": groups.num_rows - keepers,
-            "fragments": [f.to_json() for f in fragments], "outputs": lance_io.fragment_files(uri, fragments)}
+def _by_bucket(outputs: Sequence[Sequence[Any]], buckets: int) -> list[list[Any]]:
+    return [[out[b] for out in outputs] for b in range(buckets)]

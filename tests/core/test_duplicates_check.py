@@ -9,7 +9,8 @@ import json
 
 import pytest
 from lance import LanceDataset, LanceOperation
-from test_duplicates_stage import SMALL_CHANGE, storage, write_source  # noqa: F401 (storage: a fixture)
+from dup_rows import write_source
+from test_duplicates_stage import SMALL_CHANGE, storage  # noqa: F401 (storage: a fixture)
 
 from prx_core.stages.duplicates import build_duplicates
 from prx_core.stages.duplicates_check import RECORD, check_changed_groups, check_keepers, load_record
@@ -28,14 +29,14 @@ def new_groups(storage: Storage, version: int, start: int) -> set[str]:
 
 
 def test_after_an_incremental_run_only_the_changed_groups_are_checked(storage: Storage) -> None:
-    full = build_duplicates(storage, rows_per_bucket=8)
+    full = build_duplicates(storage, rows_per_bucket=80)
     first = check_keepers(storage, full, rows_per_bucket=8)
     total = lance_io.require_table(storage.lance_uri("duplicates")).count_rows()
     assert (first.scope, first.passed, first.rows) == ("all", True, total)
     assert load_record(storage) == {"version": full.duplicates_version, "rows": total, "passed": True}
 
-    write_source(storage, "d", [("1", 13, 2, 90, 1), ("2", 3, 999, 90, 1), ("3", 12345, 1, 90, 1)], fragments=1)
-    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=2, full_fraction=SMALL_CHANGE)
+    write_source(storage, "d", [("1", 13, 1, 2, 90, 1), ("2", 3, 3, 999, 90, 1), ("3", 40, 0, 1, 90, 1)], fragments=1)
+    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=20, full_fraction=SMALL_CHANGE)
     assert report.mode == "incremental"
     check = check_keepers(storage, report, unit_rows=2, rows_per_bucket=2)
     changed = new_groups(storage, report.duplicates_version, report.previous_duplicates_version)
@@ -44,7 +45,7 @@ def test_after_an_incremental_run_only_the_changed_groups_are_checked(storage: S
     assert (check.scope, check.passed, check.groups, check.rows) == ("changed", True, len(changed), want)
     assert 0 < check.rows < table.count_rows()  # the changed groups whole, not the table
 
-    again = build_duplicates(storage, rows_per_bucket=2)
+    again = build_duplicates(storage, rows_per_bucket=20)
     assert again.mode == "unchanged"
     assert check_keepers(storage, again).scope == "unchanged"
 
@@ -52,10 +53,10 @@ def test_after_an_incremental_run_only_the_changed_groups_are_checked(storage: S
 def test_the_changed_check_sees_rows_outside_the_new_fragments(storage: Storage) -> None:
     """A new group written while the group's previous rows stayed (a delete that went wrong): the
     lookup by group id brings the old rows, and the group has two keepers."""
-    full = build_duplicates(storage, rows_per_bucket=8)
+    full = build_duplicates(storage, rows_per_bucket=80)
     uri = storage.lance_uri("duplicates")
     table = lance_io.require_table(uri)
-    old = table.to_table(filter="keeper", limit=1).to_pylist()[0]
+    old = table.to_table(filter="keeper AND group_size >= 2", limit=1).to_pylist()[0]
     planted = [{**old, "sample_id": "z/copy", "source": "z", "keeper": True, "keeper_sample_id": "z/copy"}]
     fragments = lance_io.write_fragments(uri, schemas.DUPLICATES.empty_table().from_pylist(planted, schemas.DUPLICATES),
                                          schemas.DUPLICATES)
@@ -67,7 +68,7 @@ def test_the_changed_check_sees_rows_outside_the_new_fragments(storage: Storage)
 
 @pytest.mark.parametrize("record", ["missing", "failed", "older"])
 def test_every_group_is_checked_unless_the_start_passed(storage: Storage, record: str) -> None:
-    full = build_duplicates(storage, rows_per_bucket=8)
+    full = build_duplicates(storage, rows_per_bucket=80)
     check_keepers(storage, full)
     path = storage.uri(*RECORD)
     fs = storage.filesystem()
@@ -76,10 +77,10 @@ def test_every_group_is_checked_unless_the_start_passed(storage: Storage, record
     elif record == "failed":
         fs.pipe(path, json.dumps({**json.loads(fs.cat_file(path)), "passed": False}).encode())
     else:  # a run whose check never ran (killed): its Update lies between the record and the next start
-        write_source(storage, "e", [("1", 3, 5, 90, 1)], fragments=1)
-        assert build_duplicates(storage, rows_per_bucket=2, full_fraction=SMALL_CHANGE).mode == "incremental"
-    write_source(storage, "d", [("1", 13, 2, 90, 1)], fragments=1)
-    report = build_duplicates(storage, rows_per_bucket=2, full_fraction=SMALL_CHANGE)
+        write_source(storage, "e", [("1", 3, 4, 5, 90, 1)], fragments=1)
+        assert build_duplicates(storage, rows_per_bucket=20, full_fraction=SMALL_CHANGE).mode == "incremental"
+    write_source(storage, "d", [("1", 13, 1, 2, 90, 1)], fragments=1)
+    report = build_duplicates(storage, rows_per_bucket=20, full_fraction=SMALL_CHANGE)
     assert report.mode == "incremental"
     check = check_keepers(storage, report)
     assert (check.scope, check.passed) == ("all", True)

@@ -16,7 +16,8 @@ from test_stage_functions import jpeg, records
 from prx_core.compute.units import RUNS
 from prx_core.sources.ingest import ingest_batch
 from prx_core.stages.buckets import bucket_samples, build_buckets
-from prx_core.stages.phashes import build_phashes, phash_image
+from prx_core.sources.ingest import inspect_image
+from prx_core.stages.phashes import build_phashes
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -29,11 +30,14 @@ def make_samples(storage: Storage, source: str, n: int, fragments: int) -> pa.Ta
     """`n` samples of `source` in `fragments` fragments (a broken image included: phash rejects)."""
     items = [(f"k{i:03d}", jpeg(*SIZES[i % len(SIZES)], seed=i), f"caption {i}") for i in range(n)]
     samples, _ = ingest_batch(source, records(*items))
-    legacy = pa.array([None if i % 3 == 1 else h for i, h in enumerate(samples["phash"].to_pylist())], pa.uint64())
-    samples = samples.set_column(samples.schema.get_field_index("phash"), "phash", legacy)  # some ingested before
-    # ingest hashed: `phashes` hashes their bytes, interleaved with copied hashes
+    for column in ("phash", "match_keys", "signature", "lossless"):  # some ingested before ingest took fingerprints:
+        # `phashes` decodes their bytes, interleaved with copied fingerprints
+        legacy = pa.array([None if i % 3 == 1 else v for i, v in enumerate(samples[column].to_pylist())],
+                          samples.schema.field(column).type)
+        samples = samples.set_column(samples.schema.get_field_index(column), column, legacy)
     broken = samples.slice(0, 1).to_pylist()[0] | {"sample_id": f"{source}/zz", "source_key": "zz", "image": b"\xff\xd8\xff",
-                                                  "phash": None}  # as if ingested before ingest hashed
+                                                  "phash": None, "match_keys": None, "signature": None,
+                                                  "lossless": None}  # as if ingested before ingest took fingerprints
     samples = pa.concat_tables([samples, pa.Table.from_pylist([broken], schema=schemas.SAMPLES)])
     uri, step = storage.lance_uri("samples"), -(-samples.num_rows // fragments)
     written = [f for i in range(0, samples.num_rows, step)
@@ -86,8 +90,9 @@ def test_phashes_units_give_the_reference_rows_and_reject_the_broken_image(stora
     assert set(hashed) == {s["sample_id"] for s in samples} - {"photos/zz"}
     for sample in samples:
         if sample["sample_id"] in hashed:
-            value, width, height = phash_image(sample["image"])
-            assert (hashed[sample["sample_id"]]["phash"], hashed[sample["sample_id"]]["pixels"]) == (value, width * height)
+            facts, row = inspect_image(sample["image"]), hashed[sample["sample_id"]]
+            assert (row["phash"], row["pixels"], row["match_keys"], row["signature"], row["lossless"]) == (
+                facts.phash, facts.width * facts.height, list(facts.match_keys), facts.signature, facts.lossless)
     rejected = lance_io.read_table(storage.lance_uri("rejects"), filter=rejects_predicate("photos", "phashes"))
     assert rejected["sample_id"].to_pylist() == ["photos/zz"]
     assert (report.rows, report.failed, report.units.units) == (20, 1, 6)

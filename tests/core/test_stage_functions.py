@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from PIL import Image
 
@@ -15,8 +14,7 @@ from prx_core.image.buckets import bucket_sizes
 from prx_core.sources.ingest import content_id, ingest_batch, inspect_image
 from prx_core.sources.readers import RECORD_SCHEMA
 from prx_core.stages.buckets import bucket_samples
-from prx_core.stages.duplicates import find_duplicates
-from prx_core.stages.phashes import phash_image
+from prx_core.image.fingerprint import signature_distance
 from prx_core.stages.skip_lists import SkipPolicy
 from prx_core.store import schemas
 
@@ -70,33 +68,17 @@ def test_bucket_samples_drops_with_a_reject_row(size: tuple[int, int], reason: s
         assert rejects["stage"].to_pylist() == ["buckets"]
 
 
-def test_find_duplicates_keeps_the_largest_then_best_quality_with_a_deterministic_tie_break() -> None:
-    rows = [  # sample_id, phash, pixels, jpeg_quality, num_bytes
-        ("b/1", 7, 100, 95, 10), ("a/1", 7, 400, 75, 50), ("c/1", 7, 400, 92, 40),  # same size: quality wins
-        ("d/1", 9, 50, 90, 10),  # alone: not a duplicate
-        ("e/1", 11, 10, 90, 10), ("f/1", 11, 10, 90, 10),  # all equal: smallest sample_id
-        ("g/1", 13, 10, 80, 10), ("h/1", 13, 10, 80, 30), ("i/1", 13, 10, None, 5),  # PNG counts as 100
-    ]
-    table = pa.Table.from_pylist([{"sample_id": s, "source": s[0], "phash": h, "width": 1, "height": 1, "pixels": p,
-                                   "jpeg_quality": q, "num_bytes": n} for s, h, p, q, n in rows], schema=schemas.PHASHES)
-    first = find_duplicates(table)
-    again = find_duplicates(table.take(list(reversed(range(len(rows))))))  # read order must not matter
-    assert first.equals(again)
-    keepers = {r["group_id"]: r["keeper_sample_id"] for r in first.to_pylist()}
-    assert keepers == {f"{7:016x}": "c/1", f"{11:016x}": "e/1", f"{13:016x}": "i/1"}
-    losers = first.filter(pc.invert(first["keeper"]))["sample_id"].to_pylist()
-    assert sorted(losers) == ["a/1", "b/1", "f/1", "g/1", "h/1"]
-    assert set(first["group_size"].to_pylist()) == {3, 2}
-
-
-def test_phash_image_matches_across_sizes_and_refuses_garbage() -> None:
+def test_a_copy_at_half_size_shares_a_key_and_is_confirmed_and_garbage_is_refused() -> None:
     big = Image.open(io.BytesIO(jpeg(1600, 1200, seed=3)))
     half = io.BytesIO()
     big.resize((800, 600), Image.Resampling.LANCZOS).save(half, "JPEG", quality=90)
-    first, second = phash_image(jpeg(1600, 1200, seed=3)), phash_image(half.getvalue())
-    assert first[1:] == (1600, 1200) and second[1:] == (800, 600)
-    assert isinstance(first[0], int) and 0 <= first[0] < 2**64
-    assert phash_image(b"nope").reason == "not_an_image"
+    first, second = inspect_image(jpeg(1600, 1200, seed=3)), inspect_image(half.getvalue())
+    assert (first.width, first.height, second.width, second.height) == (1600, 1200, 800, 600)
+    assert isinstance(first.phash, int) and 0 <= first.phash < 2**64 and len(first.match_keys) >= 7
+    assert set(first.match_keys) & set(second.match_keys) and first.phash in first.match_keys
+    sigs = [np.frombuffer(f.signature, np.uint8)[None] for f in (first, second)]
+    assert signature_distance(*sigs)[0] <= 1 and not first.lossless
+    assert inspect_image(b"nope").reason == "not_an_image"
 
 
 def test_inspect_image_decodes_cheaply_but_still_sees_truncation() -> None:

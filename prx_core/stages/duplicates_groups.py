@@ -1,0 +1,175 @@
+"""How `duplicates` turns fingerprints into groups, as pure functions on Arrow and NumPy (the runs
+in prx_core.stages.duplicates_runs call them on Ray workers; `find_duplicates` chains them in one
+process for tests and small sets).
+
+1. **Candidates** (`candidate_pairs`): rows sharing a match key (prx_core.image.fingerprint).
+   Rows with the same pHash and signature are one *copy class*: its rows are chained, never paired
+   all with all, so 100,000 byte-identical copies of one placeholder cost 100,000 pairs. Between
+   classes, a key held by more than `max_classes` of them is left out (counted): its pairs would
+   grow as the square of the bucket, and real copies share several keys.
+2. **Confirmation** (`confirmed`): a pair is kept when its signatures are within
+   `signature_distance` 1: keys only propose.
+3. **Components and groups** (`group_component`): the connected components of confirmed pairs
+   (prx_core.compute.components at scale) are cut into groups around keepers, best copy first:
+   each row joins the best keeper whose signature it is confirmed with directly, else it keeps
+   itself. A chain A~B~C whose ends differ never puts A and C in one group unless both match the
+   keeper; a keeper is never a copy confirmed only through another.
+
+The keeper is the copy with the most pixels; among equal sizes a lossless file (PNG, lossless
+WebP), then the highest estimated JPEG quality, then the most bytes, then the smallest
+`sample_id`, so the choice never depends on read order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core.image.fingerprint import SIGNATURE_BYTES, signature_distance
+from prx_core.image.phash import hamming_many
+from prx_core.store import schemas
+
+MAX_CLASSES = 64  # copy classes per key value that are paired all with all (64 x 63 / 2 = 2,016 pairs)
+CONFIRM = 1.0  # signature_distance at or below which a candidate pair is the same picture
+# what a group needs of each row (PHASHES columns)
+NODE_COLUMNS = ["sample_id", "source", "phash", "pixels", "lossless", "jpeg_quality", "num_bytes", "signature"]
+
+
+def exact_ids(phash: np.ndarray, signatures: pa.Array) -> np.ndarray:
+    """A uint64 per row naming its copy class: the pHash mixed with a digest of the signature."""
+    digests = np.array([int.from_bytes(hashlib.blake2b(s or b"", digest_size=8).digest(), "big")
+                        for s in signatures.to_pylist()], np.uint64)
+    return digests ^ np.asarray(phash, np.uint64)
+
+
+def candidate_pairs(keys: np.ndarray, nodes: np.ndarray, exact: np.ndarray,
+                    max_classes: int = MAX_CLASSES) -> tuple[np.ndarray, int]:
+    """(n, 2) uint64 pairs (smaller node first, unique) of rows sharing a key, and how many key
+    values were left out for holding more than `max_classes` copy classes."""
+    if len(keys) == 0:
+        return np.empty((0, 2), np.uint64), 0
+    order = np.lexsort((nodes, exact, keys))
+    keys, nodes, exact = keys[order], nodes[order], exact[order]
+    new_key = np.r_[True, keys[1:] != keys[:-1]]
+    new_class = new_key | np.r_[True, exact[1:] != exact[:-1]]
+    pairs = [_chains(nodes, new_class)]
+    reps, rep_key = nodes[new_class], np.cumsum(new_key)[new_class]  # one node per class, its key's number
+    starts = np.flatnonzero(np.r_[True, rep_key[1:] != rep_key[:-1]])
+    sizes = np.diff(np.r_[starts, len(reps)])
+    skipped = int((sizes > max_classes).sum())
+    for size in np.unique(sizes[(sizes >= 2) & (sizes <= max_classes)]):
+        first = starts[sizes == size]
+        i, j = np.triu_indices(int(size), 1)
+        pairs.append(np.column_stack([reps[(first[:, None] + i).ravel()], reps[(first[:, None] + j).ravel()]]))
+    found = np.concatenate(pairs) if pairs else np.empty((0, 2), np.uint64)
+    found = np.sort(found, axis=1)
+    found = found[found[:, 0] != found[:, 1]]
+    return (np.unique(found, axis=0) if len(found) else found.reshape(0, 2)), skipped
+
+
+def _chains(nodes: np.ndarray, new_class: np.ndarray) -> np.ndarray:
+    """Each row of a copy class with more than one row, paired with the class's first row."""
+    first = nodes[np.maximum.accumulate(np.where(new_class, np.arange(len(nodes)), 0))]
+    tail = ~new_class
+    return np.column_stack([first[tail], nodes[tail]])
+
+
+def signatures_of(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A binary column of signatures as (n, 384) uint8 (a missing one as zeros: never confirmed,
+    since `group_component` and `confirmed` see it differ from every real picture)."""
+    values = [s if s is not None and len(s) == SIGNATURE_BYTES else bytes(SIGNATURE_BYTES) for s in column.to_pylist()]
+    return np.frombuffer(b"".join(values), np.uint8).reshape(-1, SIGNATURE_BYTES)
+
+
+def confirmed(sig_a: np.ndarray, sig_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Which pairs of signatures are the same picture, and their distances."""
+    distance = signature_distance(sig_a, sig_b) if len(sig_a) else np.empty(0, np.float32)
+    return distance <= CONFIRM, distance
+
+
+def keeper_order(rows: pa.Table) -> np.ndarray:
+    """Row indices best copy first: pixels, lossless, JPEG quality, bytes, then sample_id."""
+    keys = pa.table({"pixels": rows["pixels"], "lossless": pc.fill_null(rows["lossless"], False).cast(pa.int8()),
+                     "quality": pc.fill_null(rows["jpeg_quality"].cast(pa.int32()), 0),
+                     "bytes": pc.fill_null(rows["num_bytes"], 0), "sample_id": rows["sample_id"]})
+    return pc.sort_indices(keys, [("pixels", "descending"), ("lossless", "descending"), ("quality", "descending"),
+                                  ("bytes", "descending"), ("sample_id", "ascending")]).to_numpy()
+
+
+def id_digest(sample_id: str) -> str:
+    """16 hex digits naming a group or component by one of its rows."""
+    return hashlib.sha256(sample_id.encode()).hexdigest()[:16]
+
+
+def group_component(rows: pa.Table) -> pa.Table:
+    """DUPLICATES rows of one component (NODE_COLUMNS of each of its rows): groups around keepers,
+    best copy first; a row confirmed with no better keeper keeps itself (a group of one, kept so
+    that a later run sees the whole component)."""
+    rows = rows.take(keeper_order(rows))
+    sigs = signatures_of(rows["signature"])
+    phash = np.asarray(rows["phash"].to_numpy(zero_copy_only=False), np.uint64)
+    exact = exact_ids(phash, rows["signature"])
+    keepers: list[int] = []
+    keeper_of = np.arange(rows.num_rows)
+    distance = np.zeros(rows.num_rows, np.float32)
+    first_of: dict[int, int] = {}  # copy class -> its first (best) row
+    for n in range(rows.num_rows):
+        first = first_of.setdefault(int(exact[n]), n)
+        if first != n:  # a copy of a row already placed goes where it went
+            keeper_of[n], distance[n] = keeper_of[first], distance[first]
+            continue
+        if keepers:
+            ok, dist = confirmed(np.repeat(sigs[n:n + 1], len(keepers), axis=0), sigs[keepers])
+            hits = np.flatnonzero(ok)
+            if len(hits):  # keepers are in order: the first hit is the best
+                keeper_of[n], distance[n] = keepers[hits[0]], dist[hits[0]]
+                continue
+        keepers.append(n)
+    ids = rows["sample_id"].to_pylist()
+    sizes = np.bincount(keeper_of, minlength=rows.num_rows)
+    keeper_ids = [ids[k] for k in keeper_of]
+    return pa.table({
+        "sample_id": rows["sample_id"], "source": rows["source"],
+        "group_id": pa.array([id_digest(k) for k in keeper_ids], pa.string()),
+        "group_size": pa.array(sizes[keeper_of].astype(np.int32)),
+        "keeper": pa.array(keeper_of == np.arange(rows.num_rows)),
+        "keeper_sample_id": pa.array(keeper_ids, pa.string()), "pixels": rows["pixels"],
+        "component_id": pa.array([id_digest(min(ids))] * rows.num_rows, pa.string()),
+        "distance": pa.array(hamming_many(phash, phash[keeper_of]).astype(np.int16)),
+        "signature_distance": pa.array(distance, pa.float32()),
+    }, schema=schemas.DUPLICATES)
+
+
+def explode_keys(nodes: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(key, node) per match key of each row (a row without keys has none)."""
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    lengths = pc.fill_null(pc.list_value_length(keys), 0).to_numpy()
+    flat = np.asarray(pc.list_flatten(keys).to_numpy(zero_copy_only=False), np.uint64)
+    return flat, np.repeat(np.asarray(nodes, np.uint64), lengths)
+
+
+def find_duplicates(phashes: pa.Table, max_classes: int = MAX_CLASSES) -> pa.Table:
+    """DUPLICATES rows of PHASHES rows, in one process: what a `duplicates` run computes on Ray."""
+    from prx_core.compute.components import local_components
+
+    if phashes.num_rows == 0:
+        return schemas.DUPLICATES.empty_table()
+    nodes = np.arange(phashes.num_rows, dtype=np.uint64)
+    keys, owners = explode_keys(nodes, phashes["match_keys"])
+    exact = exact_ids(np.asarray(phashes["phash"].to_numpy(zero_copy_only=False), np.uint64), phashes["signature"])
+    pairs, _ = candidate_pairs(keys, owners, exact[owners.astype(np.int64)], max_classes)
+    sigs = signatures_of(phashes["signature"])
+    ok, _ = confirmed(sigs[pairs[:, 0].astype(np.int64)], sigs[pairs[:, 1].astype(np.int64)])
+    labels = local_components(pairs[ok])
+    if len(labels) == 0:
+        return schemas.DUPLICATES.empty_table()
+    order = np.lexsort((labels[:, 0], labels[:, 1]))
+    labels = labels[order]
+    starts = np.flatnonzero(np.r_[True, labels[1:, 1] != labels[:-1, 1]])
+    rows = phashes.select(NODE_COLUMNS)
+    parts = [group_component(rows.take(labels[s:e, 0].astype(np.int64)))
+             for s, e in zip(starts, np.r_[starts[1:], len(labels)])]
+    return pa.concat_tables(parts)
