@@ -175,6 +175,10 @@ def caption_summary(storage: Storage, parts: list[pa.Table],
         return {"captioned": 0, "failed": 0, "without_source_caption": 0, "fragments": []}
     batch = pa.concat_tables(parts)
     rows = to_caption_rows(batch)
+    if owners:  # a source caption's key is not its content: keep the content beside it (offenders, audits)
+        images = [None if (o := owners.get(k)) is None or o[0] == k else o[0] for k in rows["content_id"].to_pylist()]
+        rows = rows.set_column(rows.schema.get_field_index("image_content_id"), "image_content_id",
+                               pa.array(images, pa.string()))
     errors, verdicts = rows["error"].to_pylist(), rows["verdict"].to_pylist()
     words = [w for w, e, v in zip(rows["word_count"].to_pylist(), errors, verdicts) if not e and v != REJECTED]
     owner = (owners or {}).get

@@ -149,14 +149,29 @@ def offending_samples(storage: Storage, source: str, failures: Sequence[Sequence
     if not reasons:
         return []
     first: dict[str, str] = dict(named)
-    if unnamed := sorted(set(reasons) - set(named)):
+    image = source_caption_contents(storage, sorted(set(reasons) - set(named)))  # caption key -> its content
+    if unnamed := sorted({image.get(c, c) for c in set(reasons) - set(named)}):
         owners = lookup_keys(storage.lance_uri("buckets"), "content_id", unnamed, ["content_id", "sample_id"],
                              f"{source_predicate(source)} AND tier IS NOT NULL", storage.lance_storage_options(),
                              buckets_version)
         for content, sample in zip(owners["content_id"].to_pylist(), owners["sample_id"].to_pylist()):
             first[content] = min(first.get(content, sample), sample)
-    rows = [{"sample_id": first.get(c, ""), "content_id": c, "reason": r} for c, r in reasons.items()]
+    rows = [{"sample_id": first.get(c) or first.get(image.get(c, c), ""), "content_id": image.get(c, c), "reason": r}
+            for c, r in reasons.items()]
     return sorted(rows, key=lambda row: (row["sample_id"], row["content_id"]))
+
+
+def source_caption_contents(storage: Storage, keys: Sequence[str]) -> dict[str, str]:
+    """caption key -> content of the `source` captioner's keys among `keys` (a model stage's
+    failures name caption keys; its offenders name the sample of the key's content)."""
+    found = stored_rows(storage, "captions", list(keys), ["content_id", "image_content_id"],
+                        "image_content_id IS NOT NULL") if keys and has_column(storage, "image_content_id") else None
+    return {} if found is None else dict(zip(found["content_id"].to_pylist(), found["image_content_id"].to_pylist()))
+
+
+def has_column(storage: Storage, column: str) -> bool:
+    ds = lance_io.open_table(storage.lance_uri("captions"), storage.lance_storage_options())
+    return ds is not None and column in ds.schema.names
 
 
 def without(table: pa.Table, content_ids: Sequence[str] | pa.Array) -> pa.Table:

@@ -116,6 +116,7 @@ CAPTIONS = pa.schema(
         ("problem", pa.string()),  # the check that refused or flagged it (prx_core.models.caption_checks)
         ("finish_reason", pa.string()),  # why generation stopped: stop | length (the token cap); "" unknown
         ("attempts", pa.int32()),  # generations made: 2 when retried with the fallback decoding; 0 for a source caption
+        ("image_content_id", pa.string()),  # a source caption's content (its key is not the content); null otherwise
     ]
 )
 

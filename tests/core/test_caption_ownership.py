@@ -89,6 +89,7 @@ def test_each_sample_ships_its_own_source_caption(corpus: Storage) -> None:
     assert sorted(stored["content_id"].to_pylist()) == sorted(  # one row per (content, caption): 4, not 5
         {source_caption_key(r["content_id"], r["original_caption"]) for r in by_id.values()})
     assert set(stored["verdict"].to_pylist()) == {"ok"} and set(stored["attempts"].to_pylist()) == {0}
+    assert set(stored["image_content_id"].to_pylist()) == {r["content_id"] for r in by_id.values()}  # beside its key
 
     # labels and skip-lists follow the same keys: every shipped sample is labelled, none skipped as unlabelled
     labeler = LabelerConfig()

@@ -44,7 +44,8 @@ def test_labels_offenders_name_the_owning_sample_and_the_error(storage: Storage)
     build_captions("a", storage, CONFIG)
     config = LabelerConfig()
     report = build_labels("a", storage, CONFIG.version(), config, unit_rows=4,
-                          model=ModelSpec(partial(FailingOn, config, "c3")))  # c3's caption: "first c3"
+                          model=ModelSpec(partial(FailingOn, config, "first c3")))  # c3's at k03 (k10's: "second c3")
     assert report.failed == 1 and report.failures == {"http_error": 1}
+    # the labels are keyed by caption key (content and source caption): the offender names its content and sample
     assert report.offenders == [{"sample_id": "a/k03", "content_id": "c3", "reason": "http_error"}]
     assert sum(report.distribution.values()) == report.captioned - 1  # the coverage check's failed count
