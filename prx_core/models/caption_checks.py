@@ -22,6 +22,7 @@ already `no_source_caption`.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -136,10 +137,15 @@ def check_source(text: str | None, *, max_words: int = DEFAULT_MAX_WORDS) -> Ver
     return Verdict()
 
 
+@functools.lru_cache(maxsize=8)
+def prompt_grams(prompt: str, span: int) -> frozenset[tuple[str, ...]]:
+    said = words(prompt)
+    return frozenset(tuple(said[i:i + span]) for i in range(len(said) - span + 1))
+
+
 def echoed(tokens: list[str], prompt: str = CAPTION_PROMPT, span: int = PROMPT_ECHO_WORDS) -> str:
     """The first `span` consecutive words of `tokens` that also follow each other in `prompt`, or ""."""
-    said = words(prompt)
-    grams = {tuple(said[i:i + span]) for i in range(len(said) - span + 1)}
+    grams = prompt_grams(prompt, span)
     for i in range(len(tokens) - span + 1):
         if tuple(tokens[i:i + span]) in grams:
             return " ".join(tokens[i:i + span])
