@@ -51,6 +51,7 @@ from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_columns, index_table
 
 CODE_VERSION = "3"  # part of the state: another version recomputes everything (3: near-duplicates)
+KEYS, PHASH = "keys", "phash"  # the rules: match keys confirmed by signatures (default), or the seed's identical pHash
 UNIT_ROWS = 1_000_000  # rows per map unit (keys, pHash and signature: ~450 bytes a row)
 # Changed sources holding more of the rows than this: a full recompute is cheaper (measured at 4M
 # rows on 2 cores: ~2-3 us per row for a full run, 15-30 us per affected hash incrementally).
@@ -104,7 +105,7 @@ def pin_duplicates(run: StageRun) -> dict[str, Any]:
     if phashes is None:
         raise RuntimeError("the phashes table does not exist yet: materialize `phashes` first")
     table = run.state["table"] = lance_io.open_table(storage.lance_uri("duplicates"), options)
-    state = load_state(storage, CODE_VERSION)
+    state = load_state(storage, _state_version(run["rule"]))
     layout, counted = read_layout(phashes, phashes_uri, options, state.layout if state else None)
     changed = changed_sources(state.layout, layout) if state else sorted(layout.sources())
     run.state.update(layout=layout, counted=counted)
@@ -140,7 +141,7 @@ def commit_duplicates(run: StageRun) -> dict[str, int]:
         report.groups, report.duplicates = _totals(table)
         if run.state["counted"]:
             save_state(storage, State(phashes.version, table.version, report.groups + report.duplicates, layout,
-                                      CODE_VERSION))
+                                      _state_version(run["rule"])))
         return {"duplicates": table.version}
     for name, value in (commit_all(run) if mode == "full" else commit_changed(run)).items():
         setattr(report, name, value)
@@ -149,7 +150,8 @@ def commit_duplicates(run: StageRun) -> dict[str, int]:
     version = index_columns(uri, options, bitmap_columns=["source"], merge_rows=0).version
     report.duplicates_version = version
     report.groups, report.duplicates = _totals(lance_io.require_table(uri, options).checkout_version(version))
-    save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout, CODE_VERSION))
+    save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout,
+                              _state_version(run["rule"])))
     return {"duplicates": version}
 
 
@@ -159,7 +161,8 @@ def report_duplicates(run: StageRun) -> DuplicatesReport:
 
 DUPLICATES = Stage(
     "duplicates", reads=("phashes",), writes=("duplicates",), code_version=CODE_VERSION, report_type=DuplicatesReport,
-    settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION},
+    settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION,
+              "rule": KEYS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `duplicates` map task (six small columns)."),
                 UnitSize("rows_per_bucket", "Rows per `duplicates` reduce unit (the manifest pins the bucket count).")),
     unpinned=("rows_per_bucket", "full", "full_fraction"),  # the manifest pins what they decide: mode and buckets
@@ -170,11 +173,20 @@ DUPLICATES = Stage(
 
 def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
                      rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
-                     full_fraction: float = FULL_FRACTION) -> DuplicatesReport:
+                     full_fraction: float = FULL_FRACTION, rule: str = KEYS) -> DuplicatesReport:
     """Bring `duplicates` up to the latest `phashes` in one commit (none when nothing changed):
-    `run_partition` of DUPLICATES, under the one lock of the corpus."""
+    `run_partition` of DUPLICATES, under the one lock of the corpus. `rule` "phash" groups identical
+    pHashes without confirmation (the first release's rule, for comparison)."""
     return run_partition(DUPLICATES, storage, progress=progress, unit_rows=unit_rows, rows_per_bucket=rows_per_bucket,
-                         full=full, full_fraction=full_fraction)
+                         full=full, full_fraction=full_fraction, rule=rule)
+
+
+def _state_version(rule: str) -> str:
+    """The state's code version: the code's, and the rule when it is not the default (another rule
+    recomputes every group)."""
+    if rule not in (KEYS, PHASH):
+        raise ValueError(f"duplicates rule {rule!r}: use {KEYS!r} (match keys confirmed by signatures) or {PHASH!r}")
+    return CODE_VERSION if rule == KEYS else f"{CODE_VERSION}-{rule}"
 
 
 def _full_reason(state: State | None, table: LanceDataset | None, layout: Layout, changed: list[str],

@@ -104,10 +104,10 @@ def id_digest(sample_id: str) -> str:
     return hashlib.sha256(sample_id.encode()).hexdigest()[:16]
 
 
-def group_component(rows: pa.Table) -> pa.Table:
+def group_component(rows: pa.Table, confirm: bool = True) -> pa.Table:
     """DUPLICATES rows of one component (NODE_COLUMNS of each of its rows): groups around keepers,
     best copy first; a row confirmed with no better keeper keeps itself (a group of one, kept so
-    that a later run sees the whole component)."""
+    that a later run sees the whole component). `confirm=False`: one group (the pHash rule)."""
     rows = rows.take(keeper_order(rows))
     sigs = signatures_of(rows["signature"])
     phash = np.asarray(rows["phash"].to_numpy(zero_copy_only=False), np.uint64)
@@ -120,6 +120,10 @@ def group_component(rows: pa.Table) -> pa.Table:
         first = first_of.setdefault(int(exact[n]), n)
         if first != n:  # a copy of a row already placed goes where it went
             keeper_of[n], distance[n] = keeper_of[first], distance[first]
+            continue
+        if keepers and not confirm:
+            keeper_of[n] = keepers[0]
+            distance[n] = signature_distance(sigs[n:n + 1], sigs[keepers[:1]])[0]
             continue
         if keepers:
             ok, dist = confirmed(np.repeat(sigs[n:n + 1], len(keepers), axis=0), sigs[keepers])
@@ -143,6 +147,13 @@ def group_component(rows: pa.Table) -> pa.Table:
     }, schema=schemas.DUPLICATES)
 
 
+def keys_of(rows: pa.Table, rule: str = "keys") -> pa.Array | pa.ChunkedArray:
+    """The keys a row is matched by: its match keys, or under the pHash rule its pHash alone."""
+    if rule != "phash":
+        return rows["match_keys"]
+    return pa.array([[] if h is None else [h] for h in rows["phash"].to_pylist()], pa.list_(pa.uint64()))
+
+
 def explode_keys(nodes: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """(key, node) per match key of each row (a row without keys has none)."""
     keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
@@ -151,18 +162,19 @@ def explode_keys(nodes: np.ndarray, keys: pa.Array | pa.ChunkedArray) -> tuple[n
     return flat, np.repeat(np.asarray(nodes, np.uint64), lengths)
 
 
-def find_duplicates(phashes: pa.Table, max_classes: int = MAX_CLASSES) -> pa.Table:
+def find_duplicates(phashes: pa.Table, max_classes: int = MAX_CLASSES, rule: str = "keys") -> pa.Table:
     """DUPLICATES rows of PHASHES rows, in one process: what a `duplicates` run computes on Ray."""
     from prx_core.compute.components import local_components
 
     if phashes.num_rows == 0:
         return schemas.DUPLICATES.empty_table()
     nodes = np.arange(phashes.num_rows, dtype=np.uint64)
-    keys, owners = explode_keys(nodes, phashes["match_keys"])
+    keys, owners = explode_keys(nodes, keys_of(phashes, rule))
     exact = exact_ids(np.asarray(phashes["phash"].to_numpy(zero_copy_only=False), np.uint64), phashes["signature"])
     pairs, _ = candidate_pairs(keys, owners, exact[owners.astype(np.int64)], max_classes)
     sigs = signatures_of(phashes["signature"])
-    ok, _ = confirmed(sigs[pairs[:, 0].astype(np.int64)], sigs[pairs[:, 1].astype(np.int64)])
+    ok = confirmed(sigs[pairs[:, 0].astype(np.int64)], sigs[pairs[:, 1].astype(np.int64)])[0] if rule != "phash" \
+        else np.ones(len(pairs), bool)
     labels = local_components(pairs[ok])
     if len(labels) == 0:
         return schemas.DUPLICATES.empty_table()
@@ -170,6 +182,6 @@ def find_duplicates(phashes: pa.Table, max_classes: int = MAX_CLASSES) -> pa.Tab
     labels = labels[order]
     starts = np.flatnonzero(np.r_[True, labels[1:, 1] != labels[:-1, 1]])
     rows = phashes.select(NODE_COLUMNS)
-    parts = [group_component(rows.take(labels[s:e, 0].astype(np.int64)))
+    parts = [group_component(rows.take(labels[s:e, 0].astype(np.int64)), confirm=rule != "phash")
              for s, e in zip(starts, np.r_[starts[1:], len(labels)])]
     return pa.concat_tables(parts)

@@ -64,7 +64,7 @@ def reduce_all(run: StageRun) -> None:
     """Every group, from every row of the pinned `phashes`."""
     storage, phashes, buckets = run.storage, run.state["phashes"], run.state["buckets"]
     calls = [(storage.lance_uri("phashes"), phashes.version, specs, EVERY_ROW, storage.lance_storage_options(), buckets,
-              []) for specs in map_groups(run.state["map_units"], buckets, ENTRY_BYTES * KEYS_PER_ROW)]
+              [], run["rule"]) for specs in map_groups(run.state["map_units"], buckets, ENTRY_BYTES * KEYS_PER_ROW)]
     _regroup(run, lambda: _scatter(tasks.map_units, calls, buckets))
 
 
@@ -110,16 +110,17 @@ def reduce_changed(run: StageRun) -> None:
         current = run.state["map_units"]
         words = len(Bloom.sized(sum(u.rows for u in current) * KEYS_PER_ROW).words)
         blooms = [ray.remote(tasks.bloom_of_units).remote(uri, phashes.version, specs, run.state["predicate"],
-                                                          options, words) for specs in map_groups(current, 1, 64)]
-        bloom = ray.put(_union([ray.get(b) for b in blooms], words))
-        calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, bloom)
+                                                          options, words, run["rule"])
+                  for specs in map_groups(current, 1, 64)]
+        bloom = ray.remote(_union).remote(blooms, words)  # merged on a worker: ~10 bits a key, not the driver's
+        calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, run["rule"], bloom)
                  for specs in map_groups(run.state["all_units"], buckets, ENTRY_BYTES)]
-        paired = _layer(tasks.pair_bucket, [(refs, buckets, True) for refs in _scatter(tasks.map_units, calls, buckets)],
-                        buckets + 1)
+        entries = _scatter(tasks.map_units, calls, buckets)
+        paired = _layer(tasks.pair_bucket, [(refs, buckets, True) for refs in entries], buckets + 1)
         run.state["skipped_keys"] = sum(ray.get([out[buckets] for out in paired]))
         seeds = _by_bucket(paired, buckets)
-        stored = _by_bucket(_layer(tasks.seed_components, [(seeds[b], uri, phashes.version, table_uri, table.version,
-                                                            options, buckets) for b in range(buckets)], buckets), buckets)
+        stored = _scatter(tasks.seed_components, [(seeds[b], uri, phashes.version, table_uri, table.version, options,
+                                                   buckets) for b in range(buckets)], buckets)
         previous = _scatter(tasks.previous_components, [
             (table_uri, table.version, specs, run.state["predicate"], options, buckets)
             for specs in map_groups(run.state["previous_units"], buckets, 16)], buckets)
@@ -128,7 +129,7 @@ def reduce_changed(run: StageRun) -> None:
                          buckets + 1)
         deletes.extend(out[buckets] for out in members)
         nodes = _by_bucket(members, buckets)
-        return _scatter(tasks.map_nodes, [(uri, phashes.version, seeds[b] + nodes[b], options, buckets)
+        return _scatter(tasks.map_nodes, [(uri, phashes.version, seeds[b] + nodes[b], options, buckets, run["rule"])
                                           for b in range(buckets)], buckets)
 
     _regroup(run, affected, lazy=False)  # the deletes need the layers even when every group unit is done
@@ -170,7 +171,8 @@ def _regroup(run: StageRun, entries: Callable[[], list[list[Any]]], lazy: bool =
         run.state["skipped_keys"] = run.state.get("skipped_keys", 0) + sum(ray.get([o[buckets] for o in paired]))
         pairs = _by_bucket(paired, buckets)
         confirmed = _layer(tasks.confirm_bucket, [(pairs[b], storage.lance_uri("phashes"), phashes.version,
-                                                   storage.lance_storage_options(), buckets) for b in range(buckets)],
+                                                   storage.lance_storage_options(), buckets, run["rule"])
+                                                  for b in range(buckets)],
                            2 * buckets + 1)
         counts = ray.get([out[2 * buckets] for out in confirmed])
         run.state["pairs"] = (sum(c[0] for c in counts), sum(c[1] for c in counts))
@@ -191,7 +193,8 @@ def _group_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
         rows = rows.take(pa.array(np.argsort(rows["_label"].to_numpy(), kind="stable")))
         labels = rows["_label"].to_numpy()
         starts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
-        groups = pa.concat_tables([groups] + [group_component(rows.slice(s, e - s).select(NODE_COLUMNS))
+        confirm = run.manifest.params.get("rule", "keys") != "phash"
+        groups = pa.concat_tables([groups] + [group_component(rows.slice(s, e - s).select(NODE_COLUMNS), confirm)
                                               for s, e in zip(starts, np.r_[starts[1:], len(labels)])])
     return {"rows": groups.num_rows, "components": len(set(groups["component_id"].to_pylist())),
             **_write(run.storage, groups)}
@@ -262,9 +265,12 @@ def _committing(run: StageRun) -> None:
     put_atomic(run.storage.filesystem(), f"{run.attempt.uri}/{COMMITTED}", b"")
 
 
-def _union(blooms: list[Bloom], words: int) -> Bloom:
+def _union(refs: list[Any], words: int) -> Bloom:
+    """Ray task: one Bloom filter of the map tasks' filters."""
+    import ray
+
     merged = Bloom(np.zeros(words, np.uint64))
-    for bloom in blooms:
+    for bloom in ray.get(list(refs)):
         merged = merged.union(bloom)
     return merged
 

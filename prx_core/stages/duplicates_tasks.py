@@ -25,6 +25,7 @@ from prx_core.stages.duplicates_groups import (
     confirmed,
     exact_ids,
     explode_keys,
+    keys_of,
     signatures_of,
 )
 from prx_core.store.lance_io import StorageOptions
@@ -49,12 +50,14 @@ def _out(parts: tuple[Any, ...]) -> Any:
     return parts if len(parts) > 1 else parts[0]
 
 
-def key_entries(rows: pa.Table, changed: Sequence[str], bloom: Bloom | None = None) -> np.ndarray:
+def key_entries(rows: pa.Table, changed: Sequence[str], bloom: Bloom | None = None, rule: str = "keys") -> np.ndarray:
     """(key, node, copy class, changed) rows of `rows` (_rowaddr, source, match_keys, phash,
-    signature); with `bloom`, only the keys of changed rows and the keys the filter holds."""
+    signature); with `bloom`, only the keys of changed rows and the keys the filter holds. Rule
+    "phash": the pHash is the one key."""
     nodes = np.asarray(rows["_rowaddr"].to_numpy(), np.uint64)
-    keys, owners = explode_keys(nodes, rows["match_keys"])
-    index = np.repeat(np.arange(rows.num_rows), pc.fill_null(pc.list_value_length(rows["match_keys"]), 0).to_numpy())
+    keys_column = keys_of(rows, rule)
+    keys, owners = explode_keys(nodes, keys_column)
+    index = np.repeat(np.arange(rows.num_rows), pc.fill_null(pc.list_value_length(keys_column), 0).to_numpy())
     flags = pc.is_in(rows["source"], pa.array(list(changed), pa.string())).to_numpy(zero_copy_only=False)
     flag = flags[index]
     if bloom is not None:
@@ -66,26 +69,26 @@ def key_entries(rows: pa.Table, changed: Sequence[str], bloom: Bloom | None = No
 
 
 def map_units(uri: str, version: int, specs: list[dict], predicate: str, storage_options: StorageOptions,
-              buckets: int, changed: list[str], bloom: Bloom | None = None) -> Any:
+              buckets: int, changed: list[str], rule: str, bloom: Bloom | None = None) -> Any:
     """Key entries of a group of row units, by key. With a Bloom filter (incremental; Ray passes
     its reference resolved), the keys are read first and only the surviving rows' pHash and
     signature are taken."""
-    columns = ["source", "match_keys"] + ([] if bloom is not None else ["phash", "signature"])
+    columns = ["source", "match_keys", "phash"] + ([] if bloom is not None else ["signature"])
     rows = read_row_units(uri, version, specs, columns, predicate, storage_options, with_row_address=True)
     if bloom is not None:
-        keys, owners = explode_keys(np.asarray(rows["_rowaddr"].to_numpy(), np.uint64), rows["match_keys"])
+        keys, owners = explode_keys(np.asarray(rows["_rowaddr"].to_numpy(), np.uint64), keys_of(rows, rule))
         wanted = np.isin(rows["_rowaddr"].to_numpy(), owners[bloom.contains(keys)]) | \
             pc.is_in(rows["source"], pa.array(changed, pa.string())).to_numpy(zero_copy_only=False)
         rows = rows.filter(pa.array(wanted))
-        extra = take_rows(uri, version, rows["_rowaddr"].to_pylist(), ["phash", "signature"], storage_options) \
-            if rows.num_rows else pa.table({"phash": pa.array([], pa.uint64()), "signature": pa.array([], pa.binary())})
-        rows = rows.append_column("phash", extra["phash"]).append_column("signature", extra["signature"])
-    entries = key_entries(rows, changed, bloom)
+        extra = take_rows(uri, version, rows["_rowaddr"].to_pylist(), ["signature"], storage_options) \
+            if rows.num_rows else pa.table({"signature": pa.array([], pa.binary())})
+        rows = rows.append_column("signature", extra["signature"])
+    entries = key_entries(rows, changed, bloom, rule)
     return _out(split_rows(entries, entries[:, 0], buckets))
 
 
 def map_nodes(uri: str, version: int, node_refs: Sequence[Any], storage_options: StorageOptions,
-              buckets: int) -> Any:
+              buckets: int, rule: str) -> Any:
     """Key entries of the rows named by the nodes behind `node_refs` (an incremental run's
     affected rows: node arrays, or pairs), by key."""
     parts = gathered(node_refs)
@@ -95,16 +98,16 @@ def map_nodes(uri: str, version: int, node_refs: Sequence[Any], storage_options:
     if rows is None:
         return _out(tuple(NO_ENTRIES for _ in range(buckets)))
     rows = rows.append_column("_rowaddr", pa.array(nodes, pa.uint64()))
-    entries = key_entries(rows, [])
+    entries = key_entries(rows, [], rule=rule)
     return _out(split_rows(entries, entries[:, 0], buckets))
 
 
 def bloom_of_units(uri: str, version: int, specs: list[dict], predicate: str, storage_options: StorageOptions,
-                   words: int) -> Bloom:
-    """The Bloom filter of the match keys of a group of row units (the changed sources' rows)."""
-    rows = read_row_units(uri, version, specs, ["match_keys"], predicate, storage_options)
+                   words: int, rule: str) -> Bloom:
+    """The Bloom filter of the keys of a group of row units (the changed sources' rows)."""
+    rows = read_row_units(uri, version, specs, ["match_keys", "phash"], predicate, storage_options)
     bloom = Bloom(np.zeros(words, np.uint64))
-    bloom.add(pc.list_flatten(rows["match_keys"]).to_numpy(zero_copy_only=False))
+    bloom.add(pc.list_flatten(keys_of(rows, rule)).to_numpy(zero_copy_only=False))
     return bloom
 
 
@@ -121,7 +124,7 @@ def pair_bucket(refs: Sequence[Any], buckets: int, changed_only: bool) -> tuple[
 
 
 def confirm_bucket(refs: Sequence[Any], uri: str, version: int, storage_options: StorageOptions,
-                   buckets: int) -> tuple[Any, ...]:
+                   buckets: int, rule: str) -> tuple[Any, ...]:
     """Confirm one bucket's candidate pairs by their signatures (taken from the pinned version):
     the confirmed edges (both ways, by first node), the payloads of their rows (by node), and
     (last) the counts of pairs seen and confirmed."""
@@ -133,7 +136,7 @@ def confirm_bucket(refs: Sequence[Any], uri: str, version: int, storage_options:
         return (*([NO_PAIRS] * buckets), *([None] * buckets), (0, 0))
     sigs = signatures_of(payload["signature"])
     a, b = np.searchsorted(nodes, pairs[:, 0]), np.searchsorted(nodes, pairs[:, 1])
-    ok, _ = confirmed(sigs[a], sigs[b])
+    ok = confirmed(sigs[a], sigs[b])[0] if rule != "phash" else np.ones(len(pairs), bool)
     edges = pairs[ok]
     kept = np.unique(edges)
     payload = payload.append_column("_node", pa.array(nodes, pa.uint64())).filter(pa.array(np.isin(nodes, kept)))

@@ -92,6 +92,21 @@ def test_planted_groups_keep_the_best_copy_and_refuse_the_lookalike(storage: Sto
     assert keeper_of(storage, "b/5") is None  # shares a key with picture 9, does not look like it
 
 
+def test_the_phash_rule_groups_identical_hashes_without_confirming_them(storage: Storage) -> None:
+    """The first release's rule, kept for comparison: one key, the pHash; no signature asked."""
+    build_duplicates(storage, rows_per_bucket=80)
+    report = build_duplicates(storage, rows_per_bucket=80, rule="phash")
+    assert (report.mode, report.reason) == ("full", "no state")  # another rule recomputes every group
+    want = sorted(find_duplicates(lance_io.read_table(storage.lance_uri("phashes")), rule="phash").to_pylist(),
+                  key=_order)
+    assert table(storage) == want and report.candidate_pairs == report.confirmed_pairs
+    hashes = {r["sample_id"]: r["phash"] for r in lance_io.read_table(storage.lance_uri("phashes")).to_pylist()}
+    for group in {r["group_id"] for r in want}:
+        assert len({hashes[r["sample_id"]] for r in want if r["group_id"] == group}) == 1
+    with pytest.raises(ValueError, match="duplicates rule 'radius'"):
+        build_duplicates(storage, rule="radius")
+
+
 def test_a_rerun_without_change_commits_nothing(storage: Storage) -> None:
     first = build_duplicates(storage, rows_per_bucket=80)
     again = build_duplicates(storage, rows_per_bucket=80)
@@ -217,7 +232,8 @@ def test_a_killed_run_leaves_the_table_and_resumes(storage: Storage, ray_cluster
     recorded = len(recorded_units(storage.root, "duplicates", "corpus"))
     (attempt,) = Path(storage.root, RUNS, "duplicates", "corpus").iterdir()
     params = json.loads((attempt / "run.json").read_text())["manifest"]["params"]
-    assert sorted(params) == ["buckets", "mode", "unit_rows"] and params["mode"] == "full"  # what the settings decided
+    assert sorted(params) == ["buckets", "mode", "rule", "unit_rows"] and params["mode"] == "full"  # what shapes the
+    # output, and what the settings decided
     report = build_duplicates(storage, unit_rows=5, rows_per_bucket=60)
     assert report.units.skipped == recorded >= 3 and report.units.ran == report.buckets - recorded
     assert table(storage) == reference(storage)
