@@ -30,6 +30,8 @@ def add_parser(sub: Any) -> None:
                       help="share of VLM captions the caption checks refuse and generate again with the fallback "
                            "decoding (default 0.05; a captions run's fallbacks / eligible measures it)")
     plan.add_argument("--json", help="also write the plan as JSON to this file")
+    plan.add_argument("--no-preflight", action="store_true", help="skip the checks `build` makes first (each "
+                                                                  "source's uri, format and columns)")
     plan.set_defaults(func=run_plan)
 
 
@@ -53,6 +55,8 @@ def run_plan(args: argparse.Namespace) -> int:
             raise SettingsError(f"--retry-share: must be from 0 to 1, got {args.retry_share}")
         models.retry_share = args.retry_share
     specs = [s for s in catalog.sources if not args.source or s.name in args.source]
+    if not args.no_preflight and preflight_sources(catalog.path, specs, settings):
+        return 2
     plan = plan_corpus(specs, models, args.sample, args.cpus, args.gpus,
                        settings.section("storage").get("storage_options") or {}, echo=lambda line: print(line, flush=True))
     print(format_plan(plan))
@@ -61,6 +65,23 @@ def run_plan(args: argparse.Namespace) -> int:
             json.dump(plan.to_json(), out, indent=1, default=str)
         print(f"plan written to {args.json}")
     return 0
+
+
+def preflight_sources(catalog_path: str, specs: list[Any], settings: Any) -> int:
+    """`build`'s source checks (prx_core.sources.preflight; no root: a plan writes nothing), each
+    problem on one line as `build` prints it; returns how many."""
+    import sys
+
+    from prx_core.sources.preflight import check_source
+
+    options = settings.section("storage").get("storage_options") or {}
+    problems = [problem for spec in specs for problem in check_source(spec, options)]
+    for problem in problems:
+        print(f"prx-corpus: error: {catalog_path}: {problem.line()}", file=sys.stderr)
+    if problems:
+        print(f"prx-corpus: {len(problems)} problem(s) found before sampling: nothing was planned "
+              "(--no-preflight skips these checks)", file=sys.stderr)
+    return len(problems)
 
 
 def plan_models(settings: Any, caption_rate: float) -> Any:

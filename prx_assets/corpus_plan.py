@@ -9,7 +9,9 @@ from pydantic import Field
 
 from prx_assets.common import GROUP, OWNERS, md_table
 from prx_core.models.text_latents import latent_sizing
-from prx_core.stages.plan_estimates import CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus
+from prx_core.sources.preflight import check_source
+from prx_core.stages.plan_estimates import (CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus,
+                                            reject_lines)
 from prx_resources import (
     CaptionerResource,
     CatalogResource,
@@ -57,7 +59,11 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
                 training: TrainingResource, text_latents: TextLatentsResource, ray: RayResource) -> dg.MaterializeResult:
     models = models_of(captioner, labeler, training, text_latents, config.caption_rate)
     models.retry_share = config.retry_share
-    plan = plan_corpus(list(catalog.load().sources), models, config.sample, config.cpus, config.gpus,
+    specs = list(catalog.load().sources)
+    problems = [p.line() for spec in specs for p in check_source(spec, storage.storage().storage_options)]
+    if problems:  # `build`'s preflight: one line per problem, before any image is read
+        raise dg.Failure(description="\n".join(problems), metadata={"problems": len(problems)})
+    plan = plan_corpus(specs, models, config.sample, config.cpus, config.gpus,
                        storage.storage().storage_options, echo=context.log.info)
     totals = plan.totals()
     rows = [{"source": p.source, "rows": p.rows, "rejected": p.rejected, "mds_samples": p.mds_samples,
@@ -73,4 +79,5 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
         else dg.MetadataValue.text("no GPU given"),
         "mds_bytes": int(totals["mds_bytes"]), "stored_bytes": int(totals["storage_bytes"]),
         "cluster": f"{config.cpus} cores, {config.gpus} GPUs", "notes": "\n".join(
-            f"{p.source}: {n}" for p in plan.sources for n in p.notes) or "-"})
+            f"{p.source}: {n}" for p in plan.sources for n in p.notes) or "-",
+        "rejects": "\n".join(line for p in plan.sources for line in reject_lines(p)) or "-"})

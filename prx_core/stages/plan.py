@@ -29,6 +29,7 @@ from prx_core.models.caption_text import clean_caption
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import content_id, inspect_image
 from prx_core.sources.readers import fragment_sizes, read_fragment
+from prx_core.stages.source_causes import EXAMPLE_CHARS, KEY_CHARS, one_line
 from prx_core.store.storage import filesystem_for
 
 SAMPLE = 1_000
@@ -63,6 +64,7 @@ class SampleStats:
     render_s: float = 0.0  # CPU seconds rendering the bucketed images
     fragments: int = 0
     read_whole: int = 0  # fragments read to their end: when every fragment was, `read` is the rows
+    examples: dict[str, dict[str, str]] = field(default_factory=dict)  # reason -> its first {key, message}
 
     def merge(self, other: SampleStats) -> SampleStats:
         return SampleStats(self.read + other.read, self.record_bytes + other.record_bytes,
@@ -70,7 +72,13 @@ class SampleStats:
                            self.captions + other.captions, self.caption_words + other.caption_words,
                            self.bucketed + other.bucketed, self.inspect_s + other.inspect_s,
                            self.decoded + other.decoded, self.render_s + other.render_s,
-                           self.fragments + other.fragments, self.read_whole + other.read_whole)
+                           self.fragments + other.fragments, self.read_whole + other.read_whole,
+                           {**other.examples, **self.examples})
+
+    def refuse(self, reason: str, key: str, message: str, count: int = 1) -> None:
+        """Counts a refused record; the first of each reason is kept as its example."""
+        self.rejected[reason] += count
+        self.examples.setdefault(reason, {"key": one_line(key, KEY_CHARS), "message": one_line(message, EXAMPLE_CHARS)})
 
 
 @dataclass
@@ -110,8 +118,19 @@ def spread(items: list[Any], count: int) -> list[Any]:
 def sample_fragment(spec: SourceSpec, fragment: str, limit: int, storage_options: dict[str, Any] | None,
                     max_pixels: int) -> SampleStats:
     """Worker: the first `limit` records of one fragment, each validated, bucketed and rendered as
-    the stages will (CPU time of this thread only: other workers do not inflate it)."""
+    the stages will (CPU time of this thread only: other workers do not inflate it). A fragment
+    that cannot be read is one `unreadable_fragment` reject with the error, as in `samples`."""
     stats = SampleStats(fragments=1, read_whole=1)
+    try:
+        _measure(spec, fragment, limit, storage_options, max_pixels, stats)
+    except Exception as exc:  # the reader's own error (a column, a format): what ingest would refuse
+        stats.refuse("unreadable_fragment", fragment, f"{type(exc).__name__}: {exc}", max(1, limit - stats.read))
+        stats.read, stats.read_whole = max(stats.read, limit), 0
+    return stats
+
+
+def _measure(spec: SourceSpec, fragment: str, limit: int, storage_options: dict[str, Any] | None, max_pixels: int,
+             stats: SampleStats) -> None:
     joined_captions = any(j.caption_column for j in spec.joins)  # not joined here: assumed present
     for row in _records(spec, fragment, limit + 1, storage_options):
         if stats.read == limit:  # one more record: the fragment goes on past the quota
@@ -125,14 +144,14 @@ def sample_fragment(spec: SourceSpec, fragment: str, limit: int, storage_options
             stats.captions += 1
             stats.caption_words += len(caption.split())
         if row["reject_reason"]:
-            stats.rejected[row["reject_reason"]] += 1
+            stats.refuse(row["reject_reason"], row["source_key"] or "", row["reject_message"] or "")
             continue
         began = time.thread_time()
         facts = inspect_image(data, max_pixels)
         stats.inspect_s += time.thread_time() - began
         stats.decoded += 1
         if isinstance(facts, Rejection):
-            stats.rejected[facts.reason] += 1
+            stats.refuse(facts.reason, row["source_key"] or "", facts.message)
             continue
         bucket = assign_bucket(facts.width, facts.height)
         if isinstance(bucket, Drop):
@@ -142,17 +161,16 @@ def sample_fragment(spec: SourceSpec, fragment: str, limit: int, storage_options
         rendered = process_image(data, max_pixels, facts=False)
         stats.render_s += time.thread_time() - began
         if isinstance(rendered, Rejection):
-            stats.rejected[rendered.reason] += 1
+            stats.refuse(rendered.reason, row["source_key"] or "", rendered.message)
             continue
         stats.bucketed.append(Bucketed(f"{bucket.tier}/{bucket.name}", captioned, len(rendered.jpeg),
                                        len(caption.encode()) if caption else 0, content_id(data)))
-    return stats
 
 
 def _records(spec: SourceSpec, fragment: str, limit: int, storage_options: dict[str, Any] | None) -> Iterator[dict]:
     seen = 0
     for batch in read_fragment(spec, fragment, storage_options):
-        for row in batch.select(["image", "caption", "reject_reason"]).to_pylist():
+        for row in batch.select(["source_key", "image", "caption", "reject_reason", "reject_message"]).to_pylist():
             if seen >= limit:
                 return
             seen += 1

@@ -22,6 +22,7 @@ from typing import Any
 from prx_core.shards.mds import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.plan import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
+from prx_core.stages.source_causes import GENERIC_HINT, fix_for
 from prx_core.upkeep.compaction import TARGET_BYTES
 
 ROW_MS = {"samples": 0.8, "buckets": 0.05, "phashes": 0.04, "captions": 0.33, "mds_shards": 2.5,
@@ -37,6 +38,8 @@ FRAGMENT_ROWS = 1_000_000
 VLM_CAPTION_WORDS = 150  # the caption prompt asks for 100-200 words
 BF16_HEADER, MASK_HEADER = 12, 16  # a 2-D `bf16` encoding's ndim and shape; the `ndarray` mask's dtype and shape
 LATENT_ROW_BYTES = 150  # a `text_latents` row beside its latent: ids, versions, counts
+REJECT_REASONS = 3  # reject reasons shown per source
+PLAN_GENERIC_FIX = "the example's message says why; a build keeps every refused row in rejects.lance"
 
 
 @dataclass
@@ -96,6 +99,8 @@ class SourcePlan:
     core_hours: dict[str, float]
     image_ms: dict[str, float]  # measured per image on this machine: validate (samples), render (mds)
     notes: list[str] = field(default_factory=list)
+    # the dominant reject reasons, most first: reason, sampled, rows (scaled), example {key, message}, fix
+    rejects: list[dict[str, Any]] = field(default_factory=list)
 
 
 def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models: Models,
@@ -153,7 +158,21 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
         mds_bytes=storage["mds"], mds_shards=sum(math.ceil(c * per_sample / SIZE_LIMIT) for c in streams.values()),
         storage_bytes=storage, table_fragments=fragments, gpu_hours=gpu,
         core_hours={k: v / 3_600_000 for k, v in core_ms.items()},
-        image_ms={"validate": round(validate_ms, 2), "render": round(render_ms, 2)}, notes=notes)
+        image_ms={"validate": round(validate_ms, 2), "render": round(render_ms, 2)}, notes=notes,
+        rejects=reject_reasons(stats, scale, fmt))
+
+
+def reject_reasons(stats: SampleStats, scale: float, fmt: str, top: int = REJECT_REASONS) -> list[dict[str, Any]]:
+    """The sample's most frequent reject reasons, each with its first example and the likely fix
+    (`source_causes`' table, the one a build's refused source names)."""
+    ranked = sorted(stats.rejected.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    out = []
+    for reason, count in ranked:
+        fix = fix_for(reason, fmt)
+        out.append({"reason": reason, "sampled": count, "rows": round(count * scale),
+                    "example": stats.examples.get(reason) or {},
+                    "fix": PLAN_GENERIC_FIX if fix == GENERIC_HINT else fix})
+    return out
 
 
 def mds_sample_bytes(written: list[Bucketed], vlm_captions: bool) -> float:
@@ -213,10 +232,22 @@ def format_plan(plan: CorpusPlan) -> str:
               f"wall time on {plan.cpus} cores and {plan.gpus} GPUs: {wall}"]
     for p in plan.sources:
         lines += [f"{p.source}: {note}" for note in p.notes]
+        lines += reject_lines(p)
         if p.small_streams:
             lines.append(f"{p.source}: {len(p.small_streams)} of {len(p.streams)} streams hold fewer samples than one "
                          f"global batch: {', '.join(p.small_streams[:6])}{' ...' if len(p.small_streams) > 6 else ''}")
     return "\n".join(lines)
+
+
+def reject_lines(p: SourcePlan) -> list[str]:
+    """`src: rejects path_outside_source 12 of 12 sampled, e.g. k3: "..."; fix: ...` per dominant reason."""
+    lines = []
+    for r in p.rejects:
+        example = r["example"]
+        shown = f", e.g. {example['key']}: \"{example['message']}\"" if example else ""
+        lines.append(f"{p.source}: rejects {r['reason']} {r['sampled']} of {p.sampled} sampled (~{r['rows']:,} rows)"
+                     f"{shown}; fix: {r['fix']}")
+    return lines
 
 
 def size(n: float) -> str:

@@ -104,8 +104,13 @@ def nothing_read_line(spec: SourceSpec, listed: int) -> str:
 
 def hint(reason: str, spec: SourceSpec) -> str:
     """The fix for `reason` from the tables above (file sources first where they differ)."""
-    table = {**HINTS, **FILE_HINTS} if spec.format in FILE_FORMATS else HINTS
-    return table.get(reason, GENERIC_HINT).format(format=spec.format)
+    return fix_for(reason, spec.format)
+
+
+def fix_for(reason: str, fmt: str) -> str:
+    """`hint` by the source's format alone (what `prx-corpus plan` knows of a sampled reject)."""
+    table = {**HINTS, **FILE_HINTS} if fmt in FILE_FORMATS else HINTS
+    return table.get(reason, GENERIC_HINT).format(format=fmt)
 
 
 def one_line(text: str, limit: int) -> str:
