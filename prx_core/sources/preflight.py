@@ -6,8 +6,9 @@ the source, the field and the fix, found in about a second: a source's folder is
 as far as its first few files of its format (`prx_core.sources.listing`), a table's columns are
 read from the first file's schema (its footer, a Lance manifest), never its rows. The checks use
 the readers' own rules (which files are shards, data files or images; which column a Hugging Face
-dataset's images are in), so what passes here is what the run will read. `prx-corpus build`
-calls `preflight`; `prx-corpus doctor` can call it too.
+dataset's images are in), so what passes here is what the run will read. An image folder's or a
+WebDataset's `caption_column` is checked against its metadata files or first shard's members
+(`prx_core.sources.preflight_captions`). `prx-corpus build` and `prx-corpus plan` call it.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ def _files_and_columns(spec: SourceSpec, subject: str, options: dict[str, Any] |
                         f"{URI_FIX}, or set the format its files are in")]
     if spec.format in ("parquet", "huggingface"):
         return _table_columns(spec, subject, look.matches[0], options)
-    return []
+    from prx_core.sources.preflight_captions import caption_problems  # metadata files, shard members
+
+    return [Problem(subject, "caption_column", problem, fix) for problem, fix in caption_problems(spec, look.matches, options)]
 
 
 def _holds(fmt: str, look: Look) -> str:
