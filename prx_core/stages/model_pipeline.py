@@ -11,15 +11,18 @@ path (their `pin` adds `path: pipeline` to the manifest); the units run in two p
    unit is complete, records it and hands its fragments to the batched appends.
 A crash loses only the units in flight; the rerun skips the recorded ones of both phases
 (`PRX_PAUSE_AT=<asset>:generate:<k>` pauses the driver after the k-th generated unit: kill tests).
-Where the rows carry the engine's accounting (the vLLM captioner's finish_reason, num_input_tokens,
-llm_seconds), each unit's summary adds it up: `engine` {requests, input_tokens, llm_seconds} and
-`finish_reasons` {reason: captions}.
+Each generated unit's record names the run that generated it (`generated_by`, one id per run of
+the attempt), so a resumed run's report shows which units it kept. Where the rows carry the
+engine's accounting (the vLLM captioner's finish_reason, num_input_tokens, llm_seconds), each
+unit's summary adds it up: `engine` {requests, input_tokens, llm_seconds} and `finish_reasons`
+{reason: captions}.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -72,7 +75,7 @@ def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Cal
     summary merged with its generated one."""
     import ray.data
 
-    start = time.monotonic()
+    start, this_run = time.monotonic(), uuid.uuid4().hex[:12]
     attempt, units, appends = run.attempt, run.state["units"], run.state["appends"]
     assert attempt is not None, "units run inside run_partition"
     prepared = run.units("prepare", units, partial(prepare_unit, prepare))
@@ -94,6 +97,7 @@ def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Cal
             summary = generating.setdefault(record["unit"], {"generated": 0})
             merge(summary, json.loads(record["summary"]))
             if summary["generated"] == wanted[record["unit"]]:
+                summary["generated_by"] = this_run  # which run of the attempt: a resumed run keeps the earlier one's
                 attempt.record(GENERATED + record["unit"], summary)
                 appends.add({**summary, "retry": by_id[record["unit"]].get("retry", [])})
                 done[record["unit"]] = generating.pop(record["unit"])

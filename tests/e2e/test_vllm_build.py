@@ -7,20 +7,27 @@ tiny random Qwen2-VL (prx_core.models.tiny_vlm), so captions are gibberish that 
 cap: `finish_reason` is `length` for every one, and the caption checks refuse them (the build is
 told to tolerate that: `checks.captions_quality: 1.0`). Refused captions are never labelled, so
 the labeller's `vllm` transport runs through the engine in tests/e2e/test_vllm_labels.py instead.
-One build per module (~3.5 min on a loaded 2-core machine, ~1.5 of them the engine's start).
+
+The module's build is a resumed one, as after a worker lost mid-run: a first build (3 units of 2
+samples) is SIGKILLed, whole process group, right after `captions` recorded its first generated
+unit (PRX_PAUSE_AT=captions:generate:1); the second build on the same root resumes that attempt.
+It runs on a fresh Dagster instance: the killed run still holds the instance's `gpu` pool slot
+(nothing frees a SIGKILLed run's concurrency claim), and a rerun on the same instance waits for
+that slot forever. ~6 min on a loaded 2-core machine, two engine starts of ~1.5 min each.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import lance
 import pytest
 import yaml
 from PIL import Image
-from test_build import Paused, Run, build_args, run_cli
+from test_build import Paused, Run, run_cli
 
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
@@ -41,6 +48,16 @@ def vllm_config(checkpoint: Path, python: Path, unit_rows: int | None = None) ->
     if unit_rows:
         config["units"] = {"captions_rows": unit_rows}
     return config
+
+
+@dataclass
+class Killed:
+    """What the killed build left: the generated units its attempt recorded, the run that generated
+    them (`generated_by`: the token of that run of the attempt) and its processes that outlived the kill."""
+
+    recorded: list[str]
+    generated_by: set[str]
+    survivors: list[int]
 
 
 def write_source(work: Path) -> Path:
@@ -68,13 +85,31 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, engine_python: Path) -> tuple[Path, Run]:
+def work(tmp_path_factory: pytest.TempPathFactory, checkpoint: Path, engine_python: Path) -> tuple[Path, list[str]]:
+    """The folder and the build's arguments less its Dagster instance (`--dagster-home` is added per build)."""
     work = tmp_path_factory.mktemp("vllm-build")
     config = work / "config.yaml"
-    config.write_text(yaml.safe_dump(vllm_config(checkpoint, engine_python)))
-    root = work / "corpus"
-    run = run_cli(*build_args(write_source(work), root, work / "home", "--config", str(config)), timeout=1200)
-    return root, run
+    config.write_text(yaml.safe_dump(vllm_config(checkpoint, engine_python, unit_rows=2)))
+    # the chain up to captions: what the engine's path needs (the later assets have their own tests)
+    return work, ["build", "--sources", str(write_source(work)), "--root", str(work / "corpus"), "--config", str(config),
+                  "--select", "raw_source,samples,buckets,captions"]
+
+
+@pytest.fixture(scope="module")
+def killed(work: tuple[Path, list[str]]) -> Killed:
+    folder, args = work
+    paused = Paused([*args, "--dagster-home", str(folder / "home")], "captions:generate:1", folder / "killed")
+    paused.wait_for_marker(timeout=900)
+    survivors = paused.kill()
+    records = sorted((folder / "corpus" / "_runs" / "captions" / "photos").glob("*/done/g-*.json"))
+    tokens = {json.loads(r.read_text())["generated_by"] for r in records}
+    return Killed([r.stem for r in records], tokens, survivors)
+
+
+@pytest.fixture(scope="module")
+def built(work: tuple[Path, list[str]], killed: Killed) -> tuple[Path, Run]:
+    folder, args = work
+    return folder / "corpus", run_cli(*args, "--dagster-home", str(folder / "home-rerun"), timeout=1200)
 
 
 def unit_summaries(root: Path, asset: str) -> list[dict]:
@@ -109,3 +144,20 @@ def test_each_unit_records_the_engines_accounting(built: tuple[Path, Run]) -> No
     assert all(e["input_tokens"] > 0 and e["llm_seconds"] > 0 for e in engine), engine
     assert sum((s.get("finish_reasons") or {}).get("length", 0) for s in summaries) == generated
     assert sum(s.get("output_tokens", 0) for s in summaries) == generated * MAX_NEW_TOKENS
+
+
+def test_a_build_killed_mid_captions_resumes_from_its_recorded_units(built: tuple[Path, Run], killed: Killed) -> None:
+    root, run = built
+    assert run.returncode == 0, run.explain()
+    assert len(killed.recorded) == 1 and len(killed.generated_by) == 1, killed  # paused at its first unit
+    assert killed.survivors == [], f"processes of the killed build outlived it: {killed.survivors}"
+    # the rerun generated only the two units the killed run had not recorded: the recorded unit's
+    # fragments were appended (its attempt's pinned inputs had moved on, so its captions were then
+    # found stored: `reused`) or its record kept, never captioned again ...
+    summaries = unit_summaries(root, "captions")
+    rerun = [s for s in summaries if s.get("generated_by") and s["generated_by"] not in killed.generated_by]
+    assert len(summaries) == 3 and sum(s["generated"] for s in rerun) == PHOTOS - 2, summaries
+    assert sum(s.get("reused", 0) + s.get("generated", 0) for s in summaries) == PHOTOS
+    # ... and every content has one caption
+    ids = lance.dataset(str(root / "lance" / "captions.lance")).to_table(columns=["content_id"])["content_id"].to_pylist()
+    assert len(ids) == len(set(ids)) == PHOTOS
