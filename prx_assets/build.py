@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import dagster as dg
 
 from prx_assets.build_console import build_console, logger_config
+from prx_assets.dead_runs import PoolWait, process_tags, reconcile_runs
 from prx_assets.common import sync_partitions
 from prx_assets.settings import ALL_ASSETS, PER_SOURCE, REPO, validate_request
 from prx_core.compute.interrupts import SigintWatch
@@ -92,11 +94,13 @@ def prepare_instance(home: str | None, root: str | None = None, echo: Any = prin
 
 
 def run_tags(defs: dg.Definitions) -> dict[str, str]:
-    """Every build run's tags: who launched it, and the corpus root it built (`prx/root`, prx_assets.homes)."""
+    """Every build run's tags: who launched it, the corpus root it built (`prx/root`, prx_assets.homes),
+    and its process (`prx/process_*`: how a later build knows the run died with it, prx_assets.dead_runs)."""
     from prx_assets.homes import root_tags
 
     storage = (defs.resources or {}).get("storage")  # stand-in definitions (tests) have none
-    return {"prx/launched_by": "prx-corpus build", **(root_tags(storage.root) if storage is not None else {})}
+    return {"prx/launched_by": "prx-corpus build", **(root_tags(storage.root) if storage is not None else {}),
+            **process_tags()}
 
 
 def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],
@@ -106,6 +110,7 @@ def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names:
     chosen = [a for a in ALL_ASSETS if not select or a in select]
     names = sources or catalog_names
     outcome = BuildOutcome()
+    reconcile_runs(instance, echo)  # a killed build's runs: failed, their pool slots freed
     plan: list[tuple[list[str], str | None]] = [([a for a in PER_SOURCE if a in chosen], n) for n in names]
     plan += [(["duplicates"], None)] if "duplicates" in chosen else []
     plan += [([a for a in ("skip_lists", "explorer") if a in chosen], n) for n in names]  # after the global duplicates
@@ -145,7 +150,9 @@ def run_one(defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str],
     """One run materializing `keys` of `partition`, its outcome recorded, its lines printed."""
     started = time.monotonic()
     echo(f"==> {', '.join(keys)}" + (f" [{partition}]" if partition else ""), flush=True)
-    result = execute(defs, instance, keys, partition, verbose)
+    run_id = str(uuid.uuid4())  # known before the run starts: PoolWait watches it
+    with PoolWait(instance, run_id, echo):  # says who holds a pool slot a step waits for
+        result = execute(defs, instance, keys, partition, verbose, run_id)
     outcome.runs += 1
     outcome.interrupted = outcome.interrupted or sigint.seen()
     record(outcome, result, partition)
@@ -159,14 +166,14 @@ def run_one(defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str],
 
 
 def execute(defs: dg.Definitions, instance: dg.DagsterInstance, keys: list[str], partition: str | None,
-            verbose: bool) -> dg.ExecuteInProcessResult:
+            verbose: bool, run_id: str | None = None) -> dg.ExecuteInProcessResult:
     """`dg.materialize` of `keys`, with the build's console logger (`build_console`) for the run."""
     name = job_name(keys)
     run_defs = dg.Definitions(jobs=[dg.define_asset_job(name, selection=keys)], assets=list(defs.assets or []),
                               resources=dict(defs.resources or {}), loggers={"console": build_console})
     return run_defs.resolve_job_def(name).execute_in_process(
         run_config=logger_config(verbose), instance=instance, partition_key=partition, raise_on_error=False,
-        tags=run_tags(defs))
+        tags=run_tags(defs), run_id=run_id)
 
 
 def job_name(keys: list[str]) -> str:

@@ -70,7 +70,7 @@ def identity() -> dict[str, Any]:
     """Who this process is, as far as another process can check it: a pid means something only
     on the same host, in the same boot and in the same PID namespace."""
     return {"host": socket.gethostname(), "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
-            "pid_ns": _link("/proc/self/ns/pid"), "pid": os.getpid()}
+            "pid_ns": _link("/proc/self/ns/pid"), "pid": os.getpid(), "started": start_ticks(os.getpid())}
 
 
 @dataclass
@@ -259,13 +259,27 @@ def exclusive(asset: str, partition: str | None = None) -> Callable[[F], F]:
 
 def is_stale(held: Held, ttl: float) -> bool:
     """Stale by the store's clock (age past the holder's ttl), or a holder provably gone."""
-    return held.age > _ttl_of(held.record, ttl) or _process_gone(held.record)
+    return held.age > _ttl_of(held.record, ttl) or process_gone(held.record)
 
 
-def _process_gone(holder: dict[str, Any]) -> bool:
+def process_gone(holder: dict[str, Any]) -> bool:
+    """The holder (an `identity()`) ran on this host, in this boot and PID namespace, and its
+    process is gone: no such pid, or one started at another time (the pid was reused). False when
+    that cannot be known here (another host or container)."""
     mine = identity()
     same = all(holder.get(k) and holder.get(k) == mine[k] for k in ("host", "boot_id", "pid_ns"))
-    return same and isinstance(holder.get("pid"), int) and not _alive(holder["pid"])
+    if not same or not isinstance(holder.get("pid"), int):
+        return False
+    pid = holder["pid"]
+    reused = bool(holder.get("started")) and start_ticks(pid) not in ("", holder["started"])
+    return not _alive(pid) or reused
+
+
+def start_ticks(pid: int) -> str:
+    """When the process started, in clock ticks since boot (/proc/<pid>/stat field 22); "" if unknown."""
+    text = _read_text(f"/proc/{pid}/stat")
+    fields = text.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else ""
 
 
 def require_conditions(store: LockStore, storage: Storage) -> None:

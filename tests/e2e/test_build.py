@@ -1,7 +1,7 @@
 """`prx-corpus build` end to end on the demo sources, as an operator runs it.
 
 The demo corpus is built ONCE per module (~85 s on this 2-core machine when nothing else runs) and tests 1-5 assert
-on it; the rerun (6) then rebuilds it in place, the two SIGKILL tests (7, 8) work on copies of
+on it; the rerun (6) then rebuilds it in place, the SIGKILL tests (7, 8, 8b) work on copies of
 it, and the failing-check build and the bad invocations (9, 10) run together, apart from it.
 Everything compared is read from disk with plain pylance / json / mosaicml-streaming, never
 through the pipeline's own readers. Run with -s to see phase timings and the measured 50%-resize
@@ -732,6 +732,36 @@ def test_sigkill_during_mds_shards_never_exposes_a_partial_stream(ok_build: Buil
     clock("rerun")
     assert result.returncode == 0, result.explain()
     assert stream_contents(published_streams(mds, source)) == contents, "streams differ after kill + rerun"
+    assert not list((root / "_runs").rglob("run.json")), "an attempt was left behind"
+
+
+# -- 8b. SIGKILL inside `captions`, rerun on the same Dagster home (issue 44, item 1) ----------------------
+
+def test_sigkill_inside_captions_never_blocks_the_rerun(ok_build: Built, tmp_path: Path) -> None:
+    """The killed build's run stays STARTED holding the `gpu` pool's only slot; the same command
+    again used to wait for it forever after `phashes`. It now marks that run failed, frees the slot
+    and finishes what a clean build wrote, byte for byte."""
+    source = "web_images"
+    root = copy_root(ok_build, tmp_path)
+    args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
+                      "buckets,phashes,captions,caption_labels,caption_embeddings,mds_shards")
+    clock = Clock("captions kill")
+    paused = Paused(args, "captions:units:1", tmp_path / "kill")
+    paused.wait_for_marker()
+    survivors = paused.kill()
+    assert not survivors, f"processes of the killed build outlived SIGKILL of its group: {survivors}"
+    clock("killed")
+
+    result = run_cli(*args, timeout=600)
+    clock("rerun")
+    assert result.returncode == 0, result.explain()
+    assert re.search(r"^reconciled: run [0-9a-f]{8} \(build_source \[web_images\]\) was left STARTED by a build "
+                     r"whose process \(pid \d+\) is gone: marked failed$", result.stdout, re.M), result.stdout
+    assert re.search(r"^reconciled: freed the gpu pool slots and queued steps of run [0-9a-f]{8} \(FAILURE\)$",
+                     result.stdout, re.M), result.stdout
+    for name in TABLES:
+        assert table_snapshot(root, name) == ok_build.tables[name], f"{name} differs after kill + rerun"
+    assert hash_tree(root / "mds") == ok_build.mds, "MDS shards / index.json differ after kill + rerun"
     assert not list((root / "_runs").rglob("run.json")), "an attempt was left behind"
 
 
