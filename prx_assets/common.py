@@ -30,6 +30,7 @@ from prx_resources.storage import DEFAULT_OWNERS
 OWNERS = list(DEFAULT_OWNERS)  # until with_conventions applies `storage.owners`
 SOURCES = dg.DynamicPartitionsDefinition(name="sources")
 GROUP = "corpus"
+MAX_KINDS = 3  # kind tags per asset
 FORMAT_KINDS = {"parquet": "parquet", "imagefolder": "images", "webdataset": "webdataset", "lance": "lance",
                 "huggingface": "huggingface"}
 
@@ -86,14 +87,17 @@ def storage_kind(root: str) -> str:
 
 
 def source_kinds(catalog: Any) -> set[str]:
-    """raw_source's kinds: where the catalog's sources are and their formats (kinds are per asset,
-    so a catalog of several formats shows each). A catalog that cannot be read gives none here:
+    """raw_source's kinds: where the catalog's sources are and their formats (kinds are per asset),
+    the formats only while the tags are at most MAX_KINDS. A catalog that cannot be read gives none here:
     the sources sensor and `doctor` name its error; the code location still loads."""
     try:
         specs = catalog.load().sources
     except (CatalogError, OSError):
         return set()
-    return {storage_kind(s.uri) for s in specs} | {FORMAT_KINDS.get(s.format, s.format) for s in specs}
+    places, formats = {storage_kind(s.uri) for s in specs}, {FORMAT_KINDS.get(s.format, s.format) for s in specs}
+    # at most MAX_KINDS tags, or the Catalog's list cell has no room for the name: a mixed catalog shows
+    # where its sources are, each partition's `format` metadata says which format
+    return places | formats if len(places | formats) <= MAX_KINDS else places
 
 
 def with_conventions(assets: Sequence[dg.AssetsDefinition], resources: Mapping[str, Any]) -> list[dg.AssetsDefinition]:

@@ -46,8 +46,8 @@ CHECKS = [
                     "or set training.small_streams: drop so mds_shards does not publish it, or merge to join such streams "
                     "across sources; a merged stream still below the minimum is warned about too)."),
 ]
-DESCRIPTION = ("The source's Mosaic Data Shards under <root>/mds/<source>/<tier>/<w>x<h>, one stream per bucket, "
-               "sorted by sample_id, written in content-named chunks and published atomically, plus their `mds_index` "
+DESCRIPTION = ("The source's Mosaic Data Shards under `<root>/mds/<source>/<tier>/<w>x<h>`, one stream per bucket, "
+               "sorted by `sample_id`, written in content-named chunks and published atomically, plus their `mds_index` "
                "rows; read back and verified before anyone trains. Never automatic: rewriting shards is expensive, "
                "skip-lists absorb policy changes.")
 

@@ -9,7 +9,8 @@ from prx_core.sources.readers import observe_source
 from prx_resources import CatalogResource, StorageResource
 
 DESCRIPTION = ("The source as the catalog declares it, observed, never copied: its files (or Lance fragments), "
-               "their bytes and a fingerprint of names and sizes. Its data version is that fingerprint with the "
+               "their bytes, its records where that reads no image (`dagster/row_count`) and a fingerprint of "
+               "names and sizes. Its data version is that fingerprint with the "
                "catalog entry, so `samples` is stale exactly when the source or how it is read changed.")
 UNREAD = ("name", "weight")  # the partition key, and the training mixture: neither changes what is read
 
@@ -25,6 +26,8 @@ def raw_source(context: dg.AssetExecutionContext, catalog: CatalogResource, stor
             "format": spec.format, "dagster/uri": where_value(spec.uri), "prx/root": where_value(storage.storage().root),
             "fragments": seen["fragments"], "files": seen["files"], **size_metadata(seen["bytes"]),
             "fingerprint": seen["fingerprint"],
+            **({"dagster/row_count": seen["rows"]} if seen["rows"] is not None else
+               {"row_count": "not counted: a compressed or remote tar or Arrow stream is counted by reading it"}),
             "caption_column": spec.caption_column or "(sidecar or none)",
             "embedding_column": spec.embedding_column or "(none)",
         },

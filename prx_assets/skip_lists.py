@@ -27,9 +27,9 @@ REWRITE_ABOVE = 0.10  # substitution over-samples; above this a stream should be
 CHECKS = [source_check("skip_lists_fraction", "skip_lists",
                        description=f"Warns when a stream skips more than {REWRITE_ABOVE:.0%} of its samples.")]
 DESCRIPTION = ("Per MDS stream of the source and per reason (losing duplicate, a label the policy skips, unlabelled, "
-               "opt-out), the stream positions training skips, under <root>/skiplists/<source>/..., with each "
+               "opt-out), the stream positions training skips, under `<root>/skiplists/<source>/...`, with each "
                "stream's completion record (the loader refuses a stream without one), then the source's part of "
-               "each tier manifest under <root>/manifests/<tier>/, the one file the training loader reads. Shards "
+               "each tier manifest under `<root>/manifests/<tier>/`, the one file the training loader reads. Shards "
                "are never rewritten; above 10% skipped a stream should be.")
 SKIP_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("index", "int64", description="position in the stream"),
                                       dg.TableColumn("sample_id", "string"), dg.TableColumn("reason", "string")])

@@ -38,6 +38,7 @@ class FolderEntry:
     bytes: int  # their bytes
     digest: str  # of its files' names and sizes: changes when any of them does
     link: bool = False  # a symbolically linked directory, not walked: a fragment of its own (one reject)
+    image_files: int = 0  # its image files: the source's records (raw_source's row count)
 
 
 def walk_folders(uri: str, storage_options: dict[str, Any] | None, batch: int = WALK_BATCH,
@@ -84,7 +85,7 @@ def list_batch(uri: str, storage_options: dict[str, Any] | None,
 def list_one(fs: Any, prefix: str, folder: str) -> tuple[FolderEntry, list[str], list[FolderEntry]]:
     """One folder's listing reduced to its entry, its subfolders and its linked directories."""
     digest = hashlib.sha256()
-    images = files = size = 0
+    images = files = size = count = 0
     subfolders: list[str] = []
     links: list[FolderEntry] = []
     listing = fs.ls(folder, detail=True)
@@ -94,7 +95,7 @@ def list_one(fs: Any, prefix: str, folder: str) -> tuple[FolderEntry, list[str],
         is_image = extension(name) in IMAGE_EXTENSIONS
         if info.get("islink") and not is_image and extension(name) not in CAPTION_EXTENSIONS:
             if not prefix and os.path.isdir(name):  # a stat, nothing under it is read
-                links.append(FolderEntry(name, 1, 0, 0, "link", link=True))
+                links.append(FolderEntry(name, 1, 0, 0, "link", link=True, image_files=1))
                 continue
         if info["type"] == "directory" and not info.get("islink"):
             subfolders.append(name)
@@ -102,8 +103,9 @@ def list_one(fs: Any, prefix: str, folder: str) -> tuple[FolderEntry, list[str],
         bytes_ = int(info.get("size") or 0)
         files, size = files + 1, size + bytes_
         images += (bytes_ or 1) if is_image else 0
+        count += is_image
         digest.update(printable_name(f"{name.rsplit('/', 1)[-1]}\t{bytes_}\n").encode())
-    return FolderEntry(folder, images, files, size, digest.hexdigest()[:16]), subfolders, links
+    return FolderEntry(folder, images, files, size, digest.hexdigest()[:16], image_files=count), subfolders, links
 
 
 def fragments_of(entries: list[FolderEntry]) -> list[tuple[str, int]]:

@@ -64,15 +64,19 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 
 
 def read_fragment(
-    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None
+    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None, deadline: float | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Stream one fragment as record batches of `RECORD_SCHEMA`. A fragment id that is not under
-    the source's root (an edited manifest, `<root>/../x`) is an error, never a read."""
+    the source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's URLs
+    not fetched by `deadline` (wall clock) are `not_fetched` rejects."""
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
-    readers = {"parquet": read_parquet, "webdataset": read_webdataset, "imagefolder": read_folder,
-               "lance": read_lance, "huggingface": read_huggingface}
-    yield from readers[spec.format](spec, fragment, storage_options)
+    tables = {"parquet": read_parquet, "lance": read_lance, "huggingface": read_huggingface}
+    if spec.format in tables:
+        yield from tables[spec.format](spec, fragment, storage_options, deadline)
+        return
+    files = {"webdataset": read_webdataset, "imagefolder": read_folder}
+    yield from files[spec.format](spec, fragment, storage_options)
 
 
 def read_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
@@ -113,8 +117,11 @@ def describe_files(fmt: str, paths: list[str]) -> str:
 
 
 def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What the source is right now, without reading its contents: fragments, files, bytes and a
-    fingerprint (names and sizes, or the Lance version) that changes when the source does."""
+    """What the source is right now, without reading its contents: fragments, files, bytes, a
+    fingerprint (names and sizes, or the Lance version) that changes when the source does, and its
+    records where telling them reads no image (`prx_core.sources.row_counts`; None otherwise)."""
+    from prx_core.sources.row_counts import source_rows
+
     if spec.format == "imagefolder":  # one walk, one record per folder: never a whole-tree find
         if not filesystem_for(spec.uri, storage_options).exists(spec.uri):
             raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
@@ -122,6 +129,7 @@ def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = No
         fragments = len(fragments_of(folders))
         entries = fingerprint_lines(folders)
         files, size = sum(f.files for f in folders), sum(f.bytes for f in folders)
+        rows = source_rows(spec, [], storage_options, images=sum(f.image_files for f in folders))
     elif spec.format == "lance":
         import lance
 
@@ -129,12 +137,15 @@ def observe_source(spec: SourceSpec, storage_options: dict[str, Any] | None = No
         dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         entries = [f"lance@{dataset.version}"]
         files, size = len(dataset.get_fragments()), 0
+        rows = source_rows(spec, [], storage_options)
     else:  # data files: one per fragment, thousands at most
-        fragments = len(list_fragments(spec, storage_options))
+        sizes = fragment_sizes(spec, storage_options)
+        fragments = len(sizes)
         fs = filesystem_for(spec.uri, storage_options)
         details = fs.find(spec.uri, detail=True) if not fs.isfile(spec.uri) else {spec.uri: fs.info(spec.uri)}
         entries = sorted(f"{name}\t{info.get('size', 0)}" for name, info in details.items())
         entries = [printable_name(e) for e in entries]  # a non-UTF-8 file name must not fail the hash
         files, size = len(entries), sum(int(info.get("size") or 0) for info in details.values())
+        rows = source_rows(spec, sizes, storage_options)
     digest = hashlib.sha256("\n".join([spec.format, *entries]).encode()).hexdigest()[:16]
-    return {"fragments": fragments, "files": files, "bytes": size, "fingerprint": digest}
+    return {"fragments": fragments, "files": files, "bytes": size, "fingerprint": digest, "rows": rows}
