@@ -155,6 +155,19 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
+def _cmd_bench_dedup(args: argparse.Namespace) -> int:
+    import os
+
+    from benchmarks.dedup import format_table, run
+
+    os.environ.setdefault("LANCE_LOG", "error")
+    started = time.time()
+    print("dedup benchmark: the labelled photo set through samples, phashes and duplicates (both rules), "
+          "and imagehash as the peer ...", flush=True)
+    results = run(pictures=args.pictures, workdir=args.workdir, keep=args.keep)
+    return _report(results, format_table(results), started, args.json)
+
+
 def _cmd_bench_download(args: argparse.Namespace) -> int:
     import os
 
@@ -245,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one Ray cluster for every stage (faster; by default a fresh one per stage)")
     scale.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     scale.set_defaults(func=_cmd_bench_scale)
+    bench_dedup = sub.add_parser("bench-dedup", help="deduplication through the pipeline on labelled real photos: "
+                                                     "recall per kind of copy, merges of different pictures, keepers; "
+                                                     "imagehash as the peer")
+    bench_dedup.add_argument("--pictures", type=int, help="use only the first N pictures (default: all, ~130)")
+    bench_dedup.add_argument("--workdir", help="write the set and corpora here and keep them (default: a temp folder)")
+    bench_dedup.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    bench_dedup.add_argument("--json", help="also write the results as JSON to this file")
+    bench_dedup.set_defaults(func=_cmd_bench_dedup)
     bench_download = sub.add_parser("bench-download", help="samples stage images/s: a URL table fetched from a "
                                                            "loopback server vs the same bytes in parquet")
     bench_download.add_argument("--images", type=int, default=6000, help="rows of each source (default 6000)")

@@ -10,7 +10,7 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, OWNERS, dataset_metadata, md_table, stage_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import GroupsReport, Progress
-from prx_resources import StorageResource, UnitsResource
+from prx_resources import SkipPolicyResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
 CHECKS = [dg.AssetCheckSpec("duplicates_one_keeper", asset="duplicates", blocking=True,
@@ -30,9 +30,9 @@ DESCRIPTION = ("Groups of copies of one picture across all sources (re-encodes, 
 @dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="2",
           automation_condition=dg.AutomationCondition.eager(), description=DESCRIPTION, owners=OWNERS)
 def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
-               units: UnitsResource) -> dg.MaterializeResult:
+               units: UnitsResource, policy: SkipPolicyResource) -> dg.MaterializeResult:
     groups: GroupsReport = run_stage(context, ray, "duplicates", storage=storage.storage(), progress=Progress("duplicates"),
-                                     sample_rows=SAMPLE_ROWS, **units.settings("duplicates"))
+                                     sample_rows=SAMPLE_ROWS, rule=policy.duplicates_rule, **units.settings("duplicates"))
     report, check, sample = groups.duplicates, groups.check, groups.sample
     context.log.info(f"duplicates: {report.mode} run" + (f" ({report.reason})" if report.reason else "")
                      + f", changed sources {report.changed_sources or 'none'}")

@@ -7,7 +7,7 @@ exactly those assets stale in the UI.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 from pydantic import Field, field_validator
@@ -183,6 +183,10 @@ class SkipPolicyResource(dg.ConfigurableResource):
     unlabelled: bool = Field(default=True, description="While `labels` is not empty, also skip samples without a "
                                                        "label (a labeller failure below caption_labels_coverage's "
                                                        "threshold): their label is unknown.")
+    duplicates_rule: Literal["keys", "phash"] = Field(
+        default="keys", description="How `duplicates` finds copies: `keys` (pHash match keys, each pair confirmed by "
+                                    "a 16x16 signature; docs/benchmarks.md) or `phash` (identical pHash, unconfirmed: "
+                                    "the first release's rule, kept for comparison).")
 
     def policy(self) -> SkipPolicy:
         return SkipPolicy(self.duplicates, tuple(self.labels), tuple(self.opt_out), self.unlabelled)

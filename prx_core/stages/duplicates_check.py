@@ -53,14 +53,14 @@ def bad_groups(rows: pa.Table) -> tuple[int, list[str]]:
     """(groups, sorted ids of the bad ones) of DUPLICATES rows holding whole groups. A group is
     good when it has exactly one keeper, the keeper has the most pixels, every row names that
     keeper and the group's size, and every member is confirmed with the keeper (a group of one is
-    a keeper its component holds)."""
+    a keeper its component holds; a null distance: grouped by the pHash rule, unconfirmed)."""
     if rows.num_rows == 0:
         return 0, []
     keeper_pixels = pc.if_else(rows["keeper"], rows["pixels"], pa.scalar(None, pa.int64()))
     keeper_id = pc.if_else(rows["keeper"], rows["sample_id"], pa.scalar(None, pa.string()))
     table = pa.table({"group_id": rows["group_id"], "keeper": rows["keeper"].cast(pa.int64()), "pixels": rows["pixels"],
                       "keeper_pixels": keeper_pixels, "keeper_id": keeper_id, "size": rows["group_size"],
-                      "named": rows["keeper_sample_id"], "far": pc.fill_null(rows["signature_distance"], 2 * CONFIRM)})
+                      "named": rows["keeper_sample_id"], "far": pc.fill_null(rows["signature_distance"], 0.0)})
     agg = table.group_by("group_id").aggregate([
         ("group_id", "count"), ("keeper", "sum"), ("pixels", "max"), ("keeper_pixels", "max"), ("keeper_id", "max"),
         ("size", "min"), ("size", "max"), ("named", "min"), ("named", "max"), ("far", "max")])

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.image.fingerprint import SIGNATURE_BYTES, signature_distance
+from prx_core.image.fingerprint import CHROMA_LEVELS, MEAN_LEVELS, SIGNATURE_BYTES, signature_distance
 from prx_core.image.phash import hamming_many
 from prx_core.store import schemas
 
@@ -45,25 +45,52 @@ def exact_ids(phash: np.ndarray, signatures: pa.Array) -> np.ndarray:
     return digests ^ np.asarray(phash, np.uint64)
 
 
-def candidate_pairs(keys: np.ndarray, nodes: np.ndarray, exact: np.ndarray,
+def colour_means(signatures: np.ndarray) -> np.ndarray:
+    """A row's mean Y, Cb and Cr, rounded and packed in a uint64 (`compatible` reads it)."""
+    s = signatures.astype(np.float32)
+    luma, chroma = SIGNATURE_BYTES - 128, 64
+    means = np.stack([s[:, :luma].mean(1), s[:, luma:luma + chroma].mean(1), s[:, luma + chroma:].mean(1)], 1)
+    packed = np.clip(np.rint(means), 0, 255).astype(np.uint64)
+    return packed[:, 0] << np.uint64(16) | packed[:, 1] << np.uint64(8) | packed[:, 2]
+
+
+def compatible(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Whether two rows' colour means allow `confirmed` at all: it asks the mean luma within
+    MEAN_LEVELS and the chroma within CHROMA_LEVELS on average, so means further apart than that
+    (plus a level of rounding each) never confirm. Drops most keys' chance meetings before any
+    signature is read."""
+    def channel(values: np.ndarray, shift: int) -> np.ndarray:
+        return ((values >> np.uint64(shift)) & np.uint64(255)).astype(np.int16)
+
+    return (np.abs(channel(a, 16) - channel(b, 16)) <= MEAN_LEVELS + 1) & \
+        (np.abs(channel(a, 8) - channel(b, 8)) <= 2 * CHROMA_LEVELS + 1) & \
+        (np.abs(channel(a, 0) - channel(b, 0)) <= 2 * CHROMA_LEVELS + 1)
+
+
+def candidate_pairs(keys: np.ndarray, nodes: np.ndarray, exact: np.ndarray, means: np.ndarray | None = None,
                     max_classes: int = MAX_CLASSES) -> tuple[np.ndarray, int]:
-    """(n, 2) uint64 pairs (smaller node first, unique) of rows sharing a key, and how many key
-    values were left out for holding more than `max_classes` copy classes."""
+    """(n, 2) uint64 pairs (smaller node first, unique) of rows sharing a key whose colour means
+    are `compatible` (when given), and how many key values were left out for holding more than
+    `max_classes` copy classes."""
     if len(keys) == 0:
         return np.empty((0, 2), np.uint64), 0
+    means = np.zeros(len(keys), np.uint64) if means is None else means
     order = np.lexsort((nodes, exact, keys))
-    keys, nodes, exact = keys[order], nodes[order], exact[order]
+    keys, nodes, exact, means = keys[order], nodes[order], exact[order], means[order]
     new_key = np.r_[True, keys[1:] != keys[:-1]]
     new_class = new_key | np.r_[True, exact[1:] != exact[:-1]]
     pairs = [_chains(nodes, new_class)]
     reps, rep_key = nodes[new_class], np.cumsum(new_key)[new_class]  # one node per class, its key's number
+    rep_means = means[new_class]
     starts = np.flatnonzero(np.r_[True, rep_key[1:] != rep_key[:-1]])
     sizes = np.diff(np.r_[starts, len(reps)])
     skipped = int((sizes > max_classes).sum())
     for size in np.unique(sizes[(sizes >= 2) & (sizes <= max_classes)]):
         first = starts[sizes == size]
         i, j = np.triu_indices(int(size), 1)
-        pairs.append(np.column_stack([reps[(first[:, None] + i).ravel()], reps[(first[:, None] + j).ravel()]]))
+        left, right = (first[:, None] + i).ravel(), (first[:, None] + j).ravel()
+        keep = compatible(rep_means[left], rep_means[right])
+        pairs.append(np.column_stack([reps[left[keep]], reps[right[keep]]]))
     found = np.concatenate(pairs) if pairs else np.empty((0, 2), np.uint64)
     found = np.sort(found, axis=1)
     found = found[found[:, 0] != found[:, 1]]
@@ -122,8 +149,7 @@ def group_component(rows: pa.Table, confirm: bool = True) -> pa.Table:
             keeper_of[n], distance[n] = keeper_of[first], distance[first]
             continue
         if keepers and not confirm:
-            keeper_of[n] = keepers[0]
-            distance[n] = signature_distance(sigs[n:n + 1], sigs[keepers[:1]])[0]
+            keeper_of[n], distance[n] = keepers[0], np.nan  # unconfirmed: null in the table
             continue
         if keepers:
             ok, dist = confirmed(np.repeat(sigs[n:n + 1], len(keepers), axis=0), sigs[keepers])
@@ -143,7 +169,7 @@ def group_component(rows: pa.Table, confirm: bool = True) -> pa.Table:
         "keeper_sample_id": pa.array(keeper_ids, pa.string()), "pixels": rows["pixels"],
         "component_id": pa.array([id_digest(min(ids))] * rows.num_rows, pa.string()),
         "distance": pa.array(hamming_many(phash, phash[keeper_of]).astype(np.int16)),
-        "signature_distance": pa.array(distance, pa.float32()),
+        "signature_distance": pa.array(distance, pa.float32(), from_pandas=True),
     }, schema=schemas.DUPLICATES)
 
 
@@ -171,8 +197,9 @@ def find_duplicates(phashes: pa.Table, max_classes: int = MAX_CLASSES, rule: str
     nodes = np.arange(phashes.num_rows, dtype=np.uint64)
     keys, owners = explode_keys(nodes, keys_of(phashes, rule))
     exact = exact_ids(np.asarray(phashes["phash"].to_numpy(zero_copy_only=False), np.uint64), phashes["signature"])
-    pairs, _ = candidate_pairs(keys, owners, exact[owners.astype(np.int64)], max_classes)
     sigs = signatures_of(phashes["signature"])
+    index = owners.astype(np.int64)
+    pairs, _ = candidate_pairs(keys, owners, exact[index], colour_means(sigs)[index], max_classes)
     ok = confirmed(sigs[pairs[:, 0].astype(np.int64)], sigs[pairs[:, 1].astype(np.int64)])[0] if rule != "phash" \
         else np.ones(len(pairs), bool)
     labels = local_components(pairs[ok])

@@ -45,7 +45,7 @@ from prx_core.store.storage import Storage, put_atomic
 
 COLUMNS = NODE_COLUMNS
 KEYS_PER_ROW = 7  # match keys of a photo (a flat picture has 8, or 15 near the threshold)
-ENTRY_BYTES = 32
+ENTRY_BYTES = 40
 EVERY_ROW = "true"
 # an incremental run's buckets: its affected rows are few, its lookups (~30 us a key) are not free
 KEY_BUCKET_ROWS = 100_000

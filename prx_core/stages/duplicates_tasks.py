@@ -2,7 +2,7 @@
 whose outputs are split into `buckets` parts in the object store; none returns rows to the driver.
 
 Rows are named by their row address in the pinned `phashes` version (a uint64, the graph's node).
-Key entries are (key, node, copy class, changed) uint64 rows, 32 bytes; pairs and edges are
+Key entries are (key, node, copy class, changed, colour means) uint64 rows, 40 bytes; pairs and edges are
 (node, node); payloads are Arrow tables of `NODE_COLUMNS` with the node as `_node`.
 """
 
@@ -22,6 +22,7 @@ from prx_core.compute.row_units import read_row_units
 from prx_core.stages.duplicates_groups import (
     NODE_COLUMNS,
     candidate_pairs,
+    colour_means,
     confirmed,
     exact_ids,
     explode_keys,
@@ -30,7 +31,7 @@ from prx_core.stages.duplicates_groups import (
 )
 from prx_core.store.lance_io import StorageOptions
 
-NO_ENTRIES = np.empty((0, 4), np.uint64)
+NO_ENTRIES = np.empty((0, 5), np.uint64)
 NO_PAIRS = np.empty((0, 2), np.uint64)
 
 
@@ -51,9 +52,9 @@ def _out(parts: tuple[Any, ...]) -> Any:
 
 
 def key_entries(rows: pa.Table, changed: Sequence[str], bloom: Bloom | None = None, rule: str = "keys") -> np.ndarray:
-    """(key, node, copy class, changed) rows of `rows` (_rowaddr, source, match_keys, phash,
-    signature); with `bloom`, only the keys of changed rows and the keys the filter holds. Rule
-    "phash": the pHash is the one key."""
+    """(key, node, copy class, changed, colour means) rows of `rows` (_rowaddr, source, match_keys,
+    phash, signature); with `bloom`, only the keys of changed rows and the keys the filter holds.
+    Rule "phash": the pHash is the one key, and every pair is a candidate (no colour means)."""
     nodes = np.asarray(rows["_rowaddr"].to_numpy(), np.uint64)
     keys_column = keys_of(rows, rule)
     keys, owners = explode_keys(nodes, keys_column)
@@ -63,9 +64,12 @@ def key_entries(rows: pa.Table, changed: Sequence[str], bloom: Bloom | None = No
     if bloom is not None:
         keep = flag | bloom.contains(keys)
         keys, owners, index, flag = keys[keep], owners[keep], index[keep], flag[keep]
+    if not len(keys):
+        return NO_ENTRIES
     phash = np.asarray(pc.fill_null(rows["phash"], 0).to_numpy(), np.uint64)
-    exact = exact_ids(phash, rows["signature"])[index] if len(index) else np.empty(0, np.uint64)
-    return np.column_stack([keys, owners, exact, flag.astype(np.uint64)]) if len(keys) else NO_ENTRIES
+    means = colour_means(signatures_of(rows["signature"])) if rule != "phash" else np.zeros(rows.num_rows, np.uint64)
+    return np.column_stack([keys, owners, exact_ids(phash, rows["signature"])[index], flag.astype(np.uint64),
+                            means[index]])
 
 
 def map_units(uri: str, version: int, specs: list[dict], predicate: str, storage_options: StorageOptions,
@@ -116,7 +120,7 @@ def pair_bucket(refs: Sequence[Any], buckets: int, changed_only: bool) -> tuple[
     common (the last return). `changed_only`: pairs with a changed row only."""
     parts = gathered(refs)
     entries = np.concatenate(parts) if parts else NO_ENTRIES
-    pairs, skipped = candidate_pairs(entries[:, 0], entries[:, 1], entries[:, 2])
+    pairs, skipped = candidate_pairs(entries[:, 0], entries[:, 1], entries[:, 2], entries[:, 4])
     if changed_only and len(pairs):
         changed = np.unique(entries[entries[:, 3] == 1, 1])
         pairs = pairs[np.isin(pairs[:, 0], changed) | np.isin(pairs[:, 1], changed)]

@@ -97,7 +97,8 @@ DUPLICATES = pa.schema(
         # digits of its smallest sample_id's digest), and how far the member is from its keeper
         ("component_id", pa.string()),
         ("distance", pa.int16()),  # pHash Hamming distance to the keeper (0 for the keeper)
-        ("signature_distance", pa.float32()),  # prx_core.image.fingerprint: <= 1 confirmed (0 for the keeper)
+        ("signature_distance", pa.float32()),  # prx_core.image.fingerprint: <= 1 confirmed (0: the keeper; null: the
+        # pHash rule, unconfirmed)
     ]
 )
 

@@ -12,7 +12,15 @@ from dup_rows import phash_rows, picture_signature
 
 from prx_core.compute.bloom import Bloom
 from prx_core.compute.components import local_components
-from prx_core.stages.duplicates_groups import NODE_COLUMNS, candidate_pairs, find_duplicates, group_component
+from prx_core.stages.duplicates_groups import (
+    NODE_COLUMNS,
+    candidate_pairs,
+    colour_means,
+    compatible,
+    confirmed,
+    find_duplicates,
+    group_component,
+)
 from prx_core.store import schemas
 
 
@@ -31,6 +39,21 @@ def test_a_key_held_by_too_many_classes_is_left_out_but_its_copies_still_chain()
     exact = np.r_[np.arange(n), [99, 99, 99]].astype(np.uint64)
     pairs, skipped = candidate_pairs(keys, nodes, exact, max_classes=4)
     assert skipped == 1 and pairs.tolist() == [[10, 11], [10, 12]]
+
+
+def test_colour_means_drop_chance_meetings_but_never_a_pair_the_signatures_confirm() -> None:
+    rng = np.random.default_rng(5)
+    base = np.frombuffer(b"".join(picture_signature(p) for p in range(400)), np.uint8).reshape(400, -1)
+    shift = rng.integers(-6, 7, (400, 1)) * (rng.random((400, 1)) < 0.5)  # brighter or tinted copies, some not
+    chroma = np.zeros_like(base, np.int16)
+    chroma[:, 256:] = rng.integers(-6, 7, (400, 1)) * (rng.random((400, 1)) < 0.5)
+    noisy = np.clip(base.astype(np.int16) + shift * (np.arange(base.shape[1]) < 256) + chroma +
+                    rng.integers(-1, 2, base.shape), 0, 255).astype(np.uint8)
+    ok, _ = confirmed(base, noisy)
+    allowed = compatible(colour_means(base), colour_means(noisy))
+    assert ok.any() and (~ok).any() and not (ok & ~allowed).any()
+    strangers = compatible(colour_means(base[:-1]), colour_means(base[1:]))
+    assert strangers.mean() < 0.05  # different pictures rarely pass
 
 
 def rows_of(items: list[tuple]) -> pa.Table:

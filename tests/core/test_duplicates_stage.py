@@ -74,7 +74,7 @@ def test_a_full_run_equals_the_reference(storage: Storage, unit_rows: int, rows_
     assert report.rows_read == report.phashes_rows == total and report.rows_written == len(want)
     groups = [r for r in want if r["keeper"] and r["group_size"] >= 2]
     assert report.groups == len(groups) and report.duplicates == sum(not r["keeper"] for r in want)
-    assert report.candidate_pairs > report.confirmed_pairs > 0 and report.rounds >= 3
+    assert report.candidate_pairs >= report.confirmed_pairs > 0 and report.rounds >= 3
     assert report.buckets == max(1, min(256, -(-total * 7 // rows_per_bucket))) and report.map_units >= 7
     assert report.units.units == report.buckets and report.fragments_counted == 7
     assert not os.listdir(os.path.join(storage.root, RUNS, "duplicates", "corpus"))  # the attempt is forgotten
