@@ -34,14 +34,15 @@ RULES = ("keys", "phash")
 PEER_RADII = (0, 4)
 
 
-def run(pictures: int | None = None, workdir: str | None = None, keep: bool = False) -> dict[str, Any]:
-    """Build the set, run it through the pipeline under each rule, score both and the peer."""
+def run(pictures: int | None = None, workdir: str | None = None, keep: bool = False,
+        rules: tuple[str, ...] = RULES) -> dict[str, Any]:
+    """Build the set, run it through the pipeline under each rule, score them and the peer."""
     base = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-dedup-"))
     started = time.time()
     labels = write_dedup_set(base / "set", limit=pictures)
     results: dict[str, Any] = {"files": len(labels), "pictures": len({x.of for x in labels}),
                                "kinds": dict(Counter(x.kind for x in labels)), "set_seconds": time.time() - started}
-    for rule in RULES:
+    for rule in rules:
         started = time.time()
         groups = _pipeline_groups(base, rule)
         results[f"pipeline_{rule}"] = {**score(labels, groups), "seconds": round(time.time() - started, 1)}

@@ -164,7 +164,8 @@ def _cmd_bench_dedup(args: argparse.Namespace) -> int:
     started = time.time()
     print("dedup benchmark: the labelled photo set through samples, phashes and duplicates (both rules), "
           "and imagehash as the peer ...", flush=True)
-    results = run(pictures=args.pictures, workdir=args.workdir, keep=args.keep)
+    rules = tuple(r.strip() for r in args.rules.split(",") if r.strip())
+    results = run(pictures=args.pictures, workdir=args.workdir, keep=args.keep, rules=rules)
     return _report(results, format_table(results), started, args.json)
 
 
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dedup.add_argument("--pictures", type=int, help="use only the first N pictures (default: all, ~130)")
     bench_dedup.add_argument("--workdir", help="write the set and corpora here and keep them (default: a temp folder)")
     bench_dedup.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    bench_dedup.add_argument("--rules", default="keys,phash", help="duplicates rules to build with (default: keys,phash)")
     bench_dedup.add_argument("--json", help="also write the results as JSON to this file")
     bench_dedup.set_defaults(func=_cmd_bench_dedup)
     bench_download = sub.add_parser("bench-download", help="samples stage images/s: a URL table fetched from a "
