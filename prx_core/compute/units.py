@@ -20,13 +20,14 @@ Anchor: LanceDB Geneva checkpoints each batch of a backfill and skips finished o
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import resource
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prx_core.compute.actors import ModelHost, imap_actors
@@ -37,6 +38,9 @@ from prx_core.store.names import NAME_PATTERN
 from prx_core.store.storage import COMMITTED, RUNS, Storage, put_atomic
 
 UNIT_SECONDS = 4 * 3600  # default time limit of one unit: several times a default-sized unit's run
+# when the unit running in this thread first began (wall clock, its `started` marker): a unit that
+# must stop in time (`samples` fetching URLs) counts its time limit from there
+UNIT_BEGAN: contextvars.ContextVar[float | None] = contextvars.ContextVar("prx_unit_began", default=None)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class UnitRun:
     storage: Storage
     manifest: Manifest
     token: str  # unique per attempt: names of outputs readers may later see (MDS chunk folders)
+    pass_id: str = ""  # unique per `run_units` call: a unit's time limit counts from its first start in it
 
     @property
     def uri(self) -> str:
@@ -121,9 +126,20 @@ class UnitRun:
         put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
                    json.dumps(summary, sort_keys=True).encode())
 
-    def mark_started(self, unit_id: str) -> None:
-        """An empty marker: which units were running when a run died (the work a resume redoes)."""
-        put_atomic(self.storage.filesystem(), _join(self.uri, "started", unit_id), b"")
+    def mark_started(self, unit_id: str) -> float:
+        """A marker: which units were running when a run died (the work a resume redoes). It holds
+        when the unit first began in this pass (wall clock), which it returns: a unit Ray retries
+        keeps counting its time limit from there, as the driver does."""
+        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        try:
+            found = json.loads(fs.cat_file(marker))
+            if found["pass"] == self.pass_id:
+                return float(found["began"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            pass
+        began = time.time()
+        put_atomic(fs, marker, json.dumps({"began": began, "pass": self.pass_id}).encode())
+        return began
 
     def has_started(self, unit_id: str) -> bool:
         """Whether a worker began the unit (in this attempt or a run of it that died)."""
@@ -188,6 +204,7 @@ def run_units(run: UnitRun, units: Sequence[Unit], fn: UnitFn | ModelUnitFn, *, 
     `on_result` sees each new summary as it arrives (batched commits of shared tables).
     """
     start = time.monotonic()
+    run = replace(run, pass_id=uuid.uuid4().hex[:12])
     ids = {u.id for u in units}
     if len(ids) != len(units):
         raise ValueError(f"{run.manifest.asset}: unit ids are not unique")
@@ -252,8 +269,11 @@ def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHos
     import ray
 
     began = time.monotonic()
-    run.mark_started(unit.id)
-    summary = dict(fn(*host, unit, run))
+    token = UNIT_BEGAN.set(run.mark_started(unit.id))
+    try:
+        summary = dict(fn(*host, unit, run))
+    finally:
+        UNIT_BEGAN.reset(token)
     summary.update(unit=unit.id, rows_planned=unit.rows, seconds=round(time.monotonic() - began, 3),
                    worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                    node=ray.get_runtime_context().get_node_id())

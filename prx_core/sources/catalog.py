@@ -62,7 +62,7 @@ class SourceSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain YAML/JSON values (lists, not tuples): what the catalog file and run manifests hold."""
-        return _plain(asdict(self))
+        return _plain({**asdict(self), "download": self.download.to_dict()})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SourceSpec:

@@ -5,9 +5,9 @@ names the field as `catalog.CatalogError` messages do)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from prx_core.store.storage import is_remote, join_uri
 
@@ -43,6 +43,18 @@ class DownloadSettings:
     max_redirects: int = 5  # redirects followed (http and https targets only)
     honor_opt_out: bool = True  # X-Robots-Tag noai, noimageai, noindex, noimageindex or none refuse the image
     user_agent: str = "prx-corpus/0.1 (text-to-image corpus builder; honours X-Robots-Tag noai)"
+    url_deadline_s: float = 180.0  # one URL in all: every attempt, redirect and backoff wait
+    retry_within_s: float = 10.0  # a dropped attempt is retried only when it dropped this soon (not after a long drip)
+    window_rows: int = 8192  # rows read ahead of the oldest row still fetching: a sliding window, no barrier per batch
+    window_bytes: int = 512 << 20  # fetched bytes held by the window; no new fetch starts while over it
+
+    # Added after the first release: left out of a spec's dict while at their default, so an upgrade
+    # changes no `samples` manifest (a committed source is still reused, not re-ingested).
+    ADDED: ClassVar[tuple[str, ...]] = ("url_deadline_s", "retry_within_s", "window_rows", "window_bytes")
+
+    def to_dict(self) -> dict[str, Any]:
+        data, default = asdict(self), DownloadSettings()
+        return {k: v for k, v in data.items() if k not in self.ADDED or v != getattr(default, k)}
 
 
 def column_field(entry: dict[str, Any], name: str, fail: Any) -> str | None:

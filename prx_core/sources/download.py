@@ -1,13 +1,15 @@
 """Metadata-only sources: each ingest unit fetches its own rows' images, on its worker.
 
 A table with `url_column` (LAION, DataComp, COYO: url, caption, width, similarity, ...) carries no
-image bytes. `fetch_rows` fetches a batch's URLs (and the URL paths of Hugging Face `Image()`
-structs): http and https through `prx_core.sources.http_fetch` (bounded concurrency, timeouts,
-retries, redirects, the size cap, `X-Robots-Tag` opt-outs: `prx_core.sources.robots`); s3:// keys,
-other object-store URIs, `file://` URLs and absolute local paths through fsspec, one ranged read
-of at most the size cap each. Every failure is a reject of its row naming the URL
-(`download_error`, `download_timeout`, `opted_out`, `image_too_large`), never a failed unit; a
-fetched image goes on to be validated like any other. The URL is kept per sample (`source_url`).
+image bytes. Its rows' URLs (and the URL paths of Hugging Face `Image()` structs) are fetched in a
+sliding window over the reader's batches (`prx_core.sources.fetch_window`): http and https through
+`prx_core.sources.http_fetch` (per-host bounds, timeouts, one deadline per URL, retries,
+redirects, the size cap, `X-Robots-Tag` opt-outs: `prx_core.sources.robots`); s3:// keys, other
+object-store URIs, `file://` URLs and absolute local paths through fsspec (`read_file`), one
+ranged read of at most the size cap each. Every failure is a reject of its row naming the URL
+(`download_error`, `download_timeout`, `not_fetched`, `opted_out`, `image_too_large`), never a
+failed unit; a fetched image goes on to be validated like any other. The URL is kept per sample
+(`source_url`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prx_core.sources.http_fetch import Fetched, fetch_http
+from prx_core.sources.http_fetch import Fetched
 from prx_core.sources.records import DOWNLOAD_ERROR, IMAGE_TOO_LARGE
 from prx_core.store.storage import filesystem_for, is_remote
 
@@ -38,35 +40,6 @@ def url_metadata_columns(spec: Any, names: list[str]) -> list[str]:
     taken = {c.lower() for c in (spec.url_column, spec.caption_column, spec.key_column, spec.embedding_column,
                                  spec.image_column) if c}
     return [name for name in names if name.lower() in URL_METADATA_COLUMNS and name.lower() not in taken]
-
-
-def fetch_rows(spec: Any, rows: Any, storage_options: dict[str, Any] | None) -> None:
-    """Fetch every live row with no image bytes and a URL: its bytes into `rows.images`, or a reject
-    naming the URL and the cause. The http(s) URLs first, then the rest, each `concurrency` at a time."""
-    wanted = [i for i in rows.live() if rows.images[i] is None and rows.urls[i]]
-    web = [i for i in wanted if _is_http(rows.urls[i])]
-    files = [i for i in wanted if not _is_http(rows.urls[i])]
-    settings, cap = spec.download, spec.max_image_bytes
-    outcomes: dict[int, Fetched] = {}
-    if web:
-        outcomes.update(zip(web, fetch_http([rows.urls[i] for i in web], settings, cap)))
-    if files:
-        outcomes.update(zip(files, fetch_files([rows.urls[i] for i in files], storage_options, cap,
-                                               settings.concurrency)))
-    for i, outcome in outcomes.items():
-        if outcome.reason is None:
-            rows.images[i] = outcome.data
-        else:
-            rows.refuse(i, outcome.reason, describe(outcome.cause, rows.urls[i]))
-
-
-def fetch_files(urls: list[str], storage_options: dict[str, Any] | None, max_bytes: int,
-                concurrency: int) -> list[Fetched]:
-    """Object-store keys and local files, `concurrency` at a time, in order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(urls)))) as pool:
-        return list(pool.map(lambda url: read_file(url, storage_options, max_bytes), urls))
 
 
 def read_file(url: str, storage_options: dict[str, Any] | None, max_bytes: int) -> Fetched:
@@ -96,5 +69,5 @@ def describe(cause: str, url: str) -> str:
     return f"{cause}: {url}"
 
 
-def _is_http(url: str) -> bool:
+def is_http(url: str) -> bool:
     return url[:8].lower().startswith(("http://", "https://"))

@@ -45,14 +45,15 @@ def is_data_file(path: str) -> bool:
             and not any(p.startswith(".") for p in parts[:-1] if p not in (".", "..")))
 
 
-def read_huggingface(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_huggingface(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
+                     deadline: float | None = None) -> Iterator[pa.RecordBatch]:
     """One data file of the dataset, its columns defaulted from its features (`resolve_columns`)."""
     schema = file_schema(path, storage_options)
     resolved = resolve_columns(spec, schema, path)
     if path.lower().endswith(".parquet"):
-        yield from read_parquet(resolved, path, storage_options)
+        yield from read_parquet(resolved, path, storage_options, deadline)
     else:
-        yield from read_arrow(resolved, path, storage_options)
+        yield from read_arrow(resolved, path, storage_options, deadline)
 
 
 def file_schema(path: str, storage_options: dict[str, Any] | None) -> pa.Schema:

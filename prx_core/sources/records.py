@@ -42,6 +42,7 @@ NULL_KEY = "null_key"
 BAD_NAME = "bad_name"  # a file or member name that is not UTF-8
 DOWNLOAD_ERROR = "download_error"  # a URL that gave no image (HTTP status or exception in the message)
 DOWNLOAD_TIMEOUT = "download_timeout"
+NOT_FETCHED = "not_fetched"  # a URL row left when its unit's time for fetching ran out (the rest of the unit commits)
 OPTED_OUT = "opted_out"  # the server said X-Robots-Tag noai / noimageai
 PATH_OUTSIDE_SOURCE = "path_outside_source"  # an image path (HF Image()) resolving outside the source root
 

@@ -1,9 +1,10 @@
 """Table sources (parquet files, Lance fragments, Hugging Face datasets): rows onto `RECORD_SCHEMA`.
 
-A batch of a table goes through one pipeline, `normalize`, in the worker that reads it: keys
-(given or `<file>:<row>`, null and repeated keys refused), image bytes (a binary column, a
-Hugging Face `Image()` struct, or URLs fetched by `prx_core.sources.download`), caption, embedding
-and metadata columns, then the size limits. Joined tables are applied later, to every reader's
+A batch of a table goes through one pipeline in the worker that reads it: keys (given or
+`<file>:<row>`, null and repeated keys refused) and image bytes (a binary column, a Hugging Face
+`Image()` struct) in `prepare`; URLs fetched in the reader's sliding window
+(`prx_core.sources.fetch_window`); then caption, embedding and metadata columns and the size
+limits in `finish`. Joined tables are applied later, to every reader's
 records alike (`prx_core.sources.joins`, in the `samples` unit).
 Each refusal is recorded on its row with a reason; a refused row carries no bytes.
 """
@@ -59,6 +60,12 @@ class Rows:
     def live(self) -> list[int]:
         return [i for i, r in enumerate(self.reasons) if r is None]
 
+    def slice(self, start: int, count: int) -> Rows:
+        end = start + count
+        return Rows(self.keys[start:end], self.images[start:end], self.captions[start:end],
+                    self.embeddings[start:end], self.metadata[start:end], self.urls[start:end],
+                    self.reasons[start:end], self.messages[start:end])
+
     def to_batch(self) -> pa.RecordBatch:
         n = len(self)
         keep = [r is None for r in self.reasons]
@@ -80,6 +87,7 @@ class TableFile:
     path: str
     storage_options: dict[str, Any] | None = None
     metadata_columns: tuple[str, ...] = ()
+    fetch_deadline: float | None = None  # wall clock: the unit's time for fetching ends (`samples`)
 
 
 def source_columns(spec: SourceSpec) -> list[str]:
@@ -88,11 +96,15 @@ def source_columns(spec: SourceSpec) -> list[str]:
     return list(dict.fromkeys([c for c in named if c] + list(spec.metadata_columns)))
 
 
-def normalize(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int,
-              seen: SeenKeys) -> pa.RecordBatch:
-    """Map a table source's batch onto `RECORD_SCHEMA` (see the module docstring for the order)."""
+def prepare(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int, seen: SeenKeys) -> Rows:
+    """A table source's batch as rows: keys, and image bytes or the URLs to fetch."""
     rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
     _fill_images(spec, batch, rows, where)
+    return rows
+
+
+def finish(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: TableFile) -> pa.RecordBatch:
+    """Rows (their URLs fetched) onto `RECORD_SCHEMA`: the other columns, then the size limits."""
     _carry_download_errors(batch, rows)
     _fill_columns(spec, batch, rows, where.metadata_columns or spec.metadata_columns)
     _check_sizes(spec, rows)
@@ -118,9 +130,8 @@ def _keyed_rows(spec: SourceSpec, batch: pa.RecordBatch, stem: str, first_row: i
 
 
 def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: TableFile) -> None:
-    """Image bytes from the image column, or fetched: every live row left with no bytes and a URL
-    (a `url_column` table, or an HF `Image()` whose path is a URL) goes to the downloader."""
-    from prx_core.sources.download import fetch_rows
+    """Image bytes from the image column, or a URL: every live row left with no bytes and a URL
+    (a `url_column` table, or an HF `Image()` whose path is a URL) is fetched by the window."""
     from prx_core.sources.hf_images import image_bytes
 
     if spec.url_column:
@@ -130,8 +141,6 @@ def _fill_images(spec: SourceSpec, batch: pa.RecordBatch, rows: Rows, where: Tab
                 rows.refuse(i, DOWNLOAD_ERROR, f"url column {spec.url_column!r} is null or empty: nothing to fetch")
     else:
         image_bytes(spec, batch.column(spec.image_column), rows, where)
-    if any(rows.images[i] is None and rows.urls[i] for i in rows.live()):
-        fetch_rows(spec, rows, where.storage_options)
 
 
 def _carry_download_errors(batch: pa.RecordBatch, rows: Rows) -> None:
@@ -178,9 +187,10 @@ def _check_sizes(spec: SourceSpec, rows: Rows) -> None:
             rows.refuse(i, CAPTION_TOO_LARGE, f"{size} caption bytes, over the limit {spec.max_caption_bytes}")
 
 
-def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
+                 deadline: float | None = None) -> Iterator[pa.RecordBatch]:
     fs = filesystem_for(path, storage_options)
-    where = TableFile(table_key_prefix(spec.uri, path), path, storage_options)
+    where = TableFile(table_key_prefix(spec.uri, path), path, storage_options, fetch_deadline=deadline)
     with fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         columns = _present(spec, parquet.schema_arrow.names, path, where)
@@ -207,12 +217,14 @@ def check_row_groups(spec: SourceSpec, metadata: pq.FileMetaData, columns: list[
                              "smaller row groups if its images are legitimate")
 
 
-def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
+               deadline: float | None = None) -> Iterator[pa.RecordBatch]:
     """An Arrow IPC file (the stream format `datasets` writes, or the file format), one record batch
     in memory at a time, re-sliced to `BATCH_ROWS`; default keys `<file without .arrow>:<row>`."""
     fs = filesystem_for(path, storage_options)
     stem = table_key_prefix(spec.uri, path)
-    where = TableFile(stem[: -len(".arrow")] if stem.lower().endswith(".arrow") else stem, path, storage_options)
+    where = TableFile(stem[: -len(".arrow")] if stem.lower().endswith(".arrow") else stem, path, storage_options,
+                      fetch_deadline=deadline)
     with fs.open(path, "rb") as handle:
         schema, batches = arrow_batches(handle)
         columns = _present(spec, schema.names, path, where)
@@ -231,21 +243,29 @@ def arrow_batches(handle: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         return file.schema, (file.get_batch(i) for i in range(file.num_record_batches))
 
 
-def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None,
+               deadline: float | None = None) -> Iterator[pa.RecordBatch]:
     import lance
 
     dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
-    where = TableFile(f"fragment{fragment}", spec.uri, storage_options)
+    where = TableFile(f"fragment{fragment}", spec.uri, storage_options, fetch_deadline=deadline)
     columns = _present(spec, dataset.schema.names, spec.uri, where)
     batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
     yield from _batches(spec, batches, where)
 
 
 def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile) -> Iterator[pa.RecordBatch]:
-    row, seen = 0, SeenKeys()
-    for batch in batches:
-        yield normalize(spec, batch, where, row, seen)
-        row += batch.num_rows
+    """The file's batches on `RECORD_SCHEMA`, in order, their URLs fetched in one sliding window."""
+    from prx_core.sources.fetch_window import FetchWindow
+
+    def prepared() -> Iterator[tuple[pa.RecordBatch, Rows]]:
+        row, seen = 0, SeenKeys()
+        for batch in batches:
+            yield batch, prepare(spec, batch, where, row, seen)
+            row += batch.num_rows
+
+    with FetchWindow(spec.download, spec.max_image_bytes, where.storage_options, where.fetch_deadline) as window:
+        yield from window.stream(prepared(), lambda batch, rows: finish(spec, batch, rows, where))
 
 
 def _present(spec: SourceSpec, names: list[str], path: str, where: TableFile) -> list[str]:

@@ -19,7 +19,9 @@ committed (`EmptySource`), as for a source that listed no file or whose files he
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.shuffle import KeyCounts, count_keys
-from prx_core.compute.units import UNIT_SECONDS, Unit, UnitResults, UnitRun
+from prx_core.compute.units import UNIT_BEGAN, UNIT_SECONDS, Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
 from prx_core.sources.catalog import SourceSpec
@@ -59,6 +61,7 @@ from prx_core.upkeep.indexing import index_table
 UNREADABLE_FRAGMENT = "unreadable_fragment"
 UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an hour of one core
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
+FETCH_SHARE = 0.8  # of a unit's time limit spent fetching URLs at most; the rest decodes, writes and records
 
 
 class SourceRefused(RuntimeError):
@@ -109,10 +112,14 @@ def group_fragments(sizes: list[tuple[str, int]], unit_bytes: int) -> list[Unit]
     return units
 
 
-def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
+def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> dict[str, Any]:
     """Ray task: read a group of source fragments, write its samples and rejects as Lance fragments
-    (no commit). A corrupt file becomes one reject row for what could not be read."""
+    (no commit). A corrupt file becomes one reject row for what could not be read. URLs stop being
+    fetched `FETCH_SHARE` into the unit's time limit (`not_fetched` rejects), so a unit of slow
+    hosts commits what it fetched instead of being cancelled whole."""
     storage, params = run.storage, run.manifest.params
+    began = UNIT_BEGAN.get() or time.time()
+    deadline = None if unit_seconds is None else began + unit_seconds * FETCH_SHARE
     spec = SourceSpec.from_dict(params["spec"])
     joiner = Joiner(spec, params.get("joins", ()), storage.lance_storage_options())  # every reader's records
     rejects: list[pa.Table] = []
@@ -123,7 +130,7 @@ def ingest_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
             read = 0
             pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
-                for batch in read_fragment(spec, fragment, storage.storage_options):
+                for batch in read_fragment(spec, fragment, storage.storage_options, deadline):
                     samples, refused = ingest_batch(spec.name, joiner.join(batch), params["max_pixels"],
                                                     params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts)
                     rejects.append(refused)
@@ -193,7 +200,8 @@ def pin_source(run: StageRun) -> dict[str, str]:
 
 
 def ingest_units(run: StageRun) -> None:
-    run.units("units", run.state["units"], ingest_unit, time_limit_s=run["unit_seconds"], on_failed=failed_unit)
+    run.units("units", run.state["units"], functools.partial(ingest_unit, unit_seconds=run["unit_seconds"]),
+              time_limit_s=run["unit_seconds"], on_failed=failed_unit)
 
 
 def commit_samples(run: StageRun) -> dict[str, int]:

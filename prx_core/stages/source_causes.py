@@ -32,6 +32,9 @@ HINTS: dict[str, str] = {
     "download_error": "no URL gave an image: check the URL column and that the workers reach those hosts "
                       "(each reject's message has the HTTP status or error)",
     "download_timeout": "every fetch timed out: check the workers' network, or raise `download` timeouts",
+    "not_fetched": "the ingest unit's time for fetching ran out before these URLs were fetched: raise "
+                   "`units.samples_seconds`, make units smaller (`units.samples_bytes`) or fetch more at once "
+                   "(`download.concurrency`); a re-ingest fetches them again",
     "opted_out": "every server opted out of AI use (X-Robots-Tag noai/noimageai): these images are not taken",
     "format_not_allowed": "the images are in a format the corpus does not take (JPEG, PNG, WebP, TIFF, ...)",
     "too_many_pixels": "every image is over the pixel cap (storage.max_pixels)",
@@ -46,6 +49,9 @@ HINTS: dict[str, str] = {
     "symlink": "the folder holds symlinks, which are never followed: point uri at the real files",
     "not_regular_file": "the folder holds special files, not images",
 }
+# an unreadable_fragment whose unit ran past its time limit: no format problem
+TIME_LIMIT_HINT = ("the ingest unit ran past its time limit and was cancelled: raise `units.samples_seconds` or make "
+                   "units smaller (`units.samples_bytes`)")
 # where a source's images are files (not a table column), these reasons mean something else
 FILE_FORMATS = ("imagefolder", "webdataset")
 FILE_HINTS: dict[str, str] = {
@@ -90,8 +96,10 @@ def refused_line(spec: SourceSpec, reasons: Mapping[str, int], examples: Mapping
         shown += f", e.g. {one_line(example.get('key', ''), KEY_CHARS)}: \"{example.get('message', '')}\""
     others = ", ".join(f"{r} {n}" for r, n in ranked[1:4]) + (", ..." if len(ranked) > 4 else "")
     also = f"; also {others}" if others else ""
+    fix = TIME_LIMIT_HINT if reason == "unreadable_fragment" and "time limit" in example.get("message", "") \
+        else hint(reason, spec)
     return (f"source {spec.name!r} ({spec.format} at {spec.uri}): {total} of {total} rows refused, none kept "
-            f"({shown}{also}). Likely fix: {hint(reason, spec)}")
+            f"({shown}{also}). Likely fix: {fix}")
 
 
 def nothing_read_line(spec: SourceSpec, listed: int) -> str:

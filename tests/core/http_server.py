@@ -15,6 +15,8 @@ anything may follow it, so URLs can be unique):
     /hold/<photo>/...       200 after HOLD_S (the peak of requests in flight is kept per Host header)
     /throttle-long/...      429 Retry-After: 3600          /fail/...          503, always
     /page/...               200, an HTML page (text/html)
+    /drip/<photo>/...       200 with the photo's Content-Length, then one byte every DRIP_GAP_S for
+                            DRIP_S (or the seconds in a `?s=` query), then the connection dropped
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SLOW_S = 3.0
+DRIP_S = 2.0
+DRIP_GAP_S = 0.05
 BIG_BYTES = 2 << 20
 HOLD_S = 0.3
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket", "motorcycle_left")
@@ -154,6 +158,8 @@ class Handler(BaseHTTPRequestHandler):
         if route == "drop" and before == 0:
             self.close_connection = True
             return None
+        if route == "drip":
+            return self.drip(photo)
         robots = {"noai": "noai", "otherbot": "otherbot: noai", "ours": "prx-corpus: noimageai"}.get(route)
         if route not in ("photo", "flaky", "throttle", "drop", "hold") and robots is None:
             return self.send(404, b"no such route", "text/plain")
@@ -182,6 +188,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def redirect(self, location: str) -> None:
         self.send(302, b"", "text/plain", {"Location": location})
+
+    def drip(self, photo: bytes) -> None:
+        """Headers promising the photo, a byte at a time for a while, then the connection dropped."""
+        seconds = float(self.path.partition("?s=")[2] or DRIP_S)
+        self.head(200, len(photo), "image/jpeg")
+        until, sent = time.monotonic() + seconds, 0
+        while time.monotonic() < until and sent < len(photo) - 1:
+            self.body(photo[sent:sent + 1])
+            sent += 1
+            time.sleep(DRIP_GAP_S)
+        self.close_connection = True
 
     def big(self, sized: bool) -> None:
         self.head(200, BIG_BYTES if sized else None, "image/jpeg")
