@@ -233,7 +233,8 @@ def group_members(view: View, group_id: str, start: int) -> tuple[list[dict], in
     """One page of a duplicate group's members (GROUP_PAGE from `start`, keepers first, then in
     table order) and the group's size: a group can hold thousands, a page reads its members only."""
     explorer, group = view.table("explorer"), f"group_id = {sql_literal(group_id)}"
-    columns = ["sample_id", "keeper", "width", "height"]
+    columns = ["sample_id", "keeper", "width", "height"] + [  # how far each is from its keeper, where recorded
+        c for c in ("group_distance", "group_signature_distance") if c in explorer.schema.names]
     keepers = explorer.to_table(columns=columns, filter=f"{group} AND keeper").to_pylist()
     others = f"{group} AND (keeper IS NULL OR NOT keeper)"
     shown = keepers[start:start + GROUP_PAGE]

@@ -21,7 +21,7 @@ from prx_core.models.caption_checks import REJECTED, repetition_score
 from prx_core.models.caption_keys import caption_keys
 from prx_core.shards.skiplists import stream_skip_reasons
 from prx_core.store import lance_io, schemas
-from prx_core.store.lookups import has_verdicts, lookup_keys
+from prx_core.store.lookups import has_verdicts, lookup_keys, table_columns
 from prx_core.store.storage import Storage
 
 META_KEY = "label"  # the metadata key whose values the explorer counts and filters (`meta_label`)
@@ -109,9 +109,15 @@ def explore_rows(storage: Storage, inputs: Mapping[str, int], base: pa.Table, pa
     phashes = _lookup(storage, inputs, "phashes", "sample_id", ids, ["sample_id", "phash"])
     hexes = pa.array([None if h is None else f"{h:016x}" for h in phashes["phash"].to_pylist()], pa.string())
     rows = _joined(rows, pa.table({"sample_id": phashes["sample_id"], "phash": hexes}), "sample_id", {"phash": "phash"})
+    near = {"distance": "group_distance", "signature_distance": "group_signature_distance"}
+    if inputs.get("duplicates") is not None and "distance" not in table_columns(storage, "duplicates",
+                                                                                 inputs["duplicates"]):
+        near = {}  # a table grouped before near-duplicates: identical pHashes, no distances
     groups = _lookup(storage, inputs, "duplicates", "sample_id", ids,
-                     ["sample_id", "group_id", "group_size", "keeper", "keeper_sample_id"])
-    rows = _joined(rows, groups, "sample_id", {c: c for c in ("group_id", "group_size", "keeper", "keeper_sample_id")})
+                     ["sample_id", "group_id", "group_size", "keeper", "keeper_sample_id", *near],
+                     "group_size >= 2")  # a group of one is a kept row its component holds: shown as none
+    rows = _joined(rows, groups, "sample_id", {**{c: c for c in ("group_id", "group_size", "keeper", "keeper_sample_id")},
+                                               **near})
     captioner, labeler = params["captioner_version"], params["labeler_version"]
     where = f"captioner_version = {lance_io.sql_literal(captioner)}"
     keyed = [None if c is None else k for c, k in zip(rows["content_id"].to_pylist(), caption_keys(

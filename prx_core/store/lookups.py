@@ -56,14 +56,20 @@ def lookup_literals(ds: Any, column: str, literals: Sequence[str], columns: list
     return pa.schema(fields).empty_table()
 
 
+def table_columns(storage: Storage, table: str, version: int | None = None) -> set[str]:
+    """The columns `table` has at `version` (none when it does not exist): a reader of a table
+    written before a column was appended asks before it reads it."""
+    try:
+        ds = lance_io.require_table(storage.lance_uri(table), storage.lance_storage_options(), lookup_session())
+    except lance_io.TableNotFoundError:
+        return set()
+    return set((ds.checkout_version(version) if version is not None else ds).schema.names)
+
+
 def has_verdicts(storage: Storage, version: int | None = None) -> bool:
     """Whether `captions` (at `version`) has the quality columns: a table written before the
     caption checks existed gains them at the next captions run, and holds no rejected caption."""
-    try:
-        ds = lance_io.require_table(storage.lance_uri("captions"), storage.lance_storage_options(), lookup_session())
-    except lance_io.TableNotFoundError:
-        return False
-    return "verdict" in (ds.checkout_version(version) if version is not None else ds).schema.names
+    return "verdict" in table_columns(storage, "captions", version)
 
 
 def shipped_filter(storage: Storage, captioner_version: str, version: int | None = None) -> str:

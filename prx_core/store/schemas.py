@@ -231,6 +231,8 @@ EXPLORER = pa.schema(
         ("caption_problem", pa.string()),  # the check that refused, retried or flagged it (a filter menu)
         ("caption_attempts", pa.int32()),  # generations made (2: retried with the fallback decoding)
         ("caption_repetition", pa.float32()),  # 0..1, the explorer's "most repetitive" (caption_checks)
+        ("group_distance", pa.int16()),  # duplicates: pHash Hamming distance to the group's keeper
+        ("group_signature_distance", pa.float32()),  # duplicates: signature distance to the keeper (<= 1 confirmed)
     ]
 )
 

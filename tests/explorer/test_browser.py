@@ -154,6 +154,10 @@ def test_search_open_result_follow_duplicate_group(page: Page, server: str, expl
     page.goto(f"{server}/sample?id={copy['sample_id']}")
     expect(page.locator("section.group .card.keeper")).to_have_count(1)
     members = page.locator("section.group .card").count()
+    scores = page.locator("section.group .card:not(.keeper) .badge.score")  # how far each copy is from its keeper
+    expect(scores).to_have_count(members - 1)
+    expect(scores.first).to_contain_text("of 1")
+    expect(page.locator("section.group .card:not(.keeper) .badge.distance").first).to_contain_text("pHash distance")
     page.screenshot(path=str(SHOTS / "03-duplicate.png"), full_page=True)
     page.locator("#group-link").click()
     expect(page.locator("#result-count")).to_contain_text(f"{members} images")
