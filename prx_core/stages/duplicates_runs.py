@@ -23,6 +23,7 @@ until the single commit the table is unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import lance
@@ -50,12 +51,46 @@ EVERY_ROW = "true"
 # an incremental run's buckets: its affected rows are few, its lookups (~30 us a key) are not free
 KEY_BUCKET_ROWS = 100_000
 KEY_BUCKETS = 64
+KEY_PART_BYTES = 1 << 20  # a key map task's part per bucket: 256 buckets x 1 MiB a task, ~840 tasks at 1B rows
+
+
+@dataclass(frozen=True)
+class ShufflePlan:
+    """What a full run's layers hold, from the row count alone (tests check it at a billion rows)."""
+
+    rows: int
+    buckets: int
+    map_tasks: int
+
+    @property
+    def entries(self) -> int:
+        return self.rows * KEYS_PER_ROW
+
+    @property
+    def bytes_per_bucket(self) -> int:
+        """Key entries a pair task sorts (the largest single task of the run)."""
+        return -(-self.entries // self.buckets) * ENTRY_BYTES
+
+    @property
+    def driver_refs(self) -> int:
+        """Object references the driver holds at once: the widest layer (map outputs, or a layer of
+        `buckets` tasks with 2 x `buckets` + 1 outputs each)."""
+        return max(self.map_tasks * self.buckets, self.buckets * (2 * self.buckets + 1))
+
+
+def shuffle_plan(units: Sequence[Unit], rows_per_bucket: int) -> tuple[ShufflePlan, list[list[dict]]]:
+    """A full run's buckets and map tasks for these row units."""
+    rows = sum(u.rows for u in units)
+    buckets = bucket_count(rows * KEYS_PER_ROW, rows_per_bucket)
+    groups = map_groups(units, buckets, ENTRY_BYTES * KEYS_PER_ROW, part_bytes=KEY_PART_BYTES)
+    return ShufflePlan(rows, buckets, len(groups)), groups
 
 
 def plan_all(run: StageRun, phashes: LanceDataset) -> dict[str, Any]:
     """A full run's pinned inputs; its map units and bucket count (`run.params`, `run.state`)."""
     units = run.state["map_units"] = fragment_units(phashes, run["unit_rows"])
-    run.state["buckets"] = bucket_count(sum(u.rows for u in units) * KEYS_PER_ROW, run["rows_per_bucket"])
+    plan, run.state["map_groups"] = shuffle_plan(units, run["rows_per_bucket"])
+    run.state["buckets"] = plan.buckets
     run.params.update(mode="full", buckets=run.state["buckets"])
     return {"phashes": phashes.version}
 
@@ -64,7 +99,7 @@ def reduce_all(run: StageRun) -> None:
     """Every group, from every row of the pinned `phashes`."""
     storage, phashes, buckets = run.storage, run.state["phashes"], run.state["buckets"]
     calls = [(storage.lance_uri("phashes"), phashes.version, specs, EVERY_ROW, storage.lance_storage_options(), buckets,
-              [], run["rule"]) for specs in map_groups(run.state["map_units"], buckets, ENTRY_BYTES * KEYS_PER_ROW)]
+              [], run["rule"]) for specs in run.state["map_groups"]]
     _regroup(run, lambda: _scatter(tasks.map_units, calls, buckets))
 
 
@@ -114,7 +149,7 @@ def reduce_changed(run: StageRun) -> None:
                   for specs in map_groups(current, 1, 64)]
         bloom = ray.remote(_union).remote(blooms, words)  # merged on a worker: ~10 bits a key, not the driver's
         calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, run["rule"], bloom)
-                 for specs in map_groups(run.state["all_units"], buckets, ENTRY_BYTES)]
+                 for specs in map_groups(run.state["all_units"], buckets, ENTRY_BYTES, part_bytes=KEY_PART_BYTES)]
         entries = _scatter(tasks.map_units, calls, buckets)
         paired = _layer(tasks.pair_bucket, [(refs, buckets, True) for refs in entries], buckets + 1)
         run.state["skipped_keys"] = sum(ray.get([out[buckets] for out in paired]))
