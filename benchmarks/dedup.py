@@ -47,6 +47,7 @@ def run(pictures: int | None = None, workdir: str | None = None, keep: bool = Fa
         groups = _pipeline_groups(base, rule)
         results[f"pipeline_{rule}"] = {**score(labels, groups), "seconds": round(time.time() - started, 1)}
     results.update(_peer(base / "set", labels))
+    results["decode_paths"] = decode_paths(pictures)
     if not keep and workdir is None:
         import shutil
 
@@ -166,6 +167,46 @@ def _peer(folder: Path, labels: list[Labelled]) -> dict[str, Any]:
     return out
 
 
+def decode_paths(pictures: int | None = None) -> dict[str, Any]:
+    """The same pixels as JPEG q95 (hashed from its DCT-scaled decode), PNG and lossless WebP (full
+    decodes), at 100%, 75% and 50%: how often the pHash is equal, and how often the fingerprints
+    say "same picture" (a shared key, signatures confirmed), per size and against the 100% PNG."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from benchmarks.dedup_set import load_pictures
+    from prx_core.image.fingerprint import signature_distance
+    from prx_core.sources.ingest import inspect_image
+
+    def facts(image: Image.Image, fmt: str, **options: Any) -> Any:
+        buffer = io.BytesIO()
+        image.save(buffer, fmt, **options)
+        return inspect_image(buffer.getvalue())
+
+    def same(a: Any, b: Any) -> bool:
+        sigs = [np.frombuffer(x.signature, np.uint8)[None] for x in (a, b)]
+        return bool(set(a.match_keys) & set(b.match_keys)) and float(signature_distance(*sigs)[0]) <= 1
+
+    rates: dict[str, list[bool]] = defaultdict(list)
+    for _, image in load_pictures(pictures):
+        reference = None
+        for scale in (100, 75, 50):
+            pixels = image if scale == 100 else image.resize((image.width * scale // 100, image.height * scale // 100),
+                                                             Image.Resampling.LANCZOS)
+            jpeg, png, webp = facts(pixels, "JPEG", quality=95), facts(pixels, "PNG"), facts(pixels, "WEBP", lossless=True)
+            reference = reference or png
+            rates[f"{scale}%: PNG = lossless WebP (whole fingerprint)"].append(
+                (png.phash, png.match_keys, png.signature) == (webp.phash, webp.match_keys, webp.signature))
+            rates[f"{scale}%: JPEG q95 pHash = PNG pHash"].append(jpeg.phash == png.phash)
+            rates[f"{scale}%: JPEG q95 same picture as PNG"].append(same(jpeg, png))
+            if scale != 100:
+                rates[f"{scale}%: pHash = 100% PNG pHash"].append(png.phash == reference.phash)
+                rates[f"{scale}%: same picture as 100% PNG"].append(same(png, reference) and same(jpeg, reference))
+    return {name: round(sum(v) / len(v), 4) for name, v in rates.items()}
+
+
 def format_table(results: dict[str, Any]) -> str:
     """Recall per kind and the other measures, one column per rule and peer."""
     columns = [(f"pipeline ({rule})", results.get(f"pipeline_{rule}")) for rule in RULES] + \
@@ -184,4 +225,6 @@ def format_table(results: dict[str, Any]) -> str:
     if keeper:
         lines.append(f"keeper right in every group: {keeper['keeper_right']}; keepers by kind: {keeper['keeper_kinds']}")
         lines.append(f"merged (keys): {keeper['merged_examples'] or 'none'}")
+    lines += ["", "decode paths (the same pixels in three files, three sizes):"]
+    lines += [f"  {name:<52}{rate:>8.3f}" for name, rate in (results.get("decode_paths") or {}).items()]
     return head + "\n".join(lines)

@@ -1,4 +1,4 @@
-"""64-bit DCT perceptual hash (pHash), the key of the global `duplicates` asset.
+"""64-bit DCT perceptual hash (pHash): one of the match keys of the global `duplicates` asset.
 
 Same definition as `imagehash.phash` (hash_size=8, highfreq_factor=4): luma, 32x32 Lanczos
 thumbnail, 2-D DCT-II (scipy.fftpack scaling), top-left 8x8, bit = coefficient > median of
@@ -7,19 +7,21 @@ those 64, row-major with the first coefficient as the most significant bit, so t
 (Python `int` in [0, 2**64), NumPy/Arrow/Lance `uint64`); nearly every photo sets the top bit
 (the DC coefficient beats the median), so never store them in a signed int64 column.
 
-Only the reduction differs from imagehash, because `duplicates` groups on Hamming distance 0:
-the thumbnail stays float32 instead of being rounded to uint8 (rounding at 32x32 turns tiny
-differences into whole grey levels), and the full-resolution luma is first box-reduced in
-float by an integer factor to between 4x and 8x the thumbnail (Pillow `reducing_gap=4`).
-That also makes the hash nearly blind to JPEG `draft` pre-scaling (DCT-domain downscaling is
-close to a box filter), and it is ~5x faster than imagehash's direct Lanczos with pillow-simd
-(3.8 vs 17.4 ms on a 2560x1600 photo, 0.9 vs 4.3 ms at 1248x784). Box-resizing to a fixed
-intermediate (128x128, 256x256, longest side 256), in uint8 or float, and quantizing the
-thumbnail were all worse.
+Only the reduction differs from imagehash: the thumbnail stays float32 instead of being rounded to
+uint8 (rounding at 32x32 turns tiny differences into whole grey levels), and the full-resolution
+luma is first box-reduced in float by an integer factor to between 4x and 8x the thumbnail (Pillow
+`reducing_gap=4`). That also makes the hash nearly blind to JPEG `draft` pre-scaling (DCT-domain
+downscaling is close to a box filter), and it is ~5x faster than imagehash's direct Lanczos with
+pillow-simd (3.8 vs 17.4 ms on a 2560x1600 photo, 0.9 vs 4.3 ms at 1248x784).
 
-Exact-match rate vs the original on 125 real photos (15 scikit-image photos, 20 wallpapers,
-5 half-size crops of each of the 18 JPEG ones); `draft` = full vs 1/4 draft decode of one q90
-JPEG; last column = Hamming distance to `imagehash.phash`, median / mean:
+The hash alone does not find copies reliably: a bit flips whenever a copy moves a coefficient past
+the median, so on real photos 10-15% of re-encodes and resizes differ from their original in 2-8
+bits, whatever the reduction. `duplicates` therefore matches on several rank boundaries and
+confirms by a signature (prx_core.image.fingerprint); what that finds, through the pipeline on
+labelled real photos, is in docs/benchmarks.md (`prx-corpus bench-dedup`). The exact-match rates of
+the hash alone (the original and its copies hashed outside the pipeline, 125 photos: 15
+scikit-image photos, 20 wallpapers, 5 half-size crops of each of the 18 JPEG ones; `draft` = full vs
+1/4 draft decode of one q90 JPEG; last column = Hamming distance to `imagehash.phash`, median / mean):
 
     reduction                   q75   q85   q95   resize50  draft  vs imagehash
     imagehash (uint8 Lanczos)   0.88  0.89  0.90  0.88      0.84   0 / 0.00
