@@ -22,6 +22,8 @@ def add_parser(sub: Any) -> None:
     sync.add_argument("--sources", required=True, help="the sources.yaml catalog")
     sync.add_argument("--root", help="corpus root whose Dagster home to use (default: $PRX_ROOT, else the demo's)")
     sync.add_argument("--dagster-home", help="Dagster instance folder (default: $DAGSTER_HOME, else the root's own)")
+    sync.add_argument("--config", help="the PRX_CONFIG settings file the corpus is built with (default: $PRX_CONFIG): "
+                                       "named in the command printed for Dagster's CLI")
     sync.set_defaults(func=sync_sources)
 
 
@@ -29,7 +31,11 @@ def sync_sources(args: argparse.Namespace) -> int:
     """Adds a partition per catalog source, removes those the catalog dropped, and says how to use them."""
     from prx_core.sources.catalog import load_catalog
 
+    from prx_assets.settings import SettingsError
+
     catalog = load_catalog(os.path.abspath(args.sources))  # a bad catalog fails here, before dagster loads
+    if args.config and not os.path.isfile(args.config):
+        raise SettingsError(f"--config: {args.config} is not a file")
 
     from prx_assets.build import prepare_instance
     from prx_assets.common import sync_partitions
@@ -40,9 +46,12 @@ def sync_sources(args: argparse.Namespace) -> int:
     added, removed = sync_partitions(instance, catalog)
     print(f"dagster home {home}\npartitions of `sources`: {', '.join(catalog.names)}"
           f" (added {', '.join(added) or 'none'}; removed {', '.join(removed) or 'none'})")
-    root = args.root or os.environ.get("PRX_ROOT")
-    env = f"DAGSTER_HOME={home} PRX_SOURCES={os.path.abspath(args.sources)}" + (
-        f" PRX_ROOT={corpus_root(root)}" if root else "")
+    from prx_assets.settings import DEFAULT_ROOT
+
+    root = args.root or os.environ.get("PRX_ROOT") or str(DEFAULT_ROOT)  # the root whose home prepare_instance took
+    config = args.config or os.environ.get("PRX_CONFIG")
+    env = f"DAGSTER_HOME={home} PRX_ROOT={corpus_root(root)} PRX_SOURCES={os.path.abspath(args.sources)}" + (
+        f" PRX_CONFIG={os.path.abspath(config)}" if config else "")  # all the definitions read (prx_assets.settings)
     print(f"e.g. {env} dagster asset materialize -m prx_assets.definitions --select raw_source,samples "
           f"--partition {catalog.names[0]}" if catalog.names else "the catalog lists no source")
     return 0

@@ -10,6 +10,9 @@ raw_source -> samples -> buckets -> captions -> caption_labels -> skip_lists
 
 from __future__ import annotations
 
+import os
+import sys
+
 import dagster as dg
 
 from prx_assets import automation, backfill
@@ -25,7 +28,7 @@ from prx_assets.mds_shards import mds_shards_asset
 from prx_assets.phashes import phashes
 from prx_assets.raw_source import raw_source
 from prx_assets.samples import samples_asset
-from prx_assets.settings import Settings, load_settings
+from prx_assets.settings import Settings, SettingsError, load_settings
 from prx_assets.skip_lists import skip_lists_asset
 from prx_assets.text_latents import text_latents_asset
 from prx_resources import (
@@ -91,4 +94,21 @@ def build_definitions(settings: Settings) -> dg.Definitions:
     )
 
 
-defs = build_definitions(load_settings())
+@dg.definitions
+def defs() -> dg.Definitions:
+    """What Dagster's tools load (`-m prx_assets.definitions`, workspace.yaml, the code server): the
+    corpus PRX_ROOT, PRX_SOURCES and PRX_CONFIG name, built when loaded, not when imported."""
+    try:
+        settings = load_settings(required=True)
+    except SettingsError as exc:
+        if dagster_command():  # `dagster asset materialize ...` loads here: one line, not Dagster's traceback
+            print(f"prx_assets.definitions: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise  # a code server (`dagster api grpc`, under `dagster dev` too): the UI shows it as the location's error
+    return build_definitions(settings)
+
+
+def dagster_command(argv: list[str] | None = None) -> bool:
+    """Whether this process is one of Dagster's CLI commands that load the definitions themselves."""
+    argv = sys.argv if argv is None else argv
+    return os.path.basename(argv[0]) == "dagster" and argv[1:2] not in (["api"], ["dev"], ["code-server"])

@@ -59,8 +59,17 @@ class Settings:
         return dict(self.config.get(name) or {})
 
 
-def load_settings(environ: dict[str, str] | None = None) -> Settings:
+def load_settings(environ: dict[str, str] | None = None, required: bool = False) -> Settings:
+    """The settings the environment names; with `required` (Dagster's own tools loading the code
+    location), a missing PRX_ROOT or PRX_SOURCES is an error naming it, never the demo's by default:
+    a fresh shell's `dagster asset materialize` would otherwise build some other corpus."""
     env = os.environ if environ is None else environ
+    missing = [name for name in ("PRX_ROOT", "PRX_SOURCES") if required and not env.get(name)]
+    if missing:
+        raise SettingsError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set: Dagster's CLI "
+                            "and UI load prx_assets.definitions from the environment; export PRX_ROOT (the corpus "
+                            "root), PRX_SOURCES (the catalog), PRX_CONFIG (settings, if any) and DAGSTER_HOME, as "
+                            "`prx-corpus sources sync` prints them")
     config: dict[str, dict[str, Any]] = {}
     if path := env.get("PRX_CONFIG"):
         try:

@@ -11,6 +11,7 @@ from prx_core.shards.skiplists import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
+TAKEN_DOWN = "taken_down"  # the reject reason of prx_core.sources.records (a package on the same floor)
 COLUMNS = ["source", "samples", "rejects", "bucketed", "text", "nsfw", "duplicates", "streams", "in_mds", "skipped"]
 
 
@@ -26,8 +27,9 @@ def corpus_summary(store: Storage) -> list[dict[str, Any]]:
     rows: dict[str, Counter[str]] = defaultdict(Counter)
     for r in _by_source(store, "samples", ["source"]):
         rows[r["source"]]["samples"] += 1
-    for r in _by_source(store, "rejects", ["source"]):
+    for r in _by_source(store, "rejects", ["source", "reason"]):
         rows[r["source"]]["rejects"] += 1
+        rows[r["source"]]["taken_down"] += r["reason"] == TAKEN_DOWN
     for r in _by_source(store, "buckets", ["source"], "tier IS NOT NULL"):
         rows[r["source"]]["bucketed"] += 1
     for r in _by_source(store, "duplicates", ["source"], "NOT keeper"):
@@ -51,7 +53,8 @@ def corpus_summary(store: Storage) -> list[dict[str, Any]]:
     table = []
     for source in sorted(rows):
         counts = rows[source]
-        table.append({"source": source, **{c: counts.get(c, 0) for c in COLUMNS[1:-1]}, "skipped": len(skipped[source])})
+        table.append({"source": source, **{c: counts.get(c, 0) for c in COLUMNS[1:-1]}, "skipped": len(skipped[source]),
+                      "taken_down": counts.get("taken_down", 0)})
     total = {"source": "total", **{c: sum(r[c] for r in table) for c in COLUMNS[1:]}}
     return table + [total]
 
@@ -61,4 +64,8 @@ def format_summary(table: list[dict[str, Any]]) -> str:
     lines = ["  ".join(c.rjust(widths[c]) if c != "source" else c.ljust(widths[c]) for c in COLUMNS)]
     for r in table:
         lines.append("  ".join(str(r[c]).rjust(widths[c]) if c != "source" else str(r[c]).ljust(widths[c]) for c in COLUMNS))
+    taken = {r["source"]: r["taken_down"] for r in table if r.get("taken_down") and r["source"] != "total"}
+    if taken:  # rows a recorded takedown kept out at ingest (among the rejects above)
+        lines.append(f"taken down, refused at ingest: {sum(taken.values())} "
+                     f"({', '.join(f'{s} {n}' for s, n in taken.items())})")
     return "\n".join(lines)

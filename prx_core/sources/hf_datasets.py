@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.hf_images import is_image_struct
-from prx_core.sources.tables import arrow_batches, read_arrow, read_parquet, table_key_prefix
+from prx_core.sources.tables import ReadGuard, arrow_batches, read_arrow, read_parquet, table_key_prefix
 from prx_core.store.storage import filesystem_for
 
 DATA_SUFFIXES = (".arrow", ".parquet")
@@ -46,14 +46,14 @@ def is_data_file(path: str) -> bool:
 
 
 def read_huggingface(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
-                     deadline: float | None = None) -> Iterator[pa.RecordBatch]:
+                     guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
     """One data file of the dataset, its columns defaulted from its features (`resolve_columns`)."""
     schema = file_schema(path, storage_options)
     resolved = resolve_columns(spec, schema, path)
     if path.lower().endswith(".parquet"):
-        yield from read_parquet(resolved, path, storage_options, deadline)
+        yield from read_parquet(resolved, path, storage_options, guard)
     else:
-        yield from read_arrow(resolved, path, storage_options, deadline)
+        yield from read_arrow(resolved, path, storage_options, guard)
 
 
 def file_schema(path: str, storage_options: dict[str, Any] | None) -> pa.Schema:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +29,7 @@ from prx_core.image.fingerprint import fingerprint, is_lossless
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.image.phash import PHASH_DECODE_SIZE
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, clean_caption
-from prx_core.sources.records import BAD_NAME, key_problem, safe_key
+from prx_core.sources.records import BAD_NAME, TAKEN_DOWN, TAKEN_DOWN_MESSAGE, key_problem, safe_key
 from prx_core.store import schemas
 from prx_core.store.partitions import reject_row
 
@@ -82,10 +83,12 @@ def content_id(data: bytes) -> str:
 def ingest_batch(
     source: str, batch: pa.RecordBatch | pa.Table, max_pixels: int = DEFAULT_MAX_PIXELS,
     max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS, counts: Counter[str] | None = None,
+    taken_down: Container[str] = frozenset(),
 ) -> tuple[pa.Table, pa.Table]:
     """Split source records (`prx_core.sources.readers.RECORD_SCHEMA`) into samples and rejects.
     Captions of accepted samples are cleaned and capped; `counts` (if given) gains
-    `captions_cleaned` and `captions_truncated`."""
+    `captions_cleaned` and `captions_truncated`. A key in `taken_down` is a `taken_down` reject
+    whatever its bytes (`prx_core.stages.takedowns`)."""
     counts = Counter() if counts is None else counts
     samples: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
@@ -97,6 +100,9 @@ def ingest_batch(
             rejects.append(reject_row(schemas.sample_id(source, key), source, key, None, "samples", BAD_NAME, problem))
             continue
         sid = schemas.sample_id(source, key)
+        if key in taken_down and record.get("reject_reason") != TAKEN_DOWN:  # a file source's: read, never kept
+            rejects.append(reject_row(sid, source, key, None, "samples", TAKEN_DOWN, TAKEN_DOWN_MESSAGE))
+            continue
         if record.get("reject_reason"):  # refused by the reader (a link, an oversized member, a repeated key)
             rejects.append(reject_row(sid, source, key, None, "samples", record["reject_reason"],
                                       record.get("reject_message") or ""))

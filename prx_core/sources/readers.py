@@ -24,7 +24,7 @@ from prx_core.sources.folder_walk import fingerprint_lines, fragments_of, list_f
 from prx_core.sources.folders import read_folder, relative_folder
 from prx_core.sources.hf_datasets import is_data_file, read_huggingface
 from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
-from prx_core.sources.tables import lance_options, read_lance, read_parquet, table_key_prefix
+from prx_core.sources.tables import ReadGuard, lance_options, read_lance, read_parquet, table_key_prefix
 from prx_core.sources.tars import is_shard, read_webdataset
 from prx_core.store.storage import filesystem_for, is_remote
 
@@ -64,16 +64,17 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 
 
 def read_fragment(
-    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None, deadline: float | None = None
+    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None, guard: ReadGuard | None = None
 ) -> Iterator[pa.RecordBatch]:
     """Stream one fragment as record batches of `RECORD_SCHEMA`. A fragment id that is not under
-    the source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's URLs
-    not fetched by `deadline` (wall clock) are `not_fetched` rejects."""
+    the source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's rows
+    `guard` names as taken down are refused before any fetch; its URLs not fetched by the guard's
+    deadline are `not_fetched` rejects."""
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
     tables = {"parquet": read_parquet, "lance": read_lance, "huggingface": read_huggingface}
     if spec.format in tables:
-        yield from tables[spec.format](spec, fragment, storage_options, deadline)
+        yield from tables[spec.format](spec, fragment, storage_options, guard)
         return
     files = {"webdataset": read_webdataset, "imagefolder": read_folder}
     yield from files[spec.format](spec, fragment, storage_options)

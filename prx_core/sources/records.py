@@ -44,6 +44,8 @@ DOWNLOAD_ERROR = "download_error"  # a URL that gave no image (HTTP status or ex
 DOWNLOAD_TIMEOUT = "download_timeout"
 NOT_FETCHED = "not_fetched"  # a URL row left when its unit's time for fetching ran out (the rest of the unit commits)
 OPTED_OUT = "opted_out"  # the server said X-Robots-Tag noai / noimageai
+TAKEN_DOWN = "taken_down"  # a key a recorded takedown names: refused before its bytes are fetched or stored
+TAKEN_DOWN_MESSAGE = "taken down (a recorded opt-out --delete-bytes): never fetched nor stored again"
 PATH_OUTSIDE_SOURCE = "path_outside_source"  # an image path (HF Image()) resolving outside the source root
 
 

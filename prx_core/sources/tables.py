@@ -12,7 +12,7 @@ Each refusal is recorded on its row with a reason; a refused row carries no byte
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,8 @@ from prx_core.sources.records import (
     NULL_KEY,
     RECORD_SCHEMA,
     BATCH_ROWS,
+    TAKEN_DOWN,
+    TAKEN_DOWN_MESSAGE,
     SeenKeys,
 )
 from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
@@ -77,6 +79,15 @@ class Rows:
         return pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA)
 
 
+@dataclass(frozen=True)
+class ReadGuard:
+    """What an ingest unit keeps out while reading a table: the source keys taken down (refused
+    before any fetch, `prx_core.stages.takedowns`), and when its time for fetching ends (wall clock)."""
+
+    deadline: float | None = None
+    taken_down: frozenset[str] = frozenset()
+
+
 @dataclass
 class TableFile:
     """Where a batch came from: the default keys' file part, the file an HF `Image()` path is
@@ -87,7 +98,7 @@ class TableFile:
     path: str
     storage_options: dict[str, Any] | None = None
     metadata_columns: tuple[str, ...] = ()
-    fetch_deadline: float | None = None  # wall clock: the unit's time for fetching ends (`samples`)
+    guard: ReadGuard = field(default_factory=lambda: ReadGuard())
 
 
 def source_columns(spec: SourceSpec) -> list[str]:
@@ -97,8 +108,12 @@ def source_columns(spec: SourceSpec) -> list[str]:
 
 
 def prepare(spec: SourceSpec, batch: pa.RecordBatch, where: TableFile, first_row: int, seen: SeenKeys) -> Rows:
-    """A table source's batch as rows: keys, and image bytes or the URLs to fetch."""
+    """A table source's batch as rows: keys (a taken-down one refused: its URL is never fetched),
+    and image bytes or the URLs to fetch."""
     rows = _keyed_rows(spec, batch, where.stem, first_row, seen)
+    for i in rows.live() if where.guard.taken_down else ():
+        if rows.keys[i] in where.guard.taken_down:
+            rows.refuse(i, TAKEN_DOWN, TAKEN_DOWN_MESSAGE)
     _fill_images(spec, batch, rows, where)
     return rows
 
@@ -188,9 +203,9 @@ def _check_sizes(spec: SourceSpec, rows: Rows) -> None:
 
 
 def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
-                 deadline: float | None = None) -> Iterator[pa.RecordBatch]:
+                 guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
     fs = filesystem_for(path, storage_options)
-    where = TableFile(table_key_prefix(spec.uri, path), path, storage_options, fetch_deadline=deadline)
+    where = TableFile(table_key_prefix(spec.uri, path), path, storage_options, guard=guard or ReadGuard())
     with fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         columns = _present(spec, parquet.schema_arrow.names, path, where)
@@ -218,13 +233,13 @@ def check_row_groups(spec: SourceSpec, metadata: pq.FileMetaData, columns: list[
 
 
 def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
-               deadline: float | None = None) -> Iterator[pa.RecordBatch]:
+               guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
     """An Arrow IPC file (the stream format `datasets` writes, or the file format), one record batch
     in memory at a time, re-sliced to `BATCH_ROWS`; default keys `<file without .arrow>:<row>`."""
     fs = filesystem_for(path, storage_options)
     stem = table_key_prefix(spec.uri, path)
     where = TableFile(stem[: -len(".arrow")] if stem.lower().endswith(".arrow") else stem, path, storage_options,
-                      fetch_deadline=deadline)
+                      guard=guard or ReadGuard())
     with fs.open(path, "rb") as handle:
         schema, batches = arrow_batches(handle)
         columns = _present(spec, schema.names, path, where)
@@ -244,11 +259,11 @@ def arrow_batches(handle: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
 
 
 def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None,
-               deadline: float | None = None) -> Iterator[pa.RecordBatch]:
+               guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
     import lance
 
     dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
-    where = TableFile(f"fragment{fragment}", spec.uri, storage_options, fetch_deadline=deadline)
+    where = TableFile(f"fragment{fragment}", spec.uri, storage_options, guard=guard or ReadGuard())
     columns = _present(spec, dataset.schema.names, spec.uri, where)
     batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
     yield from _batches(spec, batches, where)
@@ -264,7 +279,7 @@ def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFi
             yield batch, prepare(spec, batch, where, row, seen)
             row += batch.num_rows
 
-    with FetchWindow(spec.download, spec.max_image_bytes, where.storage_options, where.fetch_deadline) as window:
+    with FetchWindow(spec.download, spec.max_image_bytes, where.storage_options, where.guard.deadline) as window:
         yield from window.stream(prepared(), lambda batch, rows: finish(spec, batch, rows, where))
 
 

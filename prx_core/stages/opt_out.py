@@ -41,6 +41,7 @@ from prx_core.shards.rewrite import (
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
 from prx_core.store.names import MERGED, validate_source_name
 from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
+from prx_core.stages.takedowns import record_takedowns
 from prx_core.store import fencing, lance_io
 from prx_core.store.locks import partition_lock, run_label
 from prx_core.store.storage import Storage, join_uri, put_atomic
@@ -174,7 +175,8 @@ def opt_out(storage: Storage, ids_path: str, sources: Sequence[str], delete_byte
             buckets: int = BUCKETS) -> OptOutReport:
     """Read the ids file, match it source by source and apply it. What was asked and done is
     recorded under `<root>/_state/opt_out/`: `<run>.json`, and per source `<source>/<run>.ids.parquet`
-    holding the matched ids (audits, and what a later `skip_lists` or ingest must keep out)."""
+    holding the matched ids (audits, and what a later `skip_lists` must keep out); a takedown
+    (`delete_bytes`) also records every id it names under `_state/takedowns/` (what ingest refuses)."""
     if purge and not delete_bytes:
         raise ValueError("purge removes deleted bytes: it needs delete_bytes")
     report = OptOutReport()
@@ -190,6 +192,8 @@ def opt_out(storage: Storage, ids_path: str, sources: Sequence[str], delete_byte
                 report.unknown += count
                 report.examples += [f"{source}/... ({count} ids: not a source of the catalog)"]
                 continue
+            if delete_bytes:  # before anything changes: no later ingest brings these ids back
+                record_takedowns(storage, source, run, spool.ids(source, batch_ids))
             match, found = match_source(storage, spool, source, batch_ids, examples)
             report.matched += match.in_samples
             report.in_streams += match.in_streams

@@ -41,10 +41,12 @@ from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import fragment_sizes, read_fragment
+from prx_core.sources.tables import ReadGuard
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
 from prx_core.stages.report import StageReport
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.takedowns import taken_down_keys
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import (
     commit_unit_outputs,
@@ -116,11 +118,13 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
     """Ray task: read a group of source fragments, write its samples and rejects as Lance fragments
     (no commit). A corrupt file becomes one reject row for what could not be read. URLs stop being
     fetched `FETCH_SHARE` into the unit's time limit (`not_fetched` rejects), so a unit of slow
-    hosts commits what it fetched instead of being cancelled whole."""
+    hosts commits what it fetched instead of being cancelled whole; taken-down keys are refused
+    (`taken_down`), a URL's before it is fetched."""
     storage, params = run.storage, run.manifest.params
-    began = UNIT_BEGAN.get() or time.time()
-    deadline = None if unit_seconds is None else began + unit_seconds * FETCH_SHARE
     spec = SourceSpec.from_dict(params["spec"])
+    began = UNIT_BEGAN.get() or time.time()
+    guard = ReadGuard(None if unit_seconds is None else began + unit_seconds * FETCH_SHARE,
+                      taken_down_keys(storage, spec.name))
     joiner = Joiner(spec, params.get("joins", ()), storage.lance_storage_options())  # every reader's records
     rejects: list[pa.Table] = []
     counts: Counter[str] = Counter()
@@ -130,9 +134,10 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
             read = 0
             pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
-                for batch in read_fragment(spec, fragment, storage.storage_options, deadline):
+                for batch in read_fragment(spec, fragment, storage.storage_options, guard):
                     samples, refused = ingest_batch(spec.name, joiner.join(batch), params["max_pixels"],
-                                                    params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts)
+                                                    params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts,
+                                                    guard.taken_down)
                     rejects.append(refused)
                     read += batch.num_rows
                     counts.update(rows=samples.num_rows, bytes=int(pc.sum(samples["num_bytes"]).as_py() or 0))

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import dagster as dg
+import pytest
 import yaml
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
@@ -22,8 +23,19 @@ def test_instance_from_dagster_yaml(tmp_path: Path) -> None:
         assert not instance.telemetry_enabled
 
 
-def test_workspace_loads_definitions() -> None:
+def test_workspace_loads_definitions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded (not imported) from the environment; without PRX_ROOT / PRX_SOURCES an error naming
+    them, never the demo's root by default."""
+    from prx_assets.settings import SettingsError
+
     workspace = yaml.safe_load((REPO / "workspace.yaml").read_text())
     module = workspace["load_from"][0]["python_module"]["module_name"]
-    defs = __import__(module, fromlist=["defs"]).defs
-    assert isinstance(defs, dg.Definitions)
+    loader = __import__(module, fromlist=["defs"]).defs
+    for name in ("PRX_ROOT", "PRX_SOURCES", "PRX_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRX_SOURCES", str(tmp_path / "sources.yaml"))
+    with pytest.raises(SettingsError, match=r"^PRX_ROOT is not set: "):
+        loader()
+    monkeypatch.setenv("PRX_ROOT", str(tmp_path / "corpus"))
+    defs = loader()
+    assert isinstance(defs, dg.Definitions) and defs.resources["storage"].root == str(tmp_path / "corpus")

@@ -99,3 +99,26 @@ def test_make_demo_and_make_ui_share_the_demo_roots_own_home() -> None:
     for target in ("demo", "ui"):
         body = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)[1]
         assert "$(DEMO_ENV)" in body, body
+
+
+def test_a_fresh_shell_gets_one_line_naming_the_missing_settings_and_sync_prints_them_all(tmp_path: Path) -> None:
+    """Without PRX_ROOT and PRX_SOURCES the definitions no longer fall back to the demo's root: Dagster's
+    CLI stops with one line naming them; the command `sources sync` prints carries every setting the
+    definitions read (the config file too), and Dagster loads the definitions with exactly that."""
+    fresh = dagster_materialize({})
+    lines = [line for line in fresh.stderr.splitlines() if "Warning" not in line and "return callback" not in line]
+    assert fresh.returncode == 2 and len(lines) == 1, fresh.stderr[-3000:]
+    assert lines[0].startswith("prx_assets.definitions: error: PRX_ROOT and PRX_SOURCES are not set: "), lines
+    assert "Traceback" not in fresh.stderr
+
+    catalog, root, config = write_source(tmp_path), tmp_path / "corpus", tmp_path / "prx.yaml"
+    config.write_text("training: {global_batch_size: 4}\n")
+    synced = run_cli("sources", "sync", "--sources", str(catalog), "--root", str(root), "--config", str(config))
+    assert synced.returncode == 0, synced.explain()
+    command = synced.stdout.splitlines()[-1].removeprefix("e.g. ")
+    env = dict(item.split("=", 1) for item in command.split(" dagster ")[0].split())
+    assert env == {"DAGSTER_HOME": str(root / "_state" / "dagster"), "PRX_ROOT": str(root), "PRX_SOURCES": str(catalog),
+                   "PRX_CONFIG": str(config)}, command
+    loaded = subprocess.run([DAGSTER, "definitions", "validate", "-m", "prx_assets.definitions"], capture_output=True,
+                            text=True, timeout=600, env=cli_env(**env), cwd=tmp_path, start_new_session=True)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]

@@ -1,6 +1,7 @@
 """The runbooks of docs/operations.md, command by command, on ONE small corpus built once per module:
 opting samples out, adding a source (over a crashed writer's stale lock, the opt-outs applied again
-after `skip_lists`), a takedown that deletes the bytes, and rewriting streams past 10% skipped. Each step
+after `skip_lists`), a takedown that deletes the bytes and stays down through a re-ingest, and
+rewriting streams past 10% skipped. Each step
 runs the real `prx-corpus` console script; what it left is read back with pylance, the training
 loader (`CorpusDataset`) and the files on disk. Two builds of two image folders (6 and 4 real
 photos, two byte copies across them) and one `skip_lists` run: ~3 min on this 2-core machine
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lance
@@ -36,6 +37,8 @@ class Corpus:
     one: Path  # the catalog with photos_a only
     two: Path  # photos_a and photos_b
     mds_a: dict[str, str]  # photos_a's MDS files after the first build
+    victim: str = ""  # the sample the takedown removed
+    victim_bytes: list[bytes] = field(default_factory=list)  # its stored JPEG and its source bytes
 
 
 def write_folder(folder: Path, photos: list, copies: dict[str, Path] | None = None) -> None:
@@ -169,6 +172,31 @@ def test_a_takedown_deletes_the_bytes(corpus: Corpus) -> None:
     left = lance.dataset(str(corpus.root / "lance" / "samples.lance"))
     assert left.count_rows(f"sample_id = '{victim}'") == 0
     assert not file_bytes(corpus.root / "mds", stored) and not file_bytes(corpus.root / "lance", source)
+    assert victim not in loaded(corpus.root)
+    corpus.victim, corpus.victim_bytes = victim, stored + source
+
+
+def test_a_taken_down_id_stays_down_through_a_re_ingest(corpus: Corpus) -> None:
+    """The source still holds the image: a forced re-ingest (the runbook's) read it back into
+    `samples`, a new MDS chunk and the explorer. It is now a `taken_down` reject, never stored."""
+    from prx_core.shards.mds_read import read_stream_rows
+
+    victim = corpus.victim
+    (corpus.root / "_reports" / "samples" / "photos_b" / "latest.json").unlink()  # force the re-ingest
+    done = run_cli(*build_args(corpus.two, corpus.root, corpus.home, "--source", "photos_b"))
+    assert done.returncode == 0, done.explain()
+    assert "taken down, refused at ingest: 1 (photos_b 1)" in done.stdout, done.stdout
+    samples = lance.dataset(str(corpus.root / "lance" / "samples.lance"))
+    assert samples.count_rows(f"sample_id = '{victim}'") == 0
+    rejects = lance.dataset(str(corpus.root / "lance" / "rejects.lance")).to_table(
+        columns=["reason", "message"], filter=f"sample_id = '{victim}'").to_pylist()
+    assert [r["reason"] for r in rejects] == ["taken_down"], rejects
+    streamed = {r["sample_id"] for p in (corpus.root / "mds" / "photos_b").glob("*/*/index.json")
+                for r in read_stream_rows(str(p.parent), ["sample_id"])}
+    assert streamed and victim not in streamed
+    explorer = lance.dataset(str(corpus.root / "lance" / "explorer.lance"))
+    shown = explorer.to_table(columns=["sample_id", "reject_reason"], filter=f"sample_id = '{victim}'").to_pylist()
+    assert all(r["reject_reason"] == "taken_down" for r in shown), shown  # listed as refused, never as an image
     assert victim not in loaded(corpus.root)
 
 

@@ -154,3 +154,32 @@ def test_make_ui_starts_without_dagster_dev_warnings(ui: UI, page: Page) -> None
     assert "Serving dagster-webserver" in output, output[-3000:]
     assert "superseded" not in output and "dg dev" not in output, output[-3000:]
     assert "will not be used to configure Dagster" not in output, output[-3000:]  # the checkout's dagster.yaml
+
+
+def test_make_ui_stops_on_ctrl_c_leaving_nothing_behind(ui: UI, page: Page) -> None:
+    """Last in the module: one Ctrl-C (SIGINT to make's process group, as a terminal sends it) stops
+    `make ui` within prx_assets.dev_ui's grace, and no process of dagster dev's session (code servers,
+    run workers, their Ray) is left; before, dagster dev could wait 60 s per service and its code
+    servers outlived it by their heartbeat timeout."""
+    from prx_assets.dev_ui import GRACE_S, session_pids
+
+    port = ui.url.rsplit(":", 1)[1]
+    dev = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(f"{REPO}/.venv/bin/")
+           and " dev -m prx_assets.definitions " in _cmdline(p) and _cmdline(p).endswith(f" -p {port}")]
+    assert len(dev) == 1, [(p.name, _cmdline(p)) for p in dev]
+    sid = int(dev[0].name)  # dev_ui starts it in a session of its own
+    assert len(session_pids(sid)) >= 3  # dagster dev, its webserver, daemon and code servers
+    started = time.monotonic()
+    os.killpg(ui.proc.pid, signal.SIGINT)
+    ui.proc.wait(GRACE_S + 20)
+    took = time.monotonic() - started
+    assert session_pids(sid) == [], [(pid, _cmdline(Path(f"/proc/{pid}"))) for pid in session_pids(sid)]
+    assert "stopping dagster dev" in ui.output(), ui.output()[-3000:]
+    print(f"make ui stopped {took:.1f} s after one SIGINT")
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
