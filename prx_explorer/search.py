@@ -79,6 +79,7 @@ def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], s
     hits = table.to_table(nearest=nearest, filter=where, prefilter=where is not None, columns=[key, "_distance"])
     distance: dict[str, float] = {}
     for hit, value in zip(hits[key].to_pylist(), hits["_distance"].to_pylist()):
+        value = max(0.0, value)  # float rounding gives an identical vector -1e-7, shown as "-0.000"
         distance[hit] = min(value, distance.get(hit, value))
     if key == "content_id":  # every sample of a content (or caption key) is as near as it is
         column = "caption_key" if row.get("caption_key") else "content_id"

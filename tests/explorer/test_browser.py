@@ -4,6 +4,7 @@ served by the real `prx-corpus browse` command. Screenshots go to test-artifacts
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -142,6 +143,7 @@ def test_search_open_result_follow_duplicate_group(page: Page, server: str, expl
     expect(page.locator("#result-count")).to_contain_text("results for")
     marks = page.locator("mark")
     assert marks.count() >= 1 and marks.first.inner_text().lower() == "astronaut"
+    expect(page.locator("ul.grid .badge.score").first).to_have_text(re.compile(r"^match \d+\.\d$"))  # says what it is
     assert all(w > 0 for w in loaded_images(page, "ul.grid img"))
     page.screenshot(path=str(SHOTS / "01-search.png"), full_page=True)
 
@@ -149,6 +151,11 @@ def test_search_open_result_follow_duplicate_group(page: Page, server: str, expl
     expect(page.locator("#caption")).to_contain_text("stronaut")
     expect(page.locator("#caption-by")).to_contain_text("Source caption")  # no VLM ran: named for what made it
     page.screenshot(path=str(SHOTS / "02-detail.png"), full_page=True)
+    page.get_by_role("link", name="More like this (caption)").click()
+    distances = page.locator("ul.grid .badge.score")
+    expect(distances.first).to_have_text(re.compile(r"^distance \d\.\d{3}$"))  # labelled, never "-0.000"
+    assert not any(text.startswith("distance -") for text in distances.all_inner_texts())
+    page.go_back()
 
     copy = next(e for e in explorer_corpus.manifest if e.get("role") == "copy")
     page.goto(f"{server}/sample?id={copy['sample_id']}")
