@@ -32,7 +32,10 @@ def add_parser(sub: Any) -> None:
 def _preflight_build(settings: object, catalog: object, sources: list[str] | None, select: list[str] | None) -> int:
     """`build`'s checks before Ray starts (prx_core.sources.preflight): the root is writable, each
     source's uri holds its format's files with the columns the catalog names (only when the run reads
-    sources). Each problem on one line; returns how many."""
+    sources). Each problem on one line; returns how many. Then, for each source that fetches, what
+    its fetches may reach."""
+    from prx_core.sources.catalog import DownloadSettings
+    from prx_core.sources.fetch_policy import FetchPolicy
     from prx_core.sources.preflight import preflight
     from prx_core.store.storage import Storage
 
@@ -45,6 +48,9 @@ def _preflight_build(settings: object, catalog: object, sources: list[str] | Non
     if problems:
         print(f"prx-corpus: {len(problems)} problem(s) found before starting: nothing was run "
               "(--no-preflight skips these checks)", file=sys.stderr)
+    for spec in specs if not problems else ():  # what a source that fetches may reach (fetch_policy)
+        if spec.url_column or spec.download != DownloadSettings():
+            print(f"source {spec.name!r}: {FetchPolicy(spec.download, spec.uri).describe()}", flush=True)
     return len(problems)
 
 

@@ -114,7 +114,7 @@ def open_image(
         refused = sniff_refused_format(data)
         if refused:
             return Rejection(FORMAT_NOT_ALLOWED, f"{refused} is not an allowed format ({', '.join(ALLOWED_FORMATS)})")
-        return Rejection(NOT_AN_IMAGE, f"not a recognised image ({len(data)} bytes starting {data[:8]!r})")
+        return Rejection(NOT_AN_IMAGE, f"not a recognised image ({len(data)} bytes: {kind_of_bytes(data)})")
     except Image.DecompressionBombError as exc:
         return Rejection(TOO_MANY_PIXELS, str(exc))
     except Exception as exc:  # a header so broken the plugin itself fails
@@ -286,3 +286,18 @@ def decode_opened(
     except Broken as exc:
         return Rejection(exc.reason, str(exc))
     return Decoded(rgb, fmt, mode, original, orientation, scale)
+
+
+def kind_of_bytes(data: bytes) -> str:
+    """What a non-image looks like, in words: a reject's message (stored, and shown by the explorer)
+    never carries the file's own bytes."""
+    head = data[:512]
+    if head[:8].lower().startswith((b"http://", b"https://", b"s3://", b"file://")):
+        return "text that starts like a URL"
+    for magic, name in ((b"\x1f\x8b", "gzip data"), (b"PK\x03\x04", "a zip archive"), (b"%PDF", "a PDF")):
+        if head.startswith(magic):
+            return name
+    printable = sum(32 <= b < 127 or b in (9, 10, 13) for b in head)
+    if head and printable >= 0.95 * len(head):
+        return "HTML or XML text" if head.lstrip()[:1] == b"<" else "text"
+    return "binary data of no known image format"

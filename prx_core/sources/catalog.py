@@ -192,8 +192,8 @@ def _parse_source(entry: Any, index: int, base_dir: Path, origin: str) -> Source
         raise fail("key_column", "required with joins: joined tables are keyed like the source, and the default "
                                  "key (<file>:<row>) names no row of another table")
     download = parse_download(entry.get("download"), fail)
-    if download != DownloadSettings() and not columns["url_column"]:
-        raise fail("download", "only with url_column (a table of image URLs)")
+    if download != DownloadSettings() and not table:
+        raise fail("download", "only for table sources (url_column, or an Image() column whose paths are URLs)")
     weight = entry.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
         raise fail("weight", f"must be a positive number, got {weight!r}")

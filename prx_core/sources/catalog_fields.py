@@ -47,10 +47,21 @@ class DownloadSettings:
     retry_within_s: float = 10.0  # a dropped attempt is retried only when it dropped this soon (not after a long drip)
     window_rows: int = 8192  # rows read ahead of the oldest row still fetching: a sliding window, no barrier per batch
     window_bytes: int = 512 << 20  # fetched bytes held by the window; no new fetch starts while over it
+    # what a source may reach (prx_core.sources.fetch_policy): by default public http(s) hosts and its own objects
+    allow_networks: tuple[str, ...] = ()  # non-public networks it may reach ("10.0.0.0/8", "127.0.0.1/32"); "*": any
+    allow_files: bool = False  # file:// URLs and absolute local paths
+    allow_object_prefixes: tuple[str, ...] = ()  # object-store URL prefixes beyond the source's uri; "*": any
+    opt_out_agents: tuple[str, ...] = ("img2dataset",)  # X-Robots-Tag scoped to these agents counts, as to ours
 
     # Added after the first release: left out of a spec's dict while at their default, so an upgrade
     # changes no `samples` manifest (a committed source is still reused, not re-ingested).
-    ADDED: ClassVar[tuple[str, ...]] = ("url_deadline_s", "retry_within_s", "window_rows", "window_bytes")
+    ADDED: ClassVar[tuple[str, ...]] = ("url_deadline_s", "retry_within_s", "window_rows", "window_bytes",
+                                        "allow_networks", "allow_files", "allow_object_prefixes", "opt_out_agents")
+    LISTS: ClassVar[tuple[str, ...]] = ("allow_networks", "allow_object_prefixes", "opt_out_agents")
+
+    def __post_init__(self) -> None:
+        for name in self.LISTS:  # a manifest's copy holds lists: compare and hash as tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:
         data, default = asdict(self), DownloadSettings()
@@ -116,6 +127,14 @@ def parse_download(value: Any, fail: Any) -> DownloadSettings:
         if key not in known:
             raise fail(f"download.{key}", f"unknown setting (allowed: {', '.join(known)})")
         default = known[key].default
+        if key in DownloadSettings.LISTS:
+            if not isinstance(item, list) or not all(isinstance(v, str) and v.strip() for v in item):
+                raise fail(f"download.{key}", f"must be a list of names or prefixes, got {item!r}")
+            settings[key] = tuple(v.strip() for v in item)
+            bad = [v for v in settings[key] if key == "allow_networks" and v != "*" and not _is_network(v)]
+            if bad:
+                raise fail(f"download.{key}", f"must be networks like 10.0.0.0/8 or \"*\", got {bad[0]!r}")
+            continue
         if isinstance(default, bool):
             ok = isinstance(item, bool)
         elif isinstance(default, str):
@@ -127,6 +146,16 @@ def parse_download(value: Any, fail: Any) -> DownloadSettings:
             raise fail(f"download.{key}", f"must be like {default!r}, got {item!r}")
         settings[key] = float(item) if isinstance(default, float) else item
     return DownloadSettings(**settings)
+
+
+def _is_network(value: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_uri(uri: str, base_dir: Path) -> str:

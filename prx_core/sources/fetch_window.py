@@ -17,7 +17,8 @@ once (a prefix: rows stay in order, so a rerun writes the same fragments). What 
   `samples`) the rows not fetched by then are `not_fetched` rejects: the unit commits what it has.
 
 Object-store keys, `file://` URLs and absolute paths are read in a thread pool of the same size
-(`download.read_file`), under the same window.
+(`download.read_file`), under the same window. What a fetch may reach is the source's
+`fetch_policy.FetchPolicy` (refused: `url_not_allowed`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from prx_core.sources.fetch_policy import FetchPolicy
 from prx_core.sources.http_fetch import Fetched, HttpClient
-from prx_core.sources.records import NOT_FETCHED
+from prx_core.sources.records import NOT_FETCHED, URL_NOT_ALLOWED
 
 WAKE_S = 0.5  # the consumer looks again at least this often while it waits
 
@@ -59,9 +61,9 @@ class FetchWindow:
     optional deadline (wall clock, `time.time()`); use as a context manager."""
 
     def __init__(self, settings: Any, max_bytes: int, storage_options: dict[str, Any] | None = None,
-                 deadline: float | None = None) -> None:
+                 deadline: float | None = None, source_uri: str | None = None) -> None:
         self.settings, self.max_bytes, self.storage_options = settings, max_bytes, storage_options
-        self.deadline = deadline
+        self.deadline, self.policy = deadline, FetchPolicy(settings, source_uri)
         self.held = self.streaming = self.queued = 0  # guarded by _changed's lock
         self.finished = 0  # fetches done so far: what a waiting consumer compares
         self.peak = 0  # the most bytes held and streaming at once
@@ -150,7 +152,7 @@ class FetchWindow:
         self._loop = asyncio.get_running_loop()
         self._queue, self._budget = asyncio.Queue(), asyncio.Event()
         end = None if self.deadline is None else self._loop.time() + (self.deadline - time.time())
-        client = HttpClient(self.settings, self.max_bytes)
+        client = HttpClient(self.settings, self.max_bytes, self.policy)
         files = concurrent.futures.ThreadPoolExecutor(max(1, self.settings.concurrency), "prx-fetch-file")
         slots = asyncio.Semaphore(max(1, self.settings.concurrency))
         tasks: set[asyncio.Task] = set()
@@ -203,7 +205,9 @@ class FetchWindow:
                 self.peak = max(self.peak, self.held + self.streaming)
 
         try:
-            if is_http(job.url):
+            if (refusal := self.policy.refusal(job.url)) is not None:
+                outcome = Fetched(reason=URL_NOT_ALLOWED, cause=refusal)
+            elif is_http(job.url):
                 outcome = await client.fetch(job.url, end, on_bytes)
             else:
                 read = self._loop.run_in_executor(files, read_file, job.url, self.storage_options, self.max_bytes)

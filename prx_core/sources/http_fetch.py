@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from prx_core.compute.retries import retry_after_seconds
-from prx_core.sources.records import DOWNLOAD_ERROR, DOWNLOAD_TIMEOUT, IMAGE_TOO_LARGE, NOT_FETCHED, OPTED_OUT
+from prx_core.sources.fetch_policy import AddressRefused, FetchPolicy, guarded_resolver
+from prx_core.sources.records import (
+    DOWNLOAD_ERROR,
+    DOWNLOAD_TIMEOUT,
+    IMAGE_TOO_LARGE,
+    NOT_FETCHED,
+    OPTED_OUT,
+    URL_NOT_ALLOWED,
+)
 from prx_core.sources.robots import agent_token, opt_out
 
 REDIRECTS = (301, 302, 303, 307, 308)
@@ -48,23 +56,30 @@ class _Again:
 
 def fetch_http(urls: list[str], settings: Any, max_bytes: int) -> list[Fetched]:
     """Fetch `urls` (http or https) with `settings` (`DownloadSettings`), in order, through a window
-    of its own (its event loop runs in a thread of its own: callable from an async Ray actor too)."""
+    of its own (its event loop runs in a thread of its own: callable from an async Ray actor too).
+    The caller holds every body it returns: the window's byte budget counts only those not taken yet."""
     from prx_core.sources.fetch_window import FetchWindow
 
+    out = []
     with FetchWindow(settings, max_bytes) as window:
-        return [job.wait() for job in window.submit(urls)]
+        for job in window.submit(urls):
+            out.append(job.wait())
+            window.release(job)
+    return out
 
 
 class HttpClient:
     """One aiohttp session and its per-host semaphores, used from one event loop."""
 
-    def __init__(self, settings: Any, max_bytes: int) -> None:
+    def __init__(self, settings: Any, max_bytes: int, policy: FetchPolicy | None = None) -> None:
         import aiohttp
 
         self.settings, self.max_bytes = settings, max_bytes
+        self.policy = policy or FetchPolicy(settings)
         timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=settings.connect_timeout_s,
                                         sock_read=settings.read_timeout_s)
-        connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.per_host)
+        connector = aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=settings.per_host,
+                                         resolver=guarded_resolver(self.policy))
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, trust_env=False,
                                              headers={"User-Agent": settings.user_agent})
         self.hosts: dict[str, asyncio.Semaphore] = {}
@@ -101,10 +116,12 @@ class HttpClient:
             started = loop.time()
             try:
                 async with asyncio.timeout(settings.attempt_timeout_s):
-                    outcome = await _attempt(self.session, self.hosts, url, settings, self.max_bytes, on_bytes)
+                    outcome = await _attempt(self, url, on_bytes)
             except TimeoutError as exc:  # aiohttp's socket timeouts are TimeoutErrors too
                 return Fetched(reason=DOWNLOAD_TIMEOUT, cause=_timeout_cause(exc, settings))
             except aiohttp.ClientConnectorError as exc:  # refused, unresolvable: another try would say the same
+                if isinstance(exc.os_error, AddressRefused):  # the host resolved to addresses the source may not reach
+                    return Fetched(reason=URL_NOT_ALLOWED, cause=str(exc.os_error)[:200])
                 return Fetched(reason=DOWNLOAD_ERROR, cause=f"cannot connect: {_describe(exc)}")
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
                 lasted = loop.time() - started
@@ -129,16 +146,21 @@ class HttpClient:
         raise AssertionError("unreachable")
 
 
-async def _attempt(session: Any, hosts: dict[str, asyncio.Semaphore], url: str, settings: Any,
-                   max_bytes: int, on_bytes: Callable[[int], None]) -> Fetched | _Again:
-    """One attempt: redirects followed by hand (each target checked), then the body under the cap."""
+async def _attempt(client: HttpClient, url: str, on_bytes: Callable[[int], None]) -> Fetched | _Again:
+    """One attempt: redirects followed by hand (each target checked: its scheme, an IP literal's
+    address; a name's addresses are checked by the resolver), then the body under the cap."""
     from yarl import URL
 
+    settings, max_bytes = client.settings, client.max_bytes
     current = URL(url)
     seen = {str(current)}
     for _ in range(settings.max_redirects + 1):
-        host = hosts.setdefault(f"{current.host}:{current.port}", asyncio.Semaphore(settings.per_host))
-        async with host, session.get(current, allow_redirects=False) as response:
+        refused = client.policy.address_refusal(current.host or "")
+        if refused:
+            hop = "" if len(seen) == 1 else f"redirected to {str(current)[:80]}: "
+            return Fetched(reason=URL_NOT_ALLOWED, cause=hop + refused)
+        host = client.hosts.setdefault(f"{current.host}:{current.port}", asyncio.Semaphore(settings.per_host))
+        async with host, client.session.get(current, allow_redirects=False) as response:
             status = response.status
             if status in REDIRECTS:
                 location = response.headers.get("Location")
@@ -158,7 +180,8 @@ async def _attempt(session: Any, hosts: dict[str, asyncio.Semaphore], url: str, 
             if status != 200:
                 return Fetched(reason=DOWNLOAD_ERROR, cause=f"HTTP {status} {response.reason or ''}".strip())
             if settings.honor_opt_out:
-                refusal = opt_out(response.headers.getall("X-Robots-Tag", []), agent_token(settings.user_agent))
+                refusal = opt_out(response.headers.getall("X-Robots-Tag", []),
+                                  [agent_token(settings.user_agent), *settings.opt_out_agents])
                 if refusal:
                     return Fetched(reason=OPTED_OUT, cause=f"X-Robots-Tag: {refusal}")
             kind = response.headers.get("Content-Type", "")

@@ -43,6 +43,7 @@ BAD_NAME = "bad_name"  # a file or member name that is not UTF-8
 DOWNLOAD_ERROR = "download_error"  # a URL that gave no image (HTTP status or exception in the message)
 DOWNLOAD_TIMEOUT = "download_timeout"
 NOT_FETCHED = "not_fetched"  # a URL row left when its unit's time for fetching ran out (the rest of the unit commits)
+URL_NOT_ALLOWED = "url_not_allowed"  # an address, object or file the source may not reach (fetch_policy)
 OPTED_OUT = "opted_out"  # the server said X-Robots-Tag noai / noimageai
 TAKEN_DOWN = "taken_down"  # a key a recorded takedown names: refused before its bytes are fetched or stored
 TAKEN_DOWN_MESSAGE = "taken down (a recorded opt-out --delete-bytes): never fetched nor stored again"

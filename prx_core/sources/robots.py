@@ -4,8 +4,9 @@ An `X-Robots-Tag` response header refuses the image when it carries one of `OPT_
 (case-insensitive; img2dataset's defaults `noai`, `noimageai`, `noindex`, `noimageindex`, plus
 `none`, which the robots convention defines as `noindex, nofollow`). A header scoped to a user
 agent (`X-Robots-Tag: otherbot: noai`) applies only when that agent is ours: the product token
-of `DownloadSettings.user_agent` (`prx-corpus`). Every `X-Robots-Tag` header of the response
-counts; `unavailable_after: <date>` and the `max-*: <n>` directives are values, not agents.
+of `DownloadSettings.user_agent` (`prx-corpus`), or one of `DownloadSettings.opt_out_agents`
+(`img2dataset` by default: sites that opted out of LAION-style crawls addressed it). Every
+`X-Robots-Tag` header of the response counts; `unavailable_after: <date>` and the `max-*: <n>` directives are values, not agents.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ def agent_token(user_agent: str) -> str:
     return user_agent.strip().split("/", 1)[0].split(None, 1)[0].lower()
 
 
-def opt_out(headers: Iterable[str], agent: str) -> str | None:
+def opt_out(headers: Iterable[str], agents: str | Iterable[str]) -> str | None:
     """The first `X-Robots-Tag` directive among `headers` (the header's values) that refuses the
-    image for user agent `agent`, as the header gave it; None when the image may be used."""
+    image for any of user agents `agents` (ours, and those the source's `opt_out_agents` adds), as
+    the header gave it; None when the image may be used."""
+    names = {agents.lower()} if isinstance(agents, str) else {a.lower() for a in agents}
     for value in headers:
         scope, directives = _scoped(value)
-        if scope is not None and scope != agent.lower():
+        if scope is not None and scope not in names:
             continue
         for directive in directives:
             if directive in OPT_OUT_DIRECTIVES:

@@ -279,7 +279,8 @@ def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFi
             yield batch, prepare(spec, batch, where, row, seen)
             row += batch.num_rows
 
-    with FetchWindow(spec.download, spec.max_image_bytes, where.storage_options, where.guard.deadline) as window:
+    with FetchWindow(spec.download, spec.max_image_bytes, where.storage_options, where.guard.deadline,
+                     spec.uri) as window:
         yield from window.stream(prepared(), lambda batch, rows: finish(spec, batch, rows, where))
 
 

@@ -15,6 +15,8 @@ anything may follow it, so URLs can be unique):
     /hold/<photo>/...       200 after HOLD_S (the peak of requests in flight is kept per Host header)
     /throttle-long/...      429 Retry-After: 3600          /fail/...          503, always
     /page/...               200, an HTML page (text/html)
+    /to-host/<host>/<photo>/...  302 to http://<host>:<this port>/photo/<photo>/... (another address)
+    /i2d/<photo>/...        200 with X-Robots-Tag: img2dataset: noai
     /drip/<photo>/...       200 with the photo's Content-Length, then one byte every DRIP_GAP_S for
                             DRIP_S (or the seconds in a `?s=` query), then the connection dropped
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -133,6 +136,9 @@ class Handler(BaseHTTPRequestHandler):
             return self.redirect("/loop/b" if self.path == "/loop/a" else "/loop/a")
         if route == "to-file":
             return self.redirect("file:///etc/passwd")
+        if route == "to-host":
+            host, _, rest = urllib.parse.unquote(self.path).split("/", 2)[2].partition("/")
+            return self.redirect(f"http://{host}:{self.server.server_address[1]}/photo/{rest}")
         if route == "slow":
             self.head(200, 4)
             time.sleep(SLOW_S)
@@ -160,7 +166,8 @@ class Handler(BaseHTTPRequestHandler):
             return None
         if route == "drip":
             return self.drip(photo)
-        robots = {"noai": "noai", "otherbot": "otherbot: noai", "ours": "prx-corpus: noimageai"}.get(route)
+        robots = {"noai": "noai", "otherbot": "otherbot: noai", "ours": "prx-corpus: noimageai",
+                  "i2d": "img2dataset: noai"}.get(route)
         if route not in ("photo", "flaky", "throttle", "drop", "hold") and robots is None:
             return self.send(404, b"no such route", "text/plain")
         return self.send(200, photo, "image/jpeg", {"X-Robots-Tag": robots} if robots else {})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -24,7 +25,8 @@ from prx_core.stages.samples import build_samples, group_fragments
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
-FAST = DownloadSettings(read_timeout_s=0.5, backoff_s=0.05, retries=2)
+LOOPBACK = ("127.0.0.1/32",)  # the test server's network: a source must opt in to reach it (fetch_policy)
+FAST = DownloadSettings(read_timeout_s=0.5, backoff_s=0.05, retries=2, allow_networks=LOOPBACK)
 CAP = 1 << 20  # under BIG_BYTES
 
 
@@ -124,7 +126,8 @@ def test_429_5xx_and_dropped_connections_are_retried_with_backoff(tmp_path: Path
 def test_retries_give_up_with_the_last_status(tmp_path: Path, server: PhotoServer) -> None:
     url = server.url("/fail/always")
     url_table(tmp_path / "table", [[{"key": "a", "URL": url, "TEXT": "t"}]])
-    (record,) = records(spec_for(tmp_path / "table", DownloadSettings(backoff_s=0.01, retries=2))).values()
+    settings = DownloadSettings(backoff_s=0.01, retries=2, allow_networks=LOOPBACK)
+    (record,) = records(spec_for(tmp_path / "table", settings)).values()
     assert record["reject_reason"] == "download_error"
     assert record["reject_message"] == f"HTTP 503 Service Unavailable after 3 attempts: {url}"
     assert server.paths().count("/fail/always") == 3
@@ -135,7 +138,7 @@ def test_requests_in_flight_stay_within_concurrency_and_per_host(tmp_path: Path,
     hosts = [f"127.0.0.1:{port}", f"localhost:{port}"]
     rows = [{"key": f"k{i}", "URL": f"http://{hosts[i % 2]}/hold/astronaut/{i}", "TEXT": "t"} for i in range(16)]
     url_table(tmp_path / "table", [rows])
-    settings = DownloadSettings(concurrency=5, per_host=3)
+    settings = DownloadSettings(concurrency=5, per_host=3, allow_networks=LOOPBACK)
     started = time.monotonic()
     got = records(spec_for(tmp_path / "table", settings))
     assert all(r["reject_reason"] is None for r in got.values())
@@ -158,7 +161,8 @@ def test_opt_outs_are_read_as_documented() -> None:
 def test_opt_outs_are_ignored_when_the_catalog_says_so(tmp_path: Path, server: PhotoServer,
                                                        photos: dict[str, bytes]) -> None:
     url_table(tmp_path / "table", [[{"key": "a", "URL": server.url("/noai/rocket/ignored"), "TEXT": "t"}]])
-    (record,) = records(spec_for(tmp_path / "table", DownloadSettings(honor_opt_out=False))).values()
+    settings = DownloadSettings(honor_opt_out=False, allow_networks=LOOPBACK)
+    (record,) = records(spec_for(tmp_path / "table", settings)).values()
     assert record["reject_reason"] is None and record["image"] == photos["rocket"]
 
 
@@ -192,7 +196,7 @@ def test_local_paths_and_file_urls_are_read_under_the_size_cap(tmp_path: Path, p
             {"key": "relative", "URL": "img/a.jpg", "TEXT": "t"},
             {"key": "folder", "URL": str(tmp_path / "img"), "TEXT": "t"}]
     url_table(tmp_path / "table", [rows])
-    got = records(spec_for(tmp_path / "table"))
+    got = records(spec_for(tmp_path / "table", replace(FAST, allow_files=True)))
     assert got["path"]["image"] == got["file_url"]["image"] == photos["astronaut"]
     assert {k: got[k]["reject_reason"] for k in ("missing", "big", "relative", "folder")} == {
         "missing": "download_error", "big": "image_too_large", "relative": "download_error", "folder": "download_error"}
@@ -214,7 +218,8 @@ def test_a_table_of_s3_keys_is_fetched_from_the_object_store(tmp_path: Path, s3_
         pq.write_table(table, sink)
     client.put_object(Bucket="url-keys", Key="table/part-0.parquet", Body=sink.getvalue().to_pybytes())
     spec = SourceSpec("keys", "parquet", "s3://url-keys/table", url_column="URL", caption_column="TEXT",
-                      key_column="key", max_image_bytes=CAP)
+                      key_column="key", max_image_bytes=CAP,
+                      download=DownloadSettings(allow_object_prefixes=("s3://url-keys/images/",)))
     got = records(spec, s3_endpoint["storage_options"])
     assert got["astronaut"]["image"] == photos["astronaut"] and got["coffee"]["image"] == photos["coffee"]
     assert got["astronaut"]["source_url"] == "s3://url-keys/images/astronaut.jpg"

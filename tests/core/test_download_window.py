@@ -15,7 +15,6 @@ import pytest
 from http_server import PhotoServer, load_photos, serving
 from test_download import CAP, FAST, records, spec_for, url_table
 
-from prx_core.sources.catalog import DownloadSettings
 from prx_core.sources.fetch_window import FetchWindow
 from prx_core.sources.records import SeenKeys
 from prx_core.sources.tables import TableFile, finish, prepare
@@ -61,7 +60,7 @@ def test_a_url_that_drips_then_drops_is_not_retried(tmp_path: Path, server: Phot
 
 def test_one_deadline_holds_a_url_across_all_its_attempts(tmp_path: Path, server: PhotoServer) -> None:
     url_table(tmp_path / "t", [[{"key": "a", "URL": server.url("/fail/deadline"), "TEXT": "t"}]])
-    settings = DownloadSettings(retries=10, backoff_s=0.4, url_deadline_s=1.5)  # 0.4 + 0.8 + 1.6 ... > 1.5 s
+    settings = replace(FAST, retries=10, backoff_s=0.4, url_deadline_s=1.5)  # 0.4 + 0.8 + 1.6 ... > 1.5 s
     (record,) = records(spec_for(tmp_path / "t", settings)).values()
     assert record["reject_reason"] == "download_timeout"
     assert record["reject_message"].startswith("not done within the URL deadline of 1.5 s (3 attempts)")

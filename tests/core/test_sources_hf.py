@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prx_core.sources.catalog import CatalogError, SourceSpec
+from prx_core.sources.catalog import CatalogError, DownloadSettings, SourceSpec
 from prx_core.sources.readers import BATCH_ROWS, RECORD_SCHEMA, fragment_sizes, read_fragment, read_source
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -232,7 +232,9 @@ def test_url_paths_are_handed_to_the_downloader(photos, tmp_path: Path) -> None:
         table = pa.table({"image": pa.array([{"bytes": None, "path": u} for u in urls], IMAGE_STRUCT),
                           "text": ["fetched", "missing"]})
         pq.write_table(table, tmp_path / "urls.parquet")
-        got = rows(SourceSpec("urls", "parquet", str(tmp_path), image_column="image", caption_column="text"))
+        loopback = DownloadSettings(allow_networks=("127.0.0.1/32",))  # a source opts in to a non-public host
+        got = rows(SourceSpec("urls", "parquet", str(tmp_path), image_column="image", caption_column="text",
+                              download=loopback))
     finally:
         server.shutdown()
     assert got["urls:0"]["image"] == photos[1][0] and got["urls:0"]["source_url"] == urls[0]

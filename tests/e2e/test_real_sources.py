@@ -71,6 +71,9 @@ def table(root: Path, name: str, source: str, columns: list[str]) -> list[dict]:
 
 def test_every_form_builds(built) -> None:
     assert built["run"].returncode == 0, built["run"].explain()
+    # preflight says what the URL table may reach: it opted in to the loopback server only
+    assert "source 'laion': fetches http(s) from public addresses and 127.0.0.1/32; no object-store URLs; no local " \
+           "files; X-Robots-Tag opt-outs for prx-corpus, img2dataset honoured" in built["run"].stdout
 
 
 @pytest.mark.parametrize("source", ["hf_parquet", "hf_hub", "hf_disk", "folder", "wds", "lancedb_photos", "joined",
