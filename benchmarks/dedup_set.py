@@ -53,21 +53,30 @@ class Labelled:
 
 
 def load_pictures(limit: int | None = None, tiles_per_wallpaper: int = 12) -> list[tuple[str, Image.Image]]:
-    """Distinct real pictures (name, RGB image) in a stable order, hard cases included. A tile that
-    looks the same as an earlier picture (two plain corners of one wallpaper) is left out: the set's
-    labels say "different pictures" only where a person would see two."""
-    found = [(p.name, p.image.convert("RGB")) for p in load_skimage_photos() if min(p.image.size) >= MIN_SIDE]
-    for path in find_wallpapers():
-        found += _wallpaper_tiles(path, tiles_per_wallpaper)
-    found += _hard_cases(found)
+    """Distinct real pictures (name, RGB image) in a stable order: scikit-image's photos, the hard
+    cases, then wallpaper tiles (read only as far as `limit` needs). A picture that looks the same
+    as an earlier one (two plain corners of one wallpaper) is left out: the set's labels say
+    "different pictures" only where a person would see two."""
     pictures: list[tuple[str, Image.Image]] = []
     seen: list[np.ndarray] = []
-    for name, image in found:
+    for name, image in _candidates(tiles_per_wallpaper):
+        if limit is not None and len(pictures) >= limit:
+            break
         look = _look(image)
         if all(_differ(look, other) for other in seen):
             pictures.append((name, image))
             seen.append(look)
-    return pictures[:limit] if limit else pictures
+    return pictures
+
+
+def _candidates(tiles_per_wallpaper: int) -> Iterator[tuple[str, Image.Image]]:
+    photos = [(p.name, p.image.convert("RGB")) for p in load_skimage_photos() if min(p.image.size) >= MIN_SIDE]
+    tiles = (tile for path in find_wallpapers() for tile in _wallpaper_tiles(path, tiles_per_wallpaper))
+    first = [tile for _, tile in zip(range(6), tiles)]  # the dark and low-contrast cases are made of these
+    yield from photos
+    yield from _hard_cases(photos + first)
+    yield from first
+    yield from tiles
 
 
 def _look(image: Image.Image) -> np.ndarray:
@@ -89,10 +98,7 @@ def _wallpaper_tiles(path: Path, count: int) -> list[tuple[str, Image.Image]]:
         paths.append(dark)  # the dark theme: same artwork, another picture
     for n, source in enumerate(paths):
         with Image.open(source) as im:
-            im.draft("RGB", (im.width // 2, im.height // 2))
-            image = im.convert("RGB")
-        if image.width > 3000:
-            image = image.resize((image.width // 2, image.height // 2), Image.Resampling.LANCZOS)
+            image = im.convert("RGB")  # tiles at the wallpaper's own resolution
         width, height = TILE
         boxes = [(x, y, x + width, y + height) for y in range(0, image.height - height + 1, height)
                  for x in range(0, image.width - width + 1, width)]
@@ -110,13 +116,15 @@ def _hard_cases(pictures: list[tuple[str, Image.Image]]) -> list[tuple[str, Imag
     rng = np.random.default_rng(7)
     out = []
     for n, colour in enumerate([(40, 90, 170), (150, 150, 155), (120, 70, 30), (20, 20, 22), (90, 160, 90)]):
-        noise = rng.normal(0, 2.0, (768, 1024, 1))
-        flat = Image.fromarray(np.clip(np.asarray(colour) + noise, 0, 255).astype(np.uint8))
-        out.append((f"flat_{n}", flat))
-        out.append((f"flat_{n}_watermark", _watermark(flat, opacity=110)))
-    for name, image in pictures[:: max(1, len(pictures) // 6)][:6]:
+        flat = Image.fromarray(np.clip(np.asarray(colour) + rng.normal(0, 2.0, (768, 1024, 1)), 0, 255).astype(np.uint8))
+        out.append((f"flat_{n}_watermark", _watermark(flat, opacity=180)))
+    for n, colour in enumerate([(200, 60, 60), (60, 60, 200), (230, 230, 235), (128, 128, 128), (8, 8, 8)]):
+        out.append((f"flat_{n}", Image.fromarray(np.clip(np.asarray(colour) + rng.normal(0, 2.0, (768, 1024, 1)), 0,
+                                                         255).astype(np.uint8))))
+    for name, image in pictures[:6]:
         out.append((f"{name}_dark", ImageEnhance.Brightness(image).enhance(0.12)))
         out.append((f"{name}_lowcontrast", ImageEnhance.Contrast(image).enhance(0.15)))
+        out.append((f"{name}_watermark", _watermark(ImageEnhance.Brightness(image).enhance(0.5), opacity=180)))
     return out
 
 
