@@ -36,6 +36,10 @@ HINTS: dict[str, str] = {
                    "`units.samples_seconds`, make units smaller (`units.samples_bytes`) or fetch more at once "
                    "(`download.concurrency`); a re-ingest fetches them again",
     "opted_out": "every server opted out of AI use (X-Robots-Tag noai/noimageai): these images are not taken",
+    "url_not_allowed": "the URLs point at addresses, objects or files this source may not reach (non-public "
+                       "networks, other buckets, local files): if that is intended, allow them in its `download` "
+                       "settings (allow_networks, allow_object_prefixes, allow_files)",
+    "taken_down": "every row is named by a recorded takedown (_state/takedowns/): nothing of it may be ingested",
     "format_not_allowed": "the images are in a format the corpus does not take (JPEG, PNG, WebP, TIFF, ...)",
     "too_many_pixels": "every image is over the pixel cap (storage.max_pixels)",
     "image_too_large": "every image file is over the source's `max_image_bytes`",

@@ -127,3 +127,10 @@ def test_preflight_says_what_a_source_may_reach() -> None:
     opted = DownloadSettings(allow_networks=("10.0.0.0/8",), allow_files=True, allow_object_prefixes=("*",))
     assert FetchPolicy(opted, "s3://b/laion").describe().startswith(
         "fetches http(s) from public addresses and 10.0.0.0/8; any object the credentials reach; local files;")
+
+
+def test_a_source_refused_for_what_it_may_reach_says_which_setting_allows_it() -> None:
+    from prx_core.stages.source_causes import refused_line
+
+    line = refused_line(spec_for(Path("/laion")), {"url_not_allowed": 2}, {})
+    assert "url_not_allowed 2" in line and "allow_networks, allow_object_prefixes, allow_files" in line
