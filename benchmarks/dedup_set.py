@@ -11,9 +11,10 @@ dark themes of one artwork, kept as two pictures). Each picture gets:
   q90), 50% then q75, and a byte copy;
 - variants, which are other pictures and must never join its group (`VARIANT_KINDS`, on every
   `variant_every`-th picture): a mirror image, a 10% crop, a 5-degree rotation, +40% brightness.
-  A variant that looks the same as its picture (32x32 area averages within `DISTINCT_LEVELS`: the
-  mirror image of a flat tile, a 5-degree turn of a round fundus photo) is left out, and so is a
-  picture that looks the same as an earlier one.
+  A variant that looks the same as any picture or variant of the set (32x32 area averages within
+  `DISTINCT_LEVELS`: the mirror image of a flat tile, a 5-degree turn of a round fundus photo, two
+  near-white tiles brightened to white) is left out, and so is a picture that looks the same as an
+  earlier one.
 
 The labels (`labels.json`: per file its picture, its kind and whether it is a duplicate of the
 picture's original) are written beside the images, never read by the pipeline.
@@ -192,7 +193,9 @@ def write_dedup_set(folder: Path, limit: int | None = None, variant_every: int =
         (images / file_name).write_bytes(data)
         labels.append(Labelled(file_name, picture, kind, of, duplicate))
 
-    for index, (name, image) in enumerate(load_pictures(limit)):
+    pictures = load_pictures(limit)
+    seen = [_look(image) for _, image in pictures]  # a variant must look unlike every picture and variant
+    for index, (name, image) in enumerate(pictures):
         original, ext = _original_bytes(index, image)
         put(f"{name}__original", original, ext, name, "original", name, False)
         for kind, data, ext in _duplicates(image, original):
@@ -200,7 +203,9 @@ def write_dedup_set(folder: Path, limit: int | None = None, variant_every: int =
         if index % variant_every == 0:
             for kind, make in VARIANTS.items():
                 variant = make(image)
-                if _differ(_look(variant), _look(image)):  # a 10% crop of a plain texture is the same picture
+                look = _look(variant)
+                if all(_differ(look, other) for other in seen):  # a 10% crop of a plain texture is the same picture
+                    seen.append(look)
                     put(f"{name}__{kind}", _encoded(variant, "JPEG", quality=95), "jpg", f"{name}~{kind}", kind,
                         name, False)
     (folder / "labels.json").write_text(json.dumps([asdict(label) for label in labels], indent=0))

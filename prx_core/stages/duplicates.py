@@ -81,7 +81,7 @@ class DuplicatesReport(StageReport):
     previous_rows_read: int = 0  # incremental: the changed sources' rows in the previous table
     candidate_pairs: int = 0  # pairs sharing a match key (copy classes chained)
     confirmed_pairs: int = 0  # of those, confirmed by their signatures
-    skipped_keys: int = 0  # key values held by too many copy classes to pair all with all
+    skipped_keys: int = 0  # copy classes of over-common keys with more compatible neighbours than the window
     rounds: int = 0  # connected-components rounds
     rows_written: int = 0
     rows_deleted: int = 0  # incremental: previous rows of the recomputed groups

@@ -4,9 +4,10 @@ process for tests and small sets).
 
 1. **Candidates** (`candidate_pairs`): rows sharing a match key (prx_core.image.fingerprint).
    Rows with the same pHash and signature are one *copy class*: its rows are chained, never paired
-   all with all, so 100,000 byte-identical copies of one placeholder cost 100,000 pairs. Between
-   classes, a key held by more than `max_classes` of them is left out (counted): its pairs would
-   grow as the square of the bucket, and real copies share several keys.
+   all with all, so 100,000 byte-identical copies of one placeholder cost 100,000 pairs. Classes
+   whose colour means rule confirmation out are never paired (`compatible`). A key held by more
+   than `max_classes` classes pairs each only with the next `max_classes` in luma order: the
+   pairs of a common key grow with its rows, not their square (what is cut is counted).
 2. **Confirmation** (`confirmed`): a pair is kept when its signatures are within
    `signature_distance` 1: keys only propose.
 3. **Components and groups** (`group_component`): the connected components of confirmed pairs
@@ -32,7 +33,7 @@ from prx_core.image.fingerprint import CHROMA_LEVELS, MEAN_LEVELS, SIGNATURE_BYT
 from prx_core.image.phash import hamming_many
 from prx_core.store import schemas
 
-MAX_CLASSES = 64  # copy classes per key value that are paired all with all (64 x 63 / 2 = 2,016 pairs)
+MAX_CLASSES = 64  # copy classes per key value paired all with all (2,016 pairs); above, each with the next 64
 CONFIRM = 1.0  # signature_distance at or below which a candidate pair is the same picture
 # what a group needs of each row (PHASHES columns)
 NODE_COLUMNS = ["sample_id", "source", "phash", "pixels", "lossless", "jpeg_quality", "num_bytes", "signature"]
@@ -70,12 +71,14 @@ def compatible(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def candidate_pairs(keys: np.ndarray, nodes: np.ndarray, exact: np.ndarray, means: np.ndarray | None = None,
                     max_classes: int = MAX_CLASSES) -> tuple[np.ndarray, int]:
     """(n, 2) uint64 pairs (smaller node first, unique) of rows sharing a key whose colour means
-    are `compatible` (when given), and how many key values were left out for holding more than
-    `max_classes` copy classes."""
+    are `compatible` (when given), and how many rows of over-common keys found more neighbours
+    than they were paired with. A key value held by more than `max_classes` copy classes (a top-8
+    set at a billion rows) pairs each class only with the `max_classes` next ones in luma order
+    within the luma `compatible` allows: the work stays linear in its rows."""
     if len(keys) == 0:
         return np.empty((0, 2), np.uint64), 0
     means = np.zeros(len(keys), np.uint64) if means is None else means
-    order = np.lexsort((nodes, exact, keys))
+    order = np.lexsort((nodes, exact, means >> np.uint64(16), keys))  # a copy class's rows share their means
     keys, nodes, exact, means = keys[order], nodes[order], exact[order], means[order]
     new_key = np.r_[True, keys[1:] != keys[:-1]]
     new_class = new_key | np.r_[True, exact[1:] != exact[:-1]]
@@ -84,17 +87,37 @@ def candidate_pairs(keys: np.ndarray, nodes: np.ndarray, exact: np.ndarray, mean
     rep_means = means[new_class]
     starts = np.flatnonzero(np.r_[True, rep_key[1:] != rep_key[:-1]])
     sizes = np.diff(np.r_[starts, len(reps)])
-    skipped = int((sizes > max_classes).sum())
     for size in np.unique(sizes[(sizes >= 2) & (sizes <= max_classes)]):
         first = starts[sizes == size]
         i, j = np.triu_indices(int(size), 1)
         left, right = (first[:, None] + i).ravel(), (first[:, None] + j).ravel()
         keep = compatible(rep_means[left], rep_means[right])
         pairs.append(np.column_stack([reps[left[keep]], reps[right[keep]]]))
-    found = np.concatenate(pairs) if pairs else np.empty((0, 2), np.uint64)
+    heavy, cut = _windowed(reps, rep_means, starts[sizes > max_classes], sizes[sizes > max_classes], max_classes)
+    found = np.concatenate(pairs + heavy)
     found = np.sort(found, axis=1)
     found = found[found[:, 0] != found[:, 1]]
-    return (np.unique(found, axis=0) if len(found) else found.reshape(0, 2)), skipped
+    return (np.unique(found, axis=0) if len(found) else found.reshape(0, 2)), cut
+
+
+def _windowed(reps: np.ndarray, means: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
+              window: int) -> tuple[list[np.ndarray], int]:
+    """Pairs of each over-common key's classes (in luma order: the sort put them so) with the next
+    `window` classes whose mean luma `compatible` allows; and how many classes had more such
+    neighbours than the window holds."""
+    luma = ((means >> np.uint64(16)) & np.uint64(255)).astype(np.int16)
+    out, cut = [], 0
+    for start, size in zip(starts.tolist(), sizes.tolist()):
+        y = luma[start:start + size]
+        end = np.searchsorted(y, y + MEAN_LEVELS + 1, side="right")  # first class too bright to confirm
+        cut += int((end - np.arange(size) - 1 > window).sum())
+        for step in range(1, window + 1):
+            left = np.flatnonzero(np.arange(size) + step < end)
+            if not len(left):
+                break
+            keep = compatible(means[start + left], means[start + left + step])
+            out.append(np.column_stack([reps[start + left[keep]], reps[start + left[keep] + step]]))
+    return out, cut
 
 
 def _chains(nodes: np.ndarray, new_class: np.ndarray) -> np.ndarray:

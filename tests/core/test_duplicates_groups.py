@@ -32,13 +32,23 @@ def test_copy_classes_are_chained_and_distinct_classes_paired() -> None:
     assert pairs.tolist() == [[1, 2], [1, 3], [1, 4], [4, 6]] and skipped == 0
 
 
-def test_a_key_held_by_too_many_classes_is_left_out_but_its_copies_still_chain() -> None:
-    n = 10
+def test_a_key_held_by_many_classes_pairs_each_with_its_luma_neighbours_only() -> None:
+    """A common key's classes (a top-8 set at a billion rows) are paired within the luma a
+    confirmation allows, each with at most `max_classes` next ones; its copies still chain."""
+    n = 40
     keys = np.full(n + 3, 42, np.uint64)
     nodes = np.arange(n + 3, dtype=np.uint64)
     exact = np.r_[np.arange(n), [99, 99, 99]].astype(np.uint64)
-    pairs, skipped = candidate_pairs(keys, nodes, exact, max_classes=4)
-    assert skipped == 1 and pairs.tolist() == [[10, 11], [10, 12]]
+    luma = np.r_[np.arange(n) * 10 % 250, [7, 7, 7]].astype(np.uint64)  # 4 and 28 share luma 40 (and 200)
+    means = luma << np.uint64(16) | np.uint64(128 << 8 | 128)
+    pairs, cut = candidate_pairs(keys, nodes, exact, means, max_classes=4)
+    assert {(40, 41), (40, 42)} <= set(map(tuple, pairs.tolist()))  # the copy class, chained
+    luma_of = dict(zip(nodes.tolist(), luma.tolist()))
+    assert all(abs(luma_of[a] - luma_of[b]) <= 3 for a, b in pairs.tolist())
+    assert (4, 29) in set(map(tuple, pairs.tolist())) and cut == 0
+    crowded = np.full(n, 100, np.uint64) << np.uint64(16)  # every class the same colour: more than the window
+    pairs, cut = candidate_pairs(keys[:n], nodes[:n], exact[:n], crowded, max_classes=4)
+    assert len(pairs) == 4 * n - 10 and cut == n - 5  # each class with its 4 next ones, never all with all
 
 
 def test_colour_means_drop_chance_meetings_but_never_a_pair_the_signatures_confirm() -> None:
