@@ -19,9 +19,6 @@ demo: setup
 	$(BIN)/prx-corpus demo-sources $(DEMO)/sources
 	$(BIN)/prx-corpus doctor --root $(DEMO)/corpus --no-ray
 	$(DEMO_ENV) $(BIN)/prx-corpus build --sources $(DEMO)/sources/sources.yaml --root $(DEMO)/corpus
-	@echo; echo "WARN check mds_shards_stream_sizes / skip_lists_fraction are expected on the demo, small by construction:" \
-	  "most of its streams hold fewer samples than one batch (the loader leaves them out), and its planted duplicates" \
-	  "and text images are over 10% of some streams. On a real corpus both are worth acting on (README)."
 	@echo; echo "Open the Dagster UI on this corpus (runs, checks, metadata): make ui  (then http://127.0.0.1:3000)"
 	@echo "Browse the corpus itself (search, neighbours, duplicates, plots): make browse  (then http://127.0.0.1:8080)"
 

@@ -99,8 +99,10 @@ def run_tags(defs: dg.Definitions) -> dict[str, str]:
     from prx_assets.homes import root_tags
 
     storage = (defs.resources or {}).get("storage")  # stand-in definitions (tests) have none
+    from prx_assets.build_report import report_tags
+
     return {"prx/launched_by": "prx-corpus build", **(root_tags(storage.root) if storage is not None else {}),
-            **process_tags()}
+            **process_tags(), **report_tags()}  # and the report it writes (prx_assets.build_report)
 
 
 def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],
@@ -292,6 +294,8 @@ def record(outcome: BuildOutcome, result: dg.ExecuteInProcessResult, partition: 
         if evaluation.passed:
             continue
         label = f"{evaluation.check_name}[{partition or 'global'}]"
+        if evaluation.description:  # why it failed and what to do, as the check says it
+            label += f": {' '.join(evaluation.description.split())}"
         if evaluation.severity == dg.AssetCheckSeverity.ERROR and evaluation.blocking:
             outcome.failed_blocking.append(label)
         else:

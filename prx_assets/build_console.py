@@ -37,9 +37,34 @@ class QuietFailures(logging.Filter):
         return True
 
 
+class LiveHandler(logging.Handler):
+    """Progress lines to the terminal's status line (`prx_assets.build_progress`); every other record
+    through Dagster's own handler, above it."""
+
+    def __init__(self, inner: logging.Handler) -> None:
+        super().__init__(inner.level)
+        self.inner = inner
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        from prx_assets.build_progress import STATUS, parse_progress
+
+        meta: dict[str, Any] = getattr(record, "dagster_meta", None) or {}
+        progress = parse_progress(str(meta.get("orig_message") or record.getMessage()))
+        if progress is not None and record.levelno == logging.INFO:
+            STATUS.update(progress)
+            return True
+        with STATUS.lock:
+            STATUS.clear()
+            handled = self.inner.handle(record)
+            STATUS.redraw()
+        return bool(handled)
+
+
 @dg.logger(config_schema={"log_level": dg.Field(str, is_required=False, default_value="INFO"),
-                          "verbose": dg.Field(bool, is_required=False, default_value=False)},
-           description="Dagster's console logger; without verbose, failures are left to the build's summary.")
+                          "verbose": dg.Field(bool, is_required=False, default_value=False),
+                          "live": dg.Field(bool, is_required=False, default_value=False)},
+           description="Dagster's console logger; without verbose, failures are left to the build's summary; "
+                       "live (a terminal): progress as one status line with a bar.")
 def build_console(init_context: dg.InitLoggerContext) -> logging.Logger:
     config = init_context.logger_config
     logger = dg.colored_console_logger.logger_fn(
@@ -47,9 +72,13 @@ def build_console(init_context: dg.InitLoggerContext) -> logging.Logger:
     if not config["verbose"]:
         for handler in logger.handlers:
             handler.addFilter(QuietFailures())
+    if config["live"]:
+        logger.handlers = [LiveHandler(handler) for handler in logger.handlers]
     return logger
 
 
 def logger_config(verbose: bool) -> dict[str, Any]:
-    """The run config section selecting this logger."""
-    return {"loggers": {LOGGER: {"config": {"log_level": "INFO", "verbose": verbose}}}}
+    """The run config section selecting this logger (live progress in a terminal, unless verbose)."""
+    from prx_assets.build_progress import live
+
+    return {"loggers": {LOGGER: {"config": {"log_level": "INFO", "verbose": verbose, "live": not verbose and live()}}}}

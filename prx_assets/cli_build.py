@@ -87,6 +87,11 @@ def _cmd_build(args: argparse.Namespace) -> int:
     print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
           f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
     sync_sources(instance, catalog)
+    from prx_assets.build_progress import STATUS
+    from prx_assets.build_report import REPORT_ENV, new_report_uri, save_build_report, warning_lines
+
+    store = Storage(settings.root, settings.section("storage").get("storage_options") or {})
+    report_uri = os.environ[REPORT_ENV] = new_report_uri(store)  # every run's tag, so its materializations link it
     wanted = stale_plan(defs, instance, args.source or catalog.names, select) if args.stale else None
     if wanted == set():  # --stale, and Dagster reports nothing missing or unsynced: no Ray, no run
         return 0
@@ -97,7 +102,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     else:
         start_ray()
     try:
-        outcome = run_build(defs, instance, catalog.names, args.source, select, wanted=wanted, verbose=args.verbose)
+        outcome = run_build(defs, instance, catalog.names, args.source, select, wanted=wanted, verbose=args.verbose,
+                            echo=STATUS.echo)  # above the live progress line, in a terminal
     finally:
         ray.shutdown()  # the embedded Ray's units in flight abort here: what is recorded stays recorded
     storage = defs.resources["storage"]
@@ -109,16 +115,23 @@ def _cmd_build(args: argparse.Namespace) -> int:
         recorded = recorded_units(Storage(settings.root, dict(storage.storage_options)))
         print(f"\ninterrupted: rerun the same command to resume ({recorded} units recorded)", flush=True)
         return 130
-    print("\n" + format_summary(corpus_summary(Storage(settings.root, dict(storage.storage_options)))))
+    summary = corpus_summary(Storage(settings.root, dict(storage.storage_options)))
+    print("\n" + format_summary(summary))
     for line in caption_lines(outcome):
         print(line)
-    for label in outcome.warnings:
-        print(f"WARN check {label}")
+    for line in warning_lines(outcome.warnings):  # what each found; why and what to do, once per check
+        print(line)
     for label in outcome.failed_blocking:
         print(f"FAIL blocking check {label}")
     for line in failure_lines(outcome):  # each failed step's cause; tracebacks stay in the runs' Dagster logs
         print(line)
     for label in outcome.failed_runs:
         print(f"FAIL {label}")
-    print(f"\n{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
+    try:
+        save_build_report(report_uri, store, instance, outcome, summary, started, catalog, args.source or catalog.names,
+                          defs.resources["explorer"].base_url)
+        print(f"\nreport {report_uri}")
+    except Exception as exc:  # the corpus is built either way: say so, and why the report is missing
+        print(f"\nreport not written to {report_uri}: {type(exc).__name__}: {exc}")
+    print(f"{outcome.runs} runs in {time.time() - started:.0f} s: " + ("ok" if outcome.ok else "FAILED"))
     return 0 if outcome.ok else 1

@@ -68,7 +68,17 @@ def catalog_source(context: dg.AssetExecutionContext, catalog: Any) -> SourceSpe
                         "or delete the partition (the sources sensor keeps partitions equal to the catalog).",
             allow_retries=False)
     RUN_LABEL.set(f"dagster run {context.run.run_id}")
+    link_build_report(context)
     return catalog.source(key)
+
+
+def link_build_report(context: dg.AssetExecutionContext) -> None:
+    """A run launched by `prx-corpus build` names the report the build saves (`prx/build_report`,
+    prx_assets.build_report): the materialization links to it."""
+    uri = context.run.tags.get("prx/build_report")
+    if uri:
+        output = context.assets_def.get_output_name_for_asset_key(context.asset_key)
+        context.add_output_metadata({"prx/build_report": where_value(uri)}, output_name=output)
 
 
 # -- definitions: checks, owners, kinds ---------------------------------------------------------------

@@ -7,7 +7,7 @@ changed sources touch (prx_core.stages.duplicates); its check is an aggregate on
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.common import GROUP, OWNERS, dataset_metadata, md_table, stage_metadata
+from prx_assets.common import GROUP, OWNERS, dataset_metadata, link_build_report, md_table, stage_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import GroupsReport, Progress
 from prx_resources import SkipPolicyResource, StorageResource, UnitsResource
@@ -31,6 +31,7 @@ DESCRIPTION = ("Groups of copies of one picture across all sources (re-encodes, 
           automation_condition=dg.AutomationCondition.eager(), description=DESCRIPTION, owners=OWNERS)
 def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
                units: UnitsResource, policy: SkipPolicyResource) -> dg.MaterializeResult:
+    link_build_report(context)
     groups: GroupsReport = run_stage(context, ray, "duplicates", storage=storage.storage(), progress=Progress("duplicates"),
                                      sample_rows=SAMPLE_ROWS, rule=policy.duplicates_rule, **units.settings("duplicates"))
     report, check, sample = groups.duplicates, groups.check, groups.sample

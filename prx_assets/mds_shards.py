@@ -52,6 +52,15 @@ DESCRIPTION = ("The source's Mosaic Data Shards under `<root>/mds/<source>/<tier
                "skip-lists absorb policy changes.")
 
 
+def small_streams_text(small: list[str], streams: int, minimum: int, policy: str) -> str:
+    """What the check found (first sentence, per source), then why it matters and what to do."""
+    shown = ", ".join(small[:4]) + (", ..." if len(small) > 4 else "")
+    return (f"{len(small)} of {streams} streams hold fewer than {minimum} samples, one global batch ({shown}). "
+            "The trainer's per_stream batching raises on such a stream, so a trainer must leave it out. Fix: "
+            f"training.small_streams: merge (joins them across sources) or drop (now: {policy}), or a smaller "
+            "training.global_batch_size; expected on a small corpus such as the demo.")
+
+
 def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, training: TrainingResource,
                      latents: TextLatentsResource) -> dg.AssetsDefinition:
     drop = f"-{training.small_streams}{training.min_stream_samples()}" if training.min_stream_samples() else ""  # published
@@ -105,7 +114,8 @@ def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, tr
                                     metadata={"streams": len(rows), "shards": verified.shards,
                                               "problems": "\n".join(problems[:50]) or "none"}),
                 dg.AssetCheckResult(check_name="mds_shards_stream_sizes", passed=not small,
-                                    severity=dg.AssetCheckSeverity.WARN,
+                                    severity=dg.AssetCheckSeverity.WARN, description=small_streams_text(
+                                        small, len(report.streams), minimum, training.small_streams) if small else None,
                                     metadata={"global_batch_size": training.global_batch_size,
                                               "canonical_nodes": training.canonical_nodes,
                                               "policy": training.small_streams,

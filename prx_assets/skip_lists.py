@@ -67,7 +67,12 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
                       **dataset_metadata(store, report.skipped, uri=store.uri("skiplists", source), schema=SKIP_SCHEMA),
                       **stage_metadata(report)},
             check_results=[dg.AssetCheckResult(check_name="skip_lists_fraction", passed=not heavy,
-                                               severity=dg.AssetCheckSeverity.WARN,
+                                               severity=dg.AssetCheckSeverity.WARN, description=(
+                f"{len(heavy)} of {len(report.streams)} streams skip more than {REWRITE_ABOVE:.0%} of their samples "
+                f"({', '.join(heavy[:4])}{', ...' if len(heavy) > 4 else ''}). The loader substitutes each skipped "
+                "sample with another of its stream, so such a stream over-samples what is left. Fix: `prx-corpus "
+                "rewrite-stream` writes it without the skipped samples; expected on the demo (planted duplicates "
+                "and text images).") if heavy else None,
                                                metadata={"streams_above": str(heavy), "threshold": REWRITE_ABOVE})],
             # the lists are a function of the streams, the duplicates, the labels and the policy (the code
             # version): their versions, and what was skipped per stream and reason
