@@ -15,6 +15,7 @@ from prx_assets.common import (
     source_check,
     stage_metadata,
 )
+from prx_assets.conditions import CHEAP
 from prx_assets.versions import content_version
 from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import BucketsReport
@@ -22,7 +23,6 @@ from prx_core.stages.entry import Progress
 from prx_resources import CatalogResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
-CHEAP = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
 CHECKS = [source_check("buckets_in_trainer_set", "buckets", blocking=True,
                        description="Every bucket is one of the PRX trainer's 13 sizes of its tier. Exact, no "
                                    "threshold: buckets come from a pure function of the size, so one outside "

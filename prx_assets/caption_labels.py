@@ -4,7 +4,7 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.buckets import CHEAP
+from prx_assets.conditions import CHEAP
 from prx_assets.common import (
     GROUP,
     OWNERS,

@@ -110,15 +110,17 @@ def test_pixel_cap_change_marks_samples(demo_dir, tmp_path, base) -> None:
 
 
 def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
-    """Eager + code-version-changed on the cheap assets; never automatic on captions and
-    mds_shards; captions in the `gpu` pool."""
+    """Eager on new data (a dependency's data version changed, prx_assets.conditions) + code-version-changed
+    on the cheap assets; never automatic on captions and mds_shards; captions in the `gpu` pool."""
+    from prx_assets.conditions import CHEAP, eager_on_new_data
+
     defs = build_definitions(make_settings(tmp_path / "root", demo_dir / "sources.yaml"))
     graph = defs.resolve_asset_graph()
     conditions = {key.to_user_string(): graph.get(key).automation_condition for key in graph.get_all_asset_keys()}
-    cheap = dg.AutomationCondition.eager() | dg.AutomationCondition.code_version_changed()
     for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists", "explorer"):
-        assert conditions[name] == cheap, (name, conditions[name])
-    assert conditions["duplicates"] == dg.AutomationCondition.eager()
+        assert conditions[name] == CHEAP, (name, conditions[name])
+    assert conditions["duplicates"] == eager_on_new_data()
+    assert "data_version_changed" in str(CHEAP) and "newly_updated" not in str(CHEAP)
     for name in ("captions", "text_latents", "mds_shards", "samples", "raw_source"):
         assert conditions[name] is None, name
     assets = {key.to_user_string(): a for a in build_assets(defs.resources) for key in a.keys}

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from PIL import Image
 from playwright.sync_api import Page, expect, sync_playwright
@@ -154,6 +155,52 @@ def test_make_ui_starts_without_dagster_dev_warnings(ui: UI, page: Page) -> None
     assert "Serving dagster-webserver" in output, output[-3000:]
     assert "superseded" not in output and "dg dev" not in output, output[-3000:]
     assert "will not be used to configure Dagster" not in output, output[-3000:]  # the checkout's dagster.yaml
+
+
+def dagster_materialize(ui: UI, select: str) -> subprocess.CompletedProcess:
+    """Dagster's own CLI on make ui's instance and settings (the environment `sources sync` prints)."""
+    env = cli_env(DAGSTER_HOME=str(ui.home), PRX_ROOT=str(ui.home.parents[1]),
+                  PRX_SOURCES=str(ui.home.parents[2] / "sources" / "sources.yaml"), PRX_CONFIG=str(REPO / "demo-config.yaml"))
+    return subprocess.run([str(REPO / ".venv" / "bin" / "dagster"), "asset", "materialize", "-m", "prx_assets.definitions",
+                           "--select", select, "--partition", "photos"], capture_output=True, text=True, timeout=600,
+                          env=env, cwd=REPO, start_new_session=True)
+
+
+def automation_runs(ui: UI) -> list[dg.DagsterRun]:
+    """The runs the daemon's automation condition sensor launched, oldest first."""
+    with dg.DagsterInstance.from_config(str(ui.home)) as instance:
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/from_automation_condition": "true"}))
+        return sorted(runs, key=lambda run: instance.get_run_record_by_id(run.run_id).create_timestamp)
+
+
+def ticks_after(ui: UI, mark: int, count: int, timeout: float = 240) -> list[str]:
+    """The daemon's next `count` ticks of the condition sensor after log offset `mark`: their 'Tick produced' lines."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = re.findall(rf"Tick produced (\d+) runs .* for {SENSOR}", ui.output()[mark:])
+        if len(done) >= count:
+            return done
+        assert time.monotonic() < deadline, f"the daemon ticked {len(done)} times:\n{ui.output()[mark:][-4000:]}"
+        time.sleep(2)
+
+
+def test_the_daemon_reruns_nothing_after_a_materialization_that_changed_no_data(ui: UI, page: Page) -> None:
+    """On make ui's real daemon: new `samples` data makes the automation sensor run `buckets` (eager on new
+    data); materializing `samples` again over an unchanged source keeps its data version ("unchanged: nothing
+    to run"), and the sensor's next ticks launch nothing (Dagster's eager() relaunched the downstream assets)."""
+    first = dagster_materialize(ui, "raw_source,samples")
+    assert first.returncode == 0, first.stderr[-3000:]
+    deadline = time.monotonic() + 300
+    while not [r for r in automation_runs(ui) if r.status == dg.DagsterRunStatus.SUCCESS]:
+        assert time.monotonic() < deadline, f"no automation run after new samples:\n{ui.output()[-4000:]}"
+        time.sleep(3)
+    (launched,) = automation_runs(ui)
+    assert launched.asset_selection == {dg.AssetKey("buckets")}, launched.asset_selection
+
+    again = dagster_materialize(ui, "samples")
+    assert again.returncode == 0 and "unchanged" in again.stderr, again.stderr[-3000:]
+    produced = ticks_after(ui, len(ui.output()), 2)  # two whole ticks after the unchanged materialization
+    assert produced == ["0", "0"] and len(automation_runs(ui)) == 1, (produced, automation_runs(ui))
 
 
 def test_make_ui_stops_on_ctrl_c_leaving_nothing_behind(ui: UI, page: Page) -> None:
