@@ -57,14 +57,16 @@ def _cmd_opt_out(args: argparse.Namespace) -> int:
 
     if not os.path.isfile(args.ids):
         return _fail("opt-out", f"--ids {args.ids}: no such file (one sample id a line: <source>/<source_key>)", 2)
-    if args.purge and not args.delete_bytes:
-        return _fail("opt-out", "--purge removes deleted bytes now: it needs --delete-bytes", 2)
+    if (args.purge or args.with_copies or args.discard_attempts) and not args.delete_bytes:
+        return _fail("opt-out", "--purge, --with-copies and --discard-attempts are a takedown's: they need "
+                                "--delete-bytes", 2)
     catalog = load_catalog(args.sources)
     storage = _storage(args.root, args.config)
     if missing := _missing_corpus(storage):
         return _fail("opt-out", missing, 2)
     try:
-        report = opt_out(storage, args.ids, catalog.names, args.delete_bytes, args.purge, examples=args.examples)
+        report = opt_out(storage, args.ids, catalog.names, args.delete_bytes, args.purge, examples=args.examples,
+                         discard_attempts=args.discard_attempts, with_copies=args.with_copies)
     except _errors() as exc:
         return _fail("opt-out", exc)
     print(f"opt-out: {report.read} ids read, {report.matched} matched ({report.in_streams} in published streams), "
@@ -77,9 +79,22 @@ def _cmd_opt_out(args: argparse.Namespace) -> int:
         for rewrite in report.rewrites:
             state = "unpublished (empty)" if rewrite.unpublished else f"{rewrite.before} -> {rewrite.after} samples"
             print(f"  {rewrite.stream}: {state}, {rewrite.chunks_rewritten} chunks rewritten")
+        _print_copies(report.copies, args.with_copies)
         if args.purge:
-            versions = sum(report.purged_versions.values())
-            print(f"purged: {len(report.purged)} superseded chunk folders, {versions} old table versions")
+            done = report.purge
+            versions = sum(done.versions.values())
+            print(f"purged: {len(done.chunks)} superseded chunk folders, {versions} old table versions, "
+                  f"{sum(done.content_rows.values())} rows keyed by a content no sample holds, {done.join_rows} staged "
+                  f"join rows; indexes rebuilt: {', '.join(done.indexes_rebuilt) or '-'}")
+            for attempt in done.discarded:
+                print(f"  discarded the abandoned attempt {attempt}")
+            if not done.complete:
+                for pinned in done.pinned:
+                    print(f"  kept {pinned.line()}: it still holds the deleted rows")
+                print(f"audit record: {report.record}")
+                return _fail("opt-out", "takedown incomplete: versions pinned by uncommitted attempts keep the deleted "
+                                        "rows; rerun with --discard-attempts once no build of these sources runs (or "
+                                        "after those assets' next runs)")
         else:
             print(f"note: {OLD_BYTES}")
     else:
@@ -91,6 +106,16 @@ def _cmd_opt_out(args: argparse.Namespace) -> int:
                   "command after it (same file, idempotent), or use --delete-bytes for a takedown")
     print(f"audit record: {report.record}")
     return 0
+
+
+def _print_copies(copies: dict[str, str], taken: bool, shown: int = 20) -> None:
+    """The other samples of the same pictures: taken down too (`--with-copies`), or left."""
+    if not copies:
+        return
+    what = "taken down too (--with-copies)" if taken else "NOT taken down (--with-copies takes them down too)"
+    print(f"copies of the same pictures, {what}: {len(copies)}")
+    for sample, why in list(copies.items())[:shown]:
+        print(f"  {sample}: {why}")
 
 
 def _cmd_rewrite_stream(args: argparse.Namespace) -> int:
@@ -165,8 +190,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                      help="a takedown: delete the rows from samples (and buckets, phashes, source_embeddings) and "
                           "republish the streams that held them without them")
     opt.add_argument("--purge", action="store_true",
-                     help="with --delete-bytes: remove the old bytes now (superseded chunks of those streams, the "
-                          "tables' fragments with deleted rows, their older versions)")
+                     help="with --delete-bytes: remove every copy now, also of earlier takedowns of these sources "
+                          "(superseded chunks, fragments with deleted rows, old versions, rows keyed by a content no "
+                          "sample holds, staged joins, index segments); exits 1 if an attempt pins a version")
+    opt.add_argument("--discard-attempts", action="store_true",
+                     help="with --purge: discard these sources' abandoned (uncommitted) attempts under their locks, "
+                          "so the versions they pin can go")
+    opt.add_argument("--with-copies", action="store_true",
+                     help="with --delete-bytes: also take down the other samples holding the same picture (same "
+                          "bytes, or the same duplicate group), which are listed either way")
     opt.add_argument("--examples", type=int, default=20, help="unknown ids listed (default 20)")
     opt.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
     opt.set_defaults(func=_cmd_opt_out)

@@ -296,6 +296,12 @@ def _children(fs: Any, folder: str) -> list[str]:
     return sorted(fs.ls(folder, detail=False))
 
 
+def discard_attempt(fs: Any, attempt: str) -> None:
+    """Remove an abandoned attempt folder and its uncommitted outputs (a takedown's purge: only
+    with the attempt's partition lock held, so that no run is using it)."""
+    _discard(fs, attempt)
+
+
 def _discard(fs: Any, attempt: str) -> None:
     """Remove an abandoned attempt: its uncommitted outputs (listed by its records), then itself.
     A committed attempt's outputs are live: only its folder goes."""

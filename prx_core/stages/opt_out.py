@@ -22,7 +22,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -30,22 +29,24 @@ import pyarrow.parquet as pq
 
 from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds import StreamKey, read_stream_index, stream_uri
-from prx_core.shards.merged import member_keys
 from prx_core.shards.rewrite import (
     StreamRewrite,
     current_record,
     read_stream_lists,
-    remove_superseded_now,
     rewrite_stream,
 )
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
-from prx_core.store.names import MERGED, validate_source_name
+from prx_core.store.names import validate_source_name
 from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
-from prx_core.stages.takedowns import record_takedowns
+from prx_core.stages.takedown_purge import PurgeReport, purge_source
+from prx_core.stages.takedowns import contents_of, find_copies, record_contents, record_takedowns
 from prx_core.store import fencing, lance_io
 from prx_core.store.locks import partition_lock, run_label
-from prx_core.store.storage import Storage, join_uri, put_atomic
+from prx_core.store.storage import Storage, put_atomic
 
+# every asset that writes a source's rows or pins their versions: a purge holds all their locks
+PURGE_LOCKS = ("raw_source", "samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings",
+               "text_latents", "mds_shards", "skip_lists", "explorer")
 REASON = "opt_out"  # the skip policy's own reason (SkipPolicy.opt_out), so audits see one kind
 SKIP_LOCKS = ("mds_shards", "skip_lists")
 # per-source tables keyed by sample_id, and the asset whose lock guards each
@@ -64,8 +65,8 @@ class OptOutReport:
     deleted_rows: dict[str, int] = field(default_factory=dict)  # table -> rows deleted
     streams: list[str] = field(default_factory=list)  # streams whose skip-lists or index were republished
     rewrites: list[StreamRewrite] = field(default_factory=list)
-    purged: list[str] = field(default_factory=list)  # superseded chunk folders removed at once
-    purged_versions: dict[str, int] = field(default_factory=dict)  # table -> old versions removed
+    copies: dict[str, str] = field(default_factory=dict)  # other samples of the same picture -> why
+    purge: PurgeReport = field(default_factory=PurgeReport)
     record: str = ""  # the audit record under _state/opt_out/
 
 
@@ -110,12 +111,11 @@ def delete_rows(storage: Storage, table: str, ids: pa.Array) -> int:
 
 
 def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], delete_bytes: bool,
-                 purge: bool, report: OptOutReport) -> None:
+                 report: OptOutReport) -> None:
     """Apply one source's matches under its partition locks."""
     source = match.source
     assets = [*SKIP_LOCKS, *DELETE_TABLES.values()] if delete_bytes else list(SKIP_LOCKS)
     with source_locks(storage, source, assets, f"prx-corpus opt-out ({'delete-bytes' if delete_bytes else 'skip'})"):
-        members, copies = set(member_keys(storage.root, source, storage.storage_options)), []
         for key in sorted(match.streams):
             positions, ids = match.streams[key].sorted()
             if not delete_bytes:
@@ -124,65 +124,41 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
             rewrite = rewrite_stream(storage, source, key, positions)
             report.rewrites.append(rewrite)
             report.streams.append(rewrite.stream)
-            if purge:
-                report.purged += remove_superseded_now(storage, stream_uri(storage.root, source, *key),
-                                                       rewrite.superseded)
-            if key in members:  # its chunks' copies in the merged stream go too, once it is reassembled
-                copies.append((stream_uri(storage.root, MERGED, *key), [f"{source}.{n}" for n in rewrite.superseded]))
         if match.streams:
             publish_source_manifest(storage.root, source, storage.storage_options)
-        for uri, names in copies if purge else ():
-            report.purged += remove_superseded_now(storage, uri, names)
         if delete_bytes:
             for table in DELETE_TABLES:
                 deleted = sum(delete_rows(storage, table, ids) for ids in found)
                 report.deleted_rows[table] = report.deleted_rows.get(table, 0) + deleted
-            if purge:
-                report.purged_versions.update(purge_tables(storage, source))
 
 
-def purge_tables(storage: Storage, source: str) -> dict[str, int]:
-    """Rewrite the source's fragments that hold deleted rows (one commit per table, never mixing
-    partitions) and remove every older version now, so the deleted bytes leave the data files.
-    Versions a running stage pinned stay (they hold the bytes until it ends and this, or
-    `compact_corpus`, runs again); time travel to older versions of these tables is gone."""
-    from lance import LanceDataset, LanceOperation
-
-    from prx_core.upkeep.compaction import fragment_keys, rewrite_partition
-    from prx_core.store.partitions import source_predicate
-    from prx_core.store.retention import cleanup_superseded, pinned_versions
-
-    pins, options, removed = pinned_versions(storage), storage.lance_storage_options(), {}
-    for table in DELETE_TABLES:
-        uri = storage.lance_uri(table)
-        ds = lance_io.open_table(uri, options)
-        if ds is None:
-            continue
-        ids = [f.fragment_id for f in ds.get_fragments() if f.metadata.num_deletions
-               and fragment_keys(ds, f.fragment_id, ["source"]) == {(source,)}]
-        if ids:
-            new = lance_io.fragments_from_json(rewrite_partition(uri, ds.version, ids, source_predicate(source),
-                                                                 1_000_000, options))
-            fencing.ensure_held()
-            LanceDataset.commit(ds, LanceOperation.Update(removed_fragment_ids=ids, new_fragments=new),
-                                read_version=ds.version)
-        removed[table] = cleanup_superseded(lance_io.open_table(uri, options), timedelta(0), pins.get(table, ())).removed
-    return removed
+def purge_recorded(storage: Storage, sources: Sequence[str], discard: bool, report: OptOutReport) -> None:
+    """Purge what the recorded takedowns of `sources` deleted (`prx_core.stages.takedown_purge`),
+    under each source's locks of every asset that writes or pins its rows."""
+    for source in sources:
+        with source_locks(storage, source, PURGE_LOCKS, "prx-corpus opt-out (purge)"):
+            purge_source(storage, source, discard, list(PURGE_LOCKS), report.purge)
 
 
 def opt_out(storage: Storage, ids_path: str, sources: Sequence[str], delete_bytes: bool = False,
             purge: bool = False, batch_ids: int = BATCH_IDS, examples: int = EXAMPLES,
-            buckets: int = BUCKETS) -> OptOutReport:
+            buckets: int = BUCKETS, discard_attempts: bool = False, with_copies: bool = False) -> OptOutReport:
     """Read the ids file, match it source by source and apply it. What was asked and done is
     recorded under `<root>/_state/opt_out/`: `<run>.json`, and per source `<source>/<run>.ids.parquet`
     holding the matched ids (audits, and what a later `skip_lists` must keep out); a takedown
     (`delete_bytes`) also records every id it names under `_state/takedowns/` (what ingest refuses)."""
-    if purge and not delete_bytes:
-        raise ValueError("purge removes deleted bytes: it needs delete_bytes")
+    if (purge or with_copies or discard_attempts) and not delete_bytes:
+        raise ValueError("purge, copies and attempts are a takedown's: they need delete_bytes")
     report = OptOutReport()
     work = tempfile.mkdtemp(prefix="prx-opt-out-")
     try:
         spool = spool_ids(ids_path, work, batch_ids, examples, buckets)
+        if delete_bytes:  # other samples holding the same picture: listed, or taken down too
+            asked = [i for s in sorted(spool.parts) if s in sources for a in spool.ids(s, batch_ids) for i in a.to_pylist()]
+            report.copies = find_copies(storage, asked)
+            if with_copies and report.copies:
+                spool = spool_ids(extended(ids_path, report.copies, sources, work), os.path.join(work, "all"),
+                                  batch_ids, examples, buckets)
         run = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{spool.digest[:16]}"
         report.read, report.malformed, report.examples = spool.read, spool.malformed, list(spool.examples)
         per_source = {}
@@ -201,13 +177,26 @@ def opt_out(storage: Storage, ids_path: str, sources: Sequence[str], delete_byte
             report.examples += match.examples[: max(0, examples - len(report.examples))]
             if match.in_samples:
                 write_matched(storage, source, run, found)
-                apply_source(storage, match, found, delete_bytes, purge, report)
+                if delete_bytes:  # before the rows go: what a purge, now or later, removes by content
+                    record_contents(storage, source, run, contents_of(storage, pa.concat_arrays(found).to_pylist()))
+                apply_source(storage, match, found, delete_bytes, report)
             per_source[source] = {"requested": match.requested, "matched": match.in_samples,
                                   "in_streams": match.in_streams, "unknown": match.unknown}
+        if purge:
+            purge_recorded(storage, [s for s in sorted(spool.parts) if s in sources], discard_attempts, report)
         report.record = write_audit(storage, run, spool.digest, report, per_source, delete_bytes, purge)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report
+
+
+def extended(ids_path: str, copies: dict[str, str], sources: Sequence[str], work: str) -> str:
+    """The ids file with the copies of catalog sources appended (a takedown `with_copies`)."""
+    path = os.path.join(work, "with-copies.txt")
+    with open(ids_path, "rb") as given, open(path, "wb") as out:
+        shutil.copyfileobj(given, out)
+        out.write(b"\n" + "".join(f"{c}\n" for c in copies if c.split("/", 1)[0] in sources).encode())
+    return path
 
 
 def write_matched(storage: Storage, source: str, run: str, found: list[pa.Array]) -> str:

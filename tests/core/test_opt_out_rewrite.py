@@ -196,12 +196,78 @@ def test_purge_removes_the_old_bytes_from_disk(storage: Storage, tmp_path: Path)
     source_bytes = [r["image"] for r in rows.to_pylist() if r["sample_id"] in chosen]
     stored = [r["image"] for uri in list_streams(storage.root, "photos")
               for r in read_stream_rows(uri, ["sample_id", "image"]) if r["sample_id"] in chosen]
+    contents = content_ids(storage, chosen)
     report = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True, purge=True)
-    assert report.matched == 3 and report.purged and report.purged_versions["samples"] > 0
+    assert report.matched == 3 and report.purge.chunks and report.purge.versions["samples"] > 0
+    assert report.purge.complete and report.purge.content_rows == {"captions": 3, "caption_labels": 3}
     assert not files_holding(Path(storage.root, "mds"), stored)
     assert not files_holding(Path(storage.root, "lance"), source_bytes)
+    assert not files_holding(Path(storage.root, "lance"), [c.encode() for c in contents])  # captions, indexes too
+    assert not ids_in_lance(storage, chosen)  # no index segment or old version keeps an id
     assert lance_io.read_table(storage.lance_uri("samples"), ["sample_id"]).num_rows == rows.num_rows - 3
     assert not set(loaded(storage)) & set(chosen)
+
+
+def content_ids(storage: Storage, ids: list[str]) -> list[str]:
+    rows = lance_io.read_table(storage.lance_uri("samples"), ["sample_id", "content_id"]).to_pylist()
+    return [r["content_id"] for r in rows if r["sample_id"] in ids]
+
+
+def test_a_purge_after_the_delete_acts_on_what_the_takedown_recorded(storage: Storage, tmp_path: Path) -> None:
+    """The runbook's order: --delete-bytes, then the same with --purge (the ids no longer match)."""
+    chosen = kept_ids(storage, 2)
+    stored = [r["image"] for uri in list_streams(storage.root, "photos")
+              for r in read_stream_rows(uri, ["sample_id", "image"]) if r["sample_id"] in chosen]
+    first = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True)
+    assert first.matched == 2 and files_holding(Path(storage.root, "mds"), stored)
+    second = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True, purge=True)
+    assert (second.matched, second.unknown) == (0, 2)  # before: "purged: 0", the bytes kept 7 days
+    assert second.purge.chunks and second.purge.complete
+    assert not files_holding(Path(storage.root, "mds"), stored)
+    assert not ids_in_lance(storage, chosen)
+
+
+def ids_in_lance(storage: Storage, ids: list[str]) -> set[bytes]:
+    """The ids any Lance file holds, but `duplicates`' (ids and pHashes of the last `duplicates`
+    run, no bytes: its next run drops them)."""
+    tables = [p for p in Path(storage.root, "lance").iterdir() if p.name != "duplicates.lance"]
+    return set().union(*(files_holding(t, [i.encode() for i in ids]) for t in tables))
+
+
+def test_a_version_an_abandoned_attempt_pins_is_named_until_discarded(storage: Storage, tmp_path: Path) -> None:
+    """A crashed attempt pins the version that still holds the rows; the takedown says so, and
+    discards the source's abandoned attempts when asked (under their locks)."""
+    from prx_core.compute.units import Manifest, UnitRun
+
+    chosen = kept_ids(storage, 1)
+    samples = lance_io.read_table(storage.lance_uri("samples"), ["sample_id", "image"], source_predicate("photos"))
+    source_bytes = [r["image"] for r in samples.to_pylist() if r["sample_id"] in chosen]
+    version = lance_io.table_version(storage.lance_uri("samples"))
+    attempt = UnitRun.open(storage, Manifest("buckets", "photos", {"samples": version}, "1"))
+    name = f"_runs/buckets/photos/{attempt.manifest.digest()}"
+    report = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True, purge=True)
+    assert not report.purge.complete
+    assert [p.line() for p in report.purge.pinned] == [f"samples version {version}, pinned by {name}"]
+    assert files_holding(Path(storage.root, "lance", "samples.lance"), source_bytes)  # the pinned version holds them
+    done = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True, purge=True,
+                   discard_attempts=True)
+    assert done.purge.complete and done.purge.discarded == [name]
+    assert not files_holding(Path(storage.root, "lance"), source_bytes)
+    assert not Path(storage.root, name).exists()
+
+
+def test_other_samples_of_the_same_picture_are_listed_and_taken_down_on_request(storage: Storage,
+                                                                               tmp_path: Path) -> None:
+    """Every sample of the module's corpus is in one duplicate group ("g"): a takedown of one lists
+    the others; `with_copies` takes them down too."""
+    chosen = kept_ids(storage, 1)
+    report = opt_out(storage, ids_file(tmp_path, chosen), ["photos"], delete_bytes=True)
+    others = set(lance_io.read_table(storage.lance_uri("duplicates"), ["sample_id"])["sample_id"].to_pylist()) - set(chosen)
+    assert set(report.copies) == others and set(report.copies.values()) == {f"duplicate group of {chosen[0]}"}
+    again = kept_ids(storage, 1)
+    taken = opt_out(storage, ids_file(tmp_path, again), ["photos"], delete_bytes=True, with_copies=True)
+    left = lance_io.read_table(storage.lance_uri("samples"), ["sample_id"], source_predicate("photos"))
+    assert set(taken.copies) and not set(taken.copies) & set(left["sample_id"].to_pylist())
 
 
 def test_rewrite_stream_drops_the_skipped_samples_and_the_loader_yields_the_same(storage: Storage) -> None:
@@ -248,3 +314,4 @@ def test_a_stream_path_names_its_stream() -> None:
         parse_stream("photos/512")
     with pytest.raises(ValueError):
         parse_stream("../512/512x512")
+

@@ -79,3 +79,23 @@ def test_the_samples_stage_refuses_recorded_takedowns_and_counts_them(
     report = build_samples(spec_for(tmp_path / "laion"), storage)
     assert (report.rows, report.reasons) == (2, {"taken_down": 1})
     assert "/photo/coffee/stage-1" not in server.paths()
+
+
+def test_a_purge_deletes_the_taken_down_keys_from_the_staged_joins(tmp_path: Path) -> None:
+    """A staged join (`_state/joins/<source>/<digest>.lance`, BTREE on its key) holds the joined
+    captions of taken-down keys: they go, index and old versions included."""
+    import lance
+
+    from prx_core.stages.takedown_purge import PurgeReport, purge_source
+
+    storage = Storage(str(tmp_path / "corpus"))
+    staged = tmp_path / "corpus" / "_state" / "joins" / "laion" / "abc.lance"
+    rows = pa.table({"key": ["k0", "k1", "secret-key"], "caption": ["a", "b", "a caption to take down"]})
+    lance.write_dataset(rows, str(staged)).create_scalar_index("key", "BTREE", name="key_btree")
+    record_takedowns(storage, "laion", "run1", [pa.array(["laion/secret-key"])])
+    report = PurgeReport()
+    purge_source(storage, "laion", False, [], report)
+    assert report.join_rows == 1 and report.complete
+    assert sorted(lance.dataset(str(staged)).to_table()["key"].to_pylist()) == ["k0", "k1"]
+    assert not [p for p in staged.rglob("*") if p.is_file() and b"secret-key" in p.read_bytes()]
+    assert not [p for p in staged.rglob("*") if p.is_file() and b"a caption to take down" in p.read_bytes()]

@@ -234,3 +234,36 @@ def test_republishing_the_manifests_of_a_corpus_written_before_them(corpus: Corp
            [f"tier {t}" for t in tiers]
     assert "0 refused" in done.stdout and "refused " not in done.stdout.replace("0 refused", "")
     assert loaded(corpus.root) == before
+
+
+def test_a_takedown_that_an_abandoned_attempt_pins_is_incomplete_until_discarded(corpus: Corpus) -> None:
+    """A crashed attempt pins the version holding the rows: the takedown names it and exits 1;
+    `--discard-attempts` finishes it. The same picture in another source is listed, and taken
+    down too with `--with-copies`."""
+    from prx_core.compute.units import Manifest, UnitRun
+    from prx_core.store.storage import Storage
+
+    samples = lance.dataset(str(corpus.root / "lance" / "samples.lance"))
+    rows = samples.to_table(columns=["sample_id", "content_id", "image"]).to_pylist()
+    victim, copy = [(r, c) for c in rows if c["sample_id"].startswith("photos_b/copy_") for r in rows
+                    if r["content_id"] == c["content_id"] and r["sample_id"] != c["sample_id"]][0]
+    attempt = UnitRun.open(Storage(str(corpus.root)), Manifest("buckets", "photos_a", {"samples": samples.version}, "x"))
+    pinned = f"_runs/buckets/photos_a/{attempt.manifest.digest()}"
+    ids = write_ids(corpus, "takedown-pinned.txt", [victim["sample_id"]])
+    args = ["opt-out", "--ids", str(ids), "--root", str(corpus.root), "--sources", str(corpus.two), "--delete-bytes",
+            "--purge"]
+    first = run_cli(*args)
+    assert first.returncode == 1, first.explain()
+    assert f"{copy['sample_id']}: same content as {victim['sample_id']}" in first.stdout
+    assert "NOT taken down (--with-copies takes them down too)" in first.stdout
+    assert f"kept samples version {samples.version}, pinned by {pinned}: it still holds the deleted rows" in first.stdout
+    assert "takedown incomplete" in first.stderr
+    assert file_bytes(corpus.root / "lance" / "samples.lance", [victim["image"]])  # the pinned version holds them
+
+    done = run_cli(*args, "--discard-attempts", "--with-copies")
+    assert done.returncode == 0, done.explain()
+    assert f"discarded the abandoned attempt {pinned}" in done.stdout and not (corpus.root / pinned).exists()
+    left = {r["sample_id"] for r in lance.dataset(str(corpus.root / "lance" / "samples.lance")).to_table(
+        columns=["sample_id"]).to_pylist()}
+    assert victim["sample_id"] not in left and copy["sample_id"] not in left
+    assert not file_bytes(corpus.root / "lance", [victim["image"]])
