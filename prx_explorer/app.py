@@ -53,6 +53,8 @@ SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "X-Frame-Options": "DENY",
+    # another site's page cannot load a thumbnail or page of the corpus (it could tell an id is there)
+    "Cross-Origin-Resource-Policy": "same-origin",
 }
 NO_STORE = ("text/html", "application/json")  # always `no-store`; other responses without a policy get it too
 SERVER_ERROR = "Internal error; the details are in the explorer log."

@@ -258,6 +258,8 @@ def test_security_headers_and_read_only(client: TestClient) -> None:
     assert "script-src" not in response.headers["content-security-policy"]  # default-src 'none' forbids scripts
     assert response.headers["content-security-policy"].startswith("default-src 'none'")
     assert response.headers["x-content-type-options"] == "nosniff"
+    for path in ("/", "/thumb", "/api/search"):  # a page elsewhere cannot probe an id through a thumbnail
+        assert client.get(path, params={"id": "x"}).headers["cross-origin-resource-policy"] == "same-origin"
     for path in ("/", "/sample", "/thumb", "/api/search"):
         assert client.post(path).status_code == 405
         assert client.delete(path).status_code == 405
