@@ -3,7 +3,8 @@
 Reads a sample of each source's images (no table is written, no Dagster run is made), measures
 what the stages will do to them on this machine, and scales it by each source's size
 (prx_core.stages.plan, plan_estimates): rows, MDS samples, streams and the small ones, bytes,
-GPU-hours, core-hours, and the wall time for `--cpus` cores and `--gpus` GPUs.
+GPU-hours, core-hours, the wall time on this machine, the Ray cluster the settings name, or `--cpus`
+and `--gpus` (it says which: prx_core.stages.plan_machine), and the cost when given prices.
 """
 
 from __future__ import annotations
@@ -22,8 +23,13 @@ def add_parser(sub: Any) -> None:
     plan.add_argument("--source", action="append", default=[], help="only this source (repeatable)")
     plan.add_argument("--config", help="PRX_CONFIG settings (captioner, labeler, training batch, storage options)")
     plan.add_argument("--sample", type=int, default=1_000, help="images read per source (default 1000)")
-    plan.add_argument("--cpus", type=int, default=64, help="cluster cores, for the wall time (default 64)")
-    plan.add_argument("--gpus", type=int, default=8, help="cluster GPUs, for the wall time (default 8)")
+    plan.add_argument("--cpus", type=int, help="cores for the wall time (default: this machine's, or the Ray "
+                                               "cluster's when the settings give ray.address)")
+    plan.add_argument("--gpus", type=int, help="GPUs for the wall time (default: this machine's, or the cluster's)")
+    plan.add_argument("--gpu-hour-price", type=float, default=0.0, help="price of a GPU-hour: the backfill's cost")
+    plan.add_argument("--cpu-hour-price", type=float, default=0.0, help="price of a core-hour")
+    plan.add_argument("--gb-month-price", type=float, default=0.0, help="price of a GB stored for a month")
+    plan.add_argument("--currency", default="$", help="printed before the prices (default $)")
     plan.add_argument("--caption-rate", type=float, default=None,
                       help="VLM captions per second per GPU (default 20, an H200's)")
     plan.add_argument("--retry-share", type=float, default=None,
@@ -39,9 +45,13 @@ def run_plan(args: argparse.Namespace) -> int:
     from prx_assets.settings import SettingsError, load_settings
     from prx_core.sources.catalog import load_catalog
     from prx_core.stages.plan_estimates import CAPTION_RATE, format_plan, plan_corpus
+    from prx_core.stages.plan_machine import Prices, choose
 
     if args.sample < 1:
         raise SettingsError(f"--sample: must be at least 1, got {args.sample}")
+    for name in ("cpus", "gpus", "gpu_hour_price", "cpu_hour_price", "gb_month_price"):
+        if (getattr(args, name) or 0) < 0:
+            raise SettingsError(f"--{name.replace('_', '-')}: must not be negative, got {getattr(args, name)}")
     if args.config:
         os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
     settings = load_settings()
@@ -57,8 +67,12 @@ def run_plan(args: argparse.Namespace) -> int:
     specs = [s for s in catalog.sources if not args.source or s.name in args.source]
     if not args.no_preflight and preflight_sources(catalog.path, specs, settings):
         return 2
-    plan = plan_corpus(specs, models, args.sample, args.cpus, args.gpus,
-                       settings.section("storage").get("storage_options") or {}, echo=lambda line: print(line, flush=True))
+    machine = choose(args.cpus, args.gpus, settings.section("ray").get("address"))
+    print(f"sizing for {machine.describe()}", flush=True)
+    prices = Prices(args.gpu_hour_price, args.cpu_hour_price, args.gb_month_price, args.currency)
+    plan = plan_corpus(specs, models, args.sample, machine.cpus, machine.gpus,
+                       settings.section("storage").get("storage_options") or {}, echo=lambda line: print(line, flush=True),
+                       machine=machine.describe(), prices=prices if prices.given() else None)
     print(format_plan(plan))
     if args.json:
         with open(args.json, "w") as out:

@@ -10,6 +10,7 @@ from pydantic import Field
 from prx_assets.common import GROUP, OWNERS, md_table
 from prx_core.models.text_latents import latent_sizing
 from prx_core.sources.preflight import check_source
+from prx_core.stages.plan_machine import Machine, Prices
 from prx_core.stages.plan_estimates import (CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus,
                                             reject_lines)
 from prx_resources import (
@@ -29,8 +30,11 @@ DESCRIPTION = ("What a build of every catalog source will cost, estimated from a
 
 class PlanConfig(dg.Config):
     sample: int = Field(default=1_000, ge=1, description="Images read per source.")
-    cpus: int = Field(default=64, ge=1, description="Cluster cores, for the wall time.")
-    gpus: int = Field(default=8, ge=0, description="Cluster GPUs, for the wall time.")
+    cpus: int | None = Field(default=None, ge=1, description="Cores for the wall time (default: the Ray cluster's).")
+    gpus: int | None = Field(default=None, ge=0, description="GPUs for the wall time (default: the Ray cluster's).")
+    gpu_hour_price: float = Field(default=0.0, ge=0, description="Price of a GPU-hour (0: no cost shown).")
+    cpu_hour_price: float = Field(default=0.0, ge=0, description="Price of a core-hour.")
+    gb_month_price: float = Field(default=0.0, ge=0, description="Price of a GB stored for a month.")
     caption_rate: float = Field(default=CAPTION_RATE, gt=0, description="VLM captions per second per GPU.")
     retry_share: float = Field(default=RETRY_SHARE, ge=0, le=1,
                                description="VLM captions the caption checks refuse and generate again (fallback decoding).")
@@ -48,6 +52,17 @@ def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: 
                   batch_size=training.global_batch_size, latents=sizing)
 
 
+def cluster_machine(cpus: int | None, gpus: int | None) -> Machine:
+    """The given counts, else the Ray cluster this run's Ray is (embedded or connected): its resources."""
+    import ray
+
+    if cpus is not None and gpus is not None:
+        return Machine(cpus, gpus, "given (run config)")
+    resources = ray.cluster_resources() if ray.is_initialized() else {}
+    return Machine(cpus if cpus is not None else int(resources.get("CPU", 1)),
+                   gpus if gpus is not None else int(resources.get("GPU", 0)), "the run's Ray cluster")
+
+
 def digits(hours: float) -> float:
     """Four significant digits: a demo's 0.0039 hours is not 0."""
     return float(f"{hours:.4g}")
@@ -63,8 +78,11 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
     problems = [p.line() for spec in specs for p in check_source(spec, storage.storage().storage_options)]
     if problems:  # `build`'s preflight: one line per problem, before any image is read
         raise dg.Failure(description="\n".join(problems), metadata={"problems": len(problems)})
-    plan = plan_corpus(specs, models, config.sample, config.cpus, config.gpus,
-                       storage.storage().storage_options, echo=context.log.info)
+    machine = cluster_machine(config.cpus, config.gpus)
+    prices = Prices(config.gpu_hour_price, config.cpu_hour_price, config.gb_month_price)
+    plan = plan_corpus(specs, models, config.sample, machine.cpus, machine.gpus,
+                       storage.storage().storage_options, echo=context.log.info, machine=machine.describe(),
+                       prices=prices if prices.given() else None)
     totals = plan.totals()
     rows = [{"source": p.source, "rows": p.rows, "rejected": p.rejected, "mds_samples": p.mds_samples,
              "streams": len(p.streams), "small_streams": len(p.small_streams), "mds_gb": round(p.mds_bytes / 1e9, 3),
@@ -78,6 +96,9 @@ def corpus_plan(context: dg.AssetExecutionContext, config: PlanConfig, catalog: 
         "wall_hours": dg.MetadataValue.float(digits(totals["wall_hours"])) if totals["wall_hours"] != float("inf")
         else dg.MetadataValue.text("no GPU given"),
         "mds_bytes": int(totals["mds_bytes"]), "stored_bytes": int(totals["storage_bytes"]),
-        "cluster": f"{config.cpus} cores, {config.gpus} GPUs", "notes": "\n".join(
+        **({"cost_to_build": dg.MetadataValue.float(round(totals["cost_compute"], 2)),
+            "cost_per_month": dg.MetadataValue.float(round(totals["cost_storage_per_month"], 2))}
+           if "cost_compute" in totals else {}),
+        "cluster": machine.describe(), "notes": "\n".join(
             f"{p.source}: {n}" for p in plan.sources for n in p.notes) or "-",
         "rejects": "\n".join(line for p in plan.sources for line in reject_lines(p)) or "-"})

@@ -22,6 +22,7 @@ from typing import Any
 from prx_core.shards.mds import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.plan import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
+from prx_core.stages.plan_machine import Prices
 from prx_core.stages.source_causes import GENERIC_HINT, fix_for
 from prx_core.upkeep.compaction import TARGET_BYTES
 
@@ -189,22 +190,29 @@ class CorpusPlan:
     sources: list[SourcePlan]
     cpus: int
     gpus: int
+    machine: str = ""  # what the wall time is for (prx_core.stages.plan_machine): this machine, a cluster, given
+    prices: Prices | None = None
 
     def totals(self) -> dict[str, float]:
         core = sum(sum(p.core_hours.values()) for p in self.sources)
         gpu = sum(sum(p.gpu_hours.values()) for p in self.sources)
+        stored = sum(sum(p.storage_bytes.values()) for p in self.sources)
+        costs = self.prices.cost(gpu, core, stored) if self.prices and self.prices.given() else {}
         return {"rows": sum(p.rows for p in self.sources), "mds_samples": sum(p.mds_samples for p in self.sources),
-                "storage_bytes": sum(sum(p.storage_bytes.values()) for p in self.sources),
-                "mds_bytes": sum(p.mds_bytes for p in self.sources), "core_hours": core, "gpu_hours": gpu,
+                "storage_bytes": stored, "mds_bytes": sum(p.mds_bytes for p in self.sources), "core_hours": core,
+                "gpu_hours": gpu, **{f"cost_{k}": v for k, v in costs.items()},
                 # the CPU stages and the GPU stages of a source run one after the other
                 "wall_hours": core / max(self.cpus, 1) + (gpu / self.gpus if self.gpus else (math.inf if gpu else 0.0))}
 
     def to_json(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "gpus": self.gpus, "sources": [asdict(p) for p in self.sources], "totals": self.totals()}
+        return {"cpus": self.cpus, "gpus": self.gpus, "machine": self.machine,
+                "prices": asdict(self.prices) if self.prices else None,
+                "sources": [asdict(p) for p in self.sources], "totals": self.totals()}
 
 
 def plan_corpus(specs: list[SourceSpec], models: Models, sample: int = SAMPLE, cpus: int = 64, gpus: int = 8,
-                storage_options: dict[str, Any] | None = None, echo: Any = None) -> CorpusPlan:
+                storage_options: dict[str, Any] | None = None, echo: Any = None, machine: str = "",
+                prices: Prices | None = None) -> CorpusPlan:
     """Each source sampled and estimated in turn (`echo`, if given, hears which one)."""
     plans = []
     for spec in specs:
@@ -212,7 +220,7 @@ def plan_corpus(specs: list[SourceSpec], models: Models, sample: int = SAMPLE, c
             echo(f"sampling {spec.name} ({spec.format}, {spec.uri}) ...")
         stats, size = sample_source(spec, sample, storage_options)
         plans.append(estimate(spec.name, spec.format, stats, size, models, source_name_bytes=len(spec.name)))
-    return CorpusPlan(plans, cpus, gpus)
+    return CorpusPlan(plans, cpus, gpus, machine or f"{cpus} cores, {gpus} GPUs", prices)
 
 
 def format_plan(plan: CorpusPlan) -> str:
@@ -226,10 +234,16 @@ def format_plan(plan: CorpusPlan) -> str:
                      f"{sum(p.gpu_hours.values()):.3g} | {sum(p.core_hours.values()):.3g} | "
                      f"{p.image_ms['validate']:.1f} / {p.image_ms['render']:.1f} |")
     t = plan.totals()
-    wall = "no GPU given (--gpus)" if math.isinf(t["wall_hours"]) else f"{t['wall_hours']:.3g} h"
+    wall = (f"none: no GPU there for its {t['gpu_hours']:.3g} GPU-hours (give --gpus, or ray.address a cluster's)"
+            if math.isinf(t["wall_hours"]) else f"{t['wall_hours']:.3g} h")
     lines += ["", f"total: {t['rows']:,.0f} rows, {t['mds_samples']:,.0f} MDS samples, {size(t['mds_bytes'])} of MDS, "
               f"{size(t['storage_bytes'])} stored, {t['gpu_hours']:.3g} GPU-hours, {t['core_hours']:.3g} core-hours; "
-              f"wall time on {plan.cpus} cores and {plan.gpus} GPUs: {wall}"]
+              f"wall time on {plan.machine}: {wall}"]
+    if "cost_compute" in t and plan.prices:
+        c, p = plan.prices.currency, plan.prices
+        lines.append(f"cost at {c}{p.gpu_hour:g}/GPU-hour, {c}{p.cpu_hour:g}/core-hour, {c}{p.gb_month:g}/GB-month: "
+                     f"{c}{t['cost_compute']:,.2f} to build (GPU {c}{t['cost_gpu']:,.2f}, CPU {c}{t['cost_cpu']:,.2f}), "
+                     f"then {c}{t['cost_storage_per_month']:,.2f} a month to keep {size(t['storage_bytes'])}")
     for p in plan.sources:
         lines += [f"{p.source}: {note}" for note in p.notes]
         lines += reject_lines(p)

@@ -4,6 +4,7 @@ sample, so the plan reads all of it; the sampled case is tests/core/test_plan.py
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,8 @@ def test_the_command_prints_every_source_and_writes_json(corpus: Corpus, tmp_pat
     out = tmp_path / "plan.json"
     assert main(["plan", "--sources", str(corpus.sources), "--sample", "40", "--gpus", "2", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert all(f"| {s} |" in printed for s in SOURCES) and "wall time on 64 cores and 2 GPUs" in printed
+    assert all(f"| {s} |" in printed for s in SOURCES)
+    assert re.search(r"wall time on this machine \(.+\), with --gpus: \d+ cores, 2 GPUs: ", printed), printed
     import json
 
     plan = json.loads(out.read_text())
@@ -68,5 +70,6 @@ def test_the_corpus_plan_asset_shows_the_plan(corpus: Corpus) -> None:
     meta = event.materialization.metadata
     table = meta["plan"].value
     assert all(f"| {s} |" in table for s in SOURCES) and meta["sources"].value == len(SOURCES)
-    assert meta["dagster/row_count"].value >= 300 and meta["cluster"].value == "64 cores, 0 GPUs"
+    assert meta["dagster/row_count"].value >= 300
+    assert re.fullmatch(r"the run's Ray cluster: [1-9]\d* cores, 0 GPUs", meta["cluster"].value), meta["cluster"].value
     assert meta["gpu_hours"].value == 0.0 and meta["wall_hours"].value > 0  # source captions: no GPU needed

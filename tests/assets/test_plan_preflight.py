@@ -71,6 +71,7 @@ def test_plan_names_the_dominant_reject_reason_its_example_and_fix(catalog: Path
                            "e.g. data/train-00000-of-00001:0: \"image path ")
     assert "fix: the Image() paths point outside the source's uri: embed the images' bytes in the table" in line
     assert not any(x.startswith("good: rejects") for x in printed.splitlines())
+    assert "sizing for this machine (" in printed and "wall time on this machine (" in printed  # not 64 cores, 8 GPUs
     plans = {p["source"]: p for p in json.loads(out.read_text())["sources"]}
     (reason,) = plans["image_paths"]["rejects"]
     assert (reason["reason"], reason["sampled"], reason["rows"]) == ("path_outside_source", ROWS, ROWS)
@@ -85,3 +86,15 @@ def test_without_preflight_a_reader_error_is_a_reject_not_a_traceback(catalog: P
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("wrong_caption: rejects ")]
     assert "unreadable_fragment" in line and "has no column(s) ['descr']" in line
     assert "fix: the files cannot be read as `format: huggingface`" in line
+
+
+def test_plan_prices_a_backfill(catalog: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--sources", str(catalog), "--source", "good", "--sample", "20", "--cpus", "16", "--gpus", "1",
+                 "--gpu-hour-price", "2.5", "--cpu-hour-price", "0.05", "--gb-month-price", "0.023",
+                 "--currency", "EUR "]) == 0
+    printed = capsys.readouterr().out
+    assert "wall time on given (--cpus, --gpus): 16 cores, 1 GPUs: " in printed
+    (cost,) = [x for x in printed.splitlines() if x.startswith("cost at ")]
+    assert cost.startswith("cost at EUR 2.5/GPU-hour, EUR 0.05/core-hour, EUR 0.023/GB-month: EUR ") and "a month to keep" in cost
+    assert main(["plan", "--sources", str(catalog), "--gpu-hour-price", "-1"]) == 2
+    assert "--gpu-hour-price: must not be negative" in capsys.readouterr().err
