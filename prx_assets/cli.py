@@ -198,11 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
 
-    from prx_assets import cli_build, cli_labels, cli_ops, cli_plan, cli_sources  # each command group in its own module
+    from prx_assets import cli_build, cli_labels, cli_ops, cli_plan, cli_preview, cli_sources  # a module per group
 
     cli_build.add_parser(sub)
     cli_sources.add_parser(sub)
     cli_plan.add_parser(sub)
+    cli_preview.add_parser(sub)
     cli_labels.add_parser(sub)
 
     browse = sub.add_parser("browse", help="read-only web explorer: caption search, neighbours, filters, plots")

@@ -39,6 +39,7 @@ from prx_explorer.disk_cache import DiskThumbnails
 from prx_explorer.facets import MENUS, facet_rows, totals
 from prx_explorer.metadata import sample_details
 from prx_explorer.params import BadRequest, int_param, text_param
+from prx_explorer.previews import preview_runs, preview_thumbnail
 from prx_explorer.query import MAX_PAGE, Query
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, query_terms, snippet
 from prx_explorer.search import NeighbourCache, QueryCache, run_query
@@ -204,6 +205,18 @@ class Explorer:
             data = self._plots[key]
         return Response(data, media_type="image/png", headers={"Cache-Control": "no-cache"})
 
+    def previews(self, request: Request) -> HTMLResponse:
+        """What `prx-corpus preview` saw (prx_explorer.previews): every source's latest, or one source's runs."""
+        source = text_param(request.query_params, "source")
+        return self._page(request, "previews.html", {"runs": preview_runs(self.storage, source or None), "source": source})
+
+    def preview_thumb(self, request: Request) -> Response:
+        data = preview_thumbnail(self.storage, text_param(request.query_params, "id"),
+                                 int_param(request.query_params, "n", 0, 0, 100_000) or 0)
+        if data is None:
+            return Response("not found", 404, media_type="text/plain")
+        return Response(data, media_type="image/jpeg", headers={"Cache-Control": "private, max-age=3600"})
+
     def stylesheet(self, request: Request) -> Response:
         return Response(STYLESHEET, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
 
@@ -284,6 +297,8 @@ def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] 
         Route("/sample", explorer.sample, methods=["GET"]),
         Route("/thumb", explorer.thumbnail, methods=["GET"]),
         Route("/overview", explorer.overview, methods=["GET"]),
+        Route("/previews", explorer.previews, methods=["GET"]),
+        Route("/previews/thumb", explorer.preview_thumb, methods=["GET"]),
         Route("/plot/{name}.png", explorer.plot, methods=["GET"]),
         Route("/api/search", explorer.api_search, methods=["GET"]),
         Route("/api/neighbours", explorer.more_like, methods=["GET"]),

@@ -194,6 +194,29 @@ def test_xss_caption_is_inert(page: Page, server: str, explorer_corpus: Explorer
     page.screenshot(path=str(SHOTS / "06-xss-inert.png"), full_page=True)
 
 
+def test_a_caption_preview_shows_in_the_explorer(page: Page, server: str, explorer_corpus: ExplorerCorpus) -> None:
+    """`prx-corpus preview --root` (the real command, the `source` captioner) and the explorer's Previews page."""
+    demo = explorer_corpus.demo
+    done = subprocess.run([CLI, "preview", "--sources", str(demo / "sources.yaml"), "--source", "web_images",
+                           "--sample", "4", "--root", str(explorer_corpus.root)], capture_output=True, text=True,
+                          timeout=600, env={k: v for k, v in os.environ.items() if k != "PRX_CONFIG"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    page.goto(server)
+    page.get_by_role("link", name="Previews").click()
+    run = page.locator("section.preview")
+    expect(run).to_have_count(1)
+    expect(run.locator("h2")).to_contain_text("web_images · source")
+    expect(run.locator(".summary")).to_contain_text("4 images")
+    expect(run.locator(".summary")).to_contain_text("GPU-hours at the plan's rate")
+    expect(run.locator("li.card")).to_have_count(4)
+    expect(run.locator(".caption-by").first).to_have_text("Source caption (no model ran)")
+    expect(run.locator(".badge.check").first).to_have_text(re.compile(r"^check: (ok|flagged)"))
+    assert all(w > 0 for w in loaded_images(page, "section.preview img"))
+    page.screenshot(path=str(SHOTS / "08-previews.png"), full_page=True)
+    page.locator("section.preview h2 a").click()  # the source's own runs
+    expect(page.locator("h1")).to_have_text("Caption previews of web_images")
+
+
 def test_hostile_metadata_and_source_urls_are_inert(page: Page, meta_server: str) -> None:
     page.goto(f"{meta_server}/sample?id=tiny/007")
     entries = page.locator("#metadata")
