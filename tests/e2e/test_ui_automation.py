@@ -157,6 +157,17 @@ def test_make_ui_starts_without_dagster_dev_warnings(ui: UI, page: Page) -> None
     assert "will not be used to configure Dagster" not in output, output[-3000:]  # the checkout's dagster.yaml
 
 
+def test_descriptions_render_as_written(ui: UI, page: Page) -> None:
+    """A path with placeholders reads as written on the asset's page (a code span: Markdown took
+    `<root>` for an HTML tag before). The kinds per asset: tests/assets/test_raw_source_rows.py."""
+    page.goto(f"{ui.url}/assets/mds_shards")
+    path = page.locator("code", has_text="<root>/mds/<source>/<tier>/<w>x<h>")
+    expect(path.first).to_be_visible(timeout=90_000)
+    page.screenshot(path=str(SHOTS / "mds_shards.png"), full_page=True)
+    page.goto(f"{ui.url}/assets/skip_lists")
+    expect(page.locator("code", has_text="<root>/skiplists/<source>/...").first).to_be_visible(timeout=90_000)
+
+
 def dagster_materialize(ui: UI, select: str) -> subprocess.CompletedProcess:
     """Dagster's own CLI on make ui's instance and settings (the environment `sources sync` prints)."""
     env = cli_env(DAGSTER_HOME=str(ui.home), PRX_ROOT=str(ui.home.parents[1]),
