@@ -56,6 +56,7 @@ def write_source(storage: Storage, source: str, captions: list[str | None], embe
         "image": [b"x"] * n, "width": [800] * n, "height": [600] * n, "format": ["JPEG"] * n, "mode": ["RGB"] * n,
         "orientation": [1] * n, "jpeg_quality": [90] * n, "num_bytes": [1] * n, "original_caption": captions,
         "embedding": embeddings, "phash": [None] * n, "metadata": [None] * n, "source_url": [None] * n,
+        "match_keys": [None] * n, "signature": [None] * n, "lossless": [None] * n,
     }, schema=schemas.SAMPLES)
     where = f"source = '{source}'"
     lance_io.replace_partition(storage.lance_uri("samples"), where, samples, schemas.SAMPLES)

@@ -4,6 +4,7 @@ workers, and a rerun after a changed source starts a new attempt."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def test_duplicate_sample_ids_are_counted_with_examples(demo_dir: Path, tmp_path
     shutil.copytree(spec.uri, copy)
     first = sorted(copy.glob("*.parquet"))[0]
     shutil.copy(first, copy / "part-99999.parquet")
-    doubled = type(spec)(**{**spec.to_dict(), "uri": str(copy)})
+    doubled = dataclasses.replace(spec, uri=str(copy))
     storage = Storage(str(tmp_path / "corpus"))
     report = build_samples(doubled, storage, unit_bytes=1)
     ids = count_sample_ids(storage, spec.name, report.samples_version)
@@ -61,7 +62,7 @@ def test_a_changed_source_starts_a_new_attempt(demo_dir: Path, tmp_path: Path) -
     spec = load_catalog(demo_dir / "sources.yaml").get("crawl_wds")
     copy = tmp_path / "wds"
     shutil.copytree(spec.uri, copy)
-    moved = type(spec)(**{**spec.to_dict(), "uri": str(copy)})
+    moved = dataclasses.replace(spec, uri=str(copy))
     storage = Storage(str(tmp_path / "corpus"))
     before = build_samples(moved, storage, unit_bytes=1)
     sorted(copy.glob("*.tar"))[-1].unlink()
@@ -103,7 +104,7 @@ def test_an_empty_source_never_silently_empties_its_partition(demo_dir: Path, tm
     spec = load_catalog(demo_dir / "sources.yaml").get("stock_photos")
     copy = tmp_path / "photos"
     shutil.copytree(spec.uri, copy)
-    moved = type(spec)(**{**spec.to_dict(), "uri": str(copy)})
+    moved = dataclasses.replace(spec, uri=str(copy))
     storage = Storage(str(tmp_path / "corpus"))
     first = build_samples(moved, storage)
     before = digests(storage, "stock_photos")

@@ -540,13 +540,16 @@ def test_planted_duplicates_keep_the_original_and_skip_the_copies(ok_build: Buil
                 resized_matched += 1
             else:
                 assert sid not in skipped
-    # nothing but planted copies is flagged as a duplicate
+    # nothing but planted copies is flagged as a duplicate, and renders of one template that differ only
+    # in their text (the demo's inbox screenshots, slides, spreadsheets: the documented limit of 16x16
+    # signatures, README's deduplication section), which their `text` label skips anyway
     planted_members = {e["sample_id"] for rs in groups.values() for r, es in rs.items() if r != "original" for e in es}
-    assert set(skipped) <= planted_members, sorted(set(skipped) - planted_members)
+    templates = {e["sample_id"] for e in ok_build.manifest if "text_heavy" in e["kinds"]}
+    assert set(skipped) <= planted_members | templates, sorted(set(skipped) - planted_members - templates)
     rate = resized_matched / len(groups)
     record_property("resize50_match_rate", rate)
-    print(f"\n50% resizes matched at pHash distance 0: {resized_matched}/{len(groups)} ({rate:.0%})")
-    assert rate >= 0.8
+    print(f"\n50% resizes grouped with their original: {resized_matched}/{len(groups)} ({rate:.0%})")
+    assert rate == 1.0
 
 
 # -- 4. planted text-heavy images ----------------------------------------------------------------
