@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from prx_core.compute.doctor import FAIL, run_doctor
+    from prx_core.ops.doctor import FAIL, run_doctor
 
     checks = run_doctor(args.root, with_ray=not args.no_ray)
     for check in checks:
@@ -183,7 +183,7 @@ def _cmd_bench_download(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from prx_core.compute.doctor import default_root
+    from prx_core.ops.doctor import default_root
 
     parser = argparse.ArgumentParser(prog="prx-corpus", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from PIL import features
 
-from prx_core.compute.doctor import _cpu_has_avx2
+from prx_core.ops.doctor import _cpu_has_avx2
 from prx_core.models.vllm_cpu import vllm_python
 
 CLI = str(Path(sys.executable).with_name("prx-corpus"))
