@@ -24,9 +24,16 @@ HEAVY='^(nvidia-|cuda-|triton==|torch==|torchvision==|torchaudio==|torchcodec==|
 NEED_GB=5
 
 say() { printf '\033[1m[setup-vllm]\033[0m %s\n' "$*"; }
-# PIP_FIND_LINKS emptied: this machine kind's local wheel folder holds torch 2.13.0+cpu, which `torch==2.13.0`
-# would match but whose missing CPU torchvision breaks the pair; the registry's torch is the tested one.
-pip_v() { PIP_FIND_LINKS= "$VLLM_VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+# No pip configuration file is read (PIP_CONFIG_FILE=/dev/null) and PIP_FIND_LINKS is emptied: a machine's
+# wheel folder may hold torch 2.13.0+cpu, which `torch==2.13.0` matches but beside which PyPI's torchvision fails
+# to import ('operator torchvision::nms does not exist'); emptying the variable alone leaves a config file's
+# find-links in force. The registry's torch is the tested one. The CA bundle: PIP_CERT, else the system's.
+PIP_CERT_FILE="${PIP_CERT:-}"
+[ -n "$PIP_CERT_FILE" ] || [ ! -f /etc/ssl/certs/ca-certificates.crt ] || PIP_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
+pip_v() {
+    env PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= ${PIP_CERT_FILE:+PIP_CERT="$PIP_CERT_FILE"} "$VLLM_VENV/bin/pip" "$@" \
+        2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 
 want="$(cat "$LOCK" "$ROOT/scripts/setup-vllm.sh" "$ROOT/scripts/share_dists.py" | sha256sum | cut -c1-16)"
 if [ -f "$VLLM_VENV/.prx-vllm" ] && [ "$(cat "$VLLM_VENV/.prx-vllm")" = "$want" ]; then
@@ -58,9 +65,13 @@ echo "$ROOT" >"$(echo "$VLLM_VENV"/lib/python3*/site-packages)/prx-checkout.pth"
 "$VLLM_VENV/bin/python" - "$(grep -E '^ray==' "$LOCK" | cut -d= -f3 | cut -d' ' -f1)" <<'EOF'
 import sys
 import ray
+import torch
+import torchvision  # fails beside a CPU-only torch of another build ('torchvision::nms does not exist')
 import vllm
+from transformers import AutoProcessor  # what Ray Data's chat template stage imports first
 from vllm.platforms import current_platform
 assert ray.__version__ == sys.argv[1], (ray.__version__, sys.argv[1])
+assert "+" not in torch.__version__, f"torch {torch.__version__} is not the registry's build"
 assert current_platform.is_cpu(), f"vLLM chose the {current_platform.device_type} platform"
 print(f"[setup-vllm] vllm {vllm.__version__} on {current_platform.device_type}, ray {ray.__version__}")
 EOF
