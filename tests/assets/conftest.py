@@ -26,6 +26,8 @@ from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 from prx_assets.settings import Settings
 from prx_core.demo import Planted, load_manifest
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.caption_keys import caption_keys
 from prx_core.sources.catalog import Catalog, load_catalog
 from prx_core.store import lance_io
 from prx_core.store.schemas import sample_id
@@ -219,6 +221,28 @@ class Corpus:
 
     def rows(self, name: str, columns: list[str] | None = None, filter: str | None = None) -> list[dict]:
         return self.table(name, columns, filter).to_pylist()
+
+    def caption_keys(self, source: str | None = None) -> dict[str, str]:
+        return caption_keys_by_sample(self.root, source)
+
+    def labels(self, source: str | None = None) -> dict[str, str | None]:
+        """sample_id -> its caption's label (None: unlabelled)."""
+        labels = {r["content_id"]: r["label"] for r in self.rows("caption_labels")}
+        return {sid: labels.get(key) for sid, key in self.caption_keys(source).items()}
+
+
+SOURCE_CAPTIONER = CaptionerConfig("source").version()
+
+
+def caption_keys_by_sample(root: Path | str, source: str | None = None,
+                           captioner_version: str = SOURCE_CAPTIONER) -> dict[str, str]:
+    """sample_id -> the key its caption, label and embedding rows carry in `content_id`: the image's
+    content for a model caption, (content, source caption) for the source captioner's
+    (prx_core.models.caption_keys)."""
+    rows = read(root, "samples", ["sample_id", "content_id", "original_caption"],
+                f"source = '{source}'" if source else None).to_pylist()
+    keys = caption_keys(captioner_version, [r["content_id"] for r in rows], [r["original_caption"] for r in rows])
+    return {r["sample_id"]: key for r, key in zip(rows, keys)}
 
 
 def collect_checks(instance: dg.DagsterInstance) -> dict[tuple[str, str | None], Any]:

@@ -13,16 +13,10 @@ from prx_core.models.label_base import LABELS
 SOURCE_VERSION = CaptionerConfig("source").version()
 
 
-def labels_by_sample(corpus: Corpus, source: str | None = None) -> dict[str, str]:
-    labels = {r["content_id"]: r["label"] for r in corpus.rows("caption_labels")}
-    where = f"source = '{source}'" if source else None
-    return {r["sample_id"]: labels.get(r["content_id"]) for r in corpus.rows("samples", ["sample_id", "content_id"], where)}
-
-
 def test_planted_text_heavy_samples_are_labelled_text(corpus: Corpus, manifest: Manifest) -> None:
     planted = manifest.with_kind("text_heavy")
     assert len(planted) == 4 * len(SOURCES)  # four planted text-heavy samples per source
-    labels = labels_by_sample(corpus)
+    labels = corpus.labels()
     assert {p.sample_id: labels[p.sample_id] for p in planted} == {p.sample_id: "text" for p in planted}
     text = {sid for sid, label in labels.items() if label == "text"}
     false_positives = text - {p.sample_id for p in planted}
@@ -51,10 +45,9 @@ def test_caption_labels_check_and_metadata(corpus: Corpus, source: str) -> None:
     assert meta["captioned"] == captions_meta["eligible"]
     assert meta["labelled"] + meta["reused"] == meta["captioned"]
     placed = {r["sample_id"] for r in corpus.rows("buckets", ["sample_id"], f"source = '{source}' AND tier IS NOT NULL")}
-    contents = {r["content_id"] for r in corpus.rows("samples", ["sample_id", "content_id"], f"source = '{source}'")
-                if r["sample_id"] in placed}
+    keys = {key for sid, key in corpus.caption_keys(source).items() if sid in placed}
     labels = {r["content_id"]: r["label"] for r in corpus.rows("caption_labels")}
-    distribution = Counter(labels[c] for c in contents)
+    distribution = Counter(labels[k] for k in keys)
     for label, count in distribution.items():
         assert f"| {label} | {count} |" in meta["label_distribution"], meta["label_distribution"]
     assert distribution["text"] >= 4  # four planted text-heavy samples per source

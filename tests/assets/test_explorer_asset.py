@@ -39,11 +39,12 @@ def test_every_sample_and_ingest_reject_has_one_row_equal_to_its_tables(corpus: 
     placed = {r["sample_id"]: r["index"] for r in corpus.rows("mds_index", filter=f"source = '{source}'")}
     assert {s: r["mds_index"] for s, r in rows.items() if r["mds_index"] is not None} == placed
     version = corpus.resources["captioner"].config().version()
+    keys = corpus.caption_keys(source)
     captions = {r["content_id"]: r["caption"] for r in corpus.rows("captions") if r["captioner_version"] == version}
-    assert all(r["caption"] == captions.get(r["content_id"]) for r in rows.values() if r["stored"])
+    assert all(r["caption"] == captions.get(keys[s]) for s, r in rows.items() if r["stored"])
     assert sum(r["caption"] is not None for r in rows.values()) > 0
-    labels = {r["content_id"]: r["label"] for r in corpus.rows("caption_labels")}
-    assert all(r["label"] == labels.get(r["content_id"]) for r in rows.values() if r["stored"])
+    labels = corpus.labels(source)
+    assert all(r["label"] == labels[s] for s, r in rows.items() if r["stored"])
 
 
 @pytest.mark.parametrize("source", SOURCES)
@@ -62,7 +63,7 @@ def test_facets_count_the_rows(corpus: Corpus) -> None:
     for source in SOURCES:
         rows = list(explorer_rows(corpus.root, source).values())
         got = {(f["facet"], f["value"]): f["count"] for f in facets if f["source"] == source
-               and f["facet"] not in ("side", "aspect", "totals")}
+               and f["facet"] not in ("side", "aspect", "totals") and not f["facet"].startswith("worst_")}
         totals = {f["value"]: f["count"] for f in facets if f["source"] == source and f["facet"] == "totals"}
         assert totals["rows"] == len(rows) and totals["in_mds"] == sum(r["mds_index"] is not None for r in rows)
         assert totals["duplicates"] == sum(r["keeper"] is False for r in rows)
@@ -72,12 +73,17 @@ def test_facets_count_the_rows(corpus: Corpus) -> None:
         want: Counter[tuple[str, str]] = Counter()
         for row in rows:
             for facet, column in (("label", "label"), ("tier", "tier"), ("bucket", "bucket"),
-                                  ("rejected", "reject_reason"), ("meta", "meta_label"), ("group", "group_id")):
+                                  ("rejected", "reject_reason"), ("meta", "meta_label"), ("group", "group_id"),
+                                  ("caption", "caption_problem")):
                 if row[column] not in (None, ""):
                     want[(facet, str(row[column]))] += 1
             for reason in (row["skip_reason"] or "").split(","):
                 want[("skipped", reason)] += bool(reason)
         assert got == {k: v for k, v in want.items() if v}, source
+        longest = {f["value"]: f["count"] for f in facets if f["source"] == source and f["facet"] == "worst_longest"}
+        words = {r["sample_id"]: r["word_count"] for r in rows if r["caption"]}
+        assert longest and all(words[s] == n for s, n in longest.items())
+        assert min(longest.values()) >= sorted(words.values(), reverse=True)[len(longest) - 1]
 
 
 def test_the_table_is_indexed_for_pages(corpus: Corpus) -> None:

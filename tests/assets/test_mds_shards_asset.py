@@ -74,6 +74,7 @@ def test_streams_load_with_mosaicml_streaming(corpus: Corpus, source: str) -> No
         "samples", ["sample_id", "content_id", "original_caption", "width", "height"], f"source = '{source}'")}
     buckets = {r["sample_id"]: r for r in corpus.rows("buckets", filter=f"source = '{source}'")}
     captions = {r["content_id"]: r["caption"] for r in corpus.rows("captions", filter=f"captioner_version = '{SOURCE_VERSION}'")}
+    keys = corpus.caption_keys(source)
     seen = Counter()
     for item in loaded:
         sid = item["sample_id"]
@@ -81,7 +82,7 @@ def test_streams_load_with_mosaicml_streaming(corpus: Corpus, source: str) -> No
         image, bucket, sample = item["image"], buckets[sid], samples[sid]
         assert isinstance(image, Image.Image) and image.format == "JPEG"
         assert image.size == (bucket["bucket_width"], bucket["bucket_height"]) == (item["width"], item["height"])
-        assert item["caption"] == captions[sample["content_id"]]
+        assert item["caption"] == captions[keys[sid]]
         assert item["original_caption"] == (sample["original_caption"] or "")
         assert (item["original_width"], item["original_height"]) == (sample["width"], sample["height"])
         assert item["source"] == source

@@ -10,6 +10,7 @@ import pytest
 from conftest import (
     SOURCES,
     Corpus,
+    caption_keys_by_sample,
     copy_corpus,
     fresh_instance,
     materialize,
@@ -32,9 +33,11 @@ def expected_skips(root: Path, source: str, policy: SkipPolicy) -> dict[tuple[in
         reasons["duplicate"] = {r["sample_id"] for r in read(root, "duplicates").to_pylist()
                                 if r["source"] == source and not r["keeper"]}
     labels = {r["content_id"]: r["label"] for r in read(root, "caption_labels").to_pylist()}
+    keys = caption_keys_by_sample(root, source)
     for row in index:
-        if labels.get(row["content_id"]) in policy.labels:
-            reasons[labels[row["content_id"]]].add(row["sample_id"])
+        label = labels.get(keys[row["sample_id"]])
+        if label in policy.labels:
+            reasons[label].add(row["sample_id"])
         key = row["sample_id"].split("/", 1)[1]
         if row["sample_id"] in policy.opt_out or key in policy.opt_out:
             reasons["opt_out"].add(row["sample_id"])
@@ -70,18 +73,19 @@ def test_duplicates_and_text_are_skip_listed_at_their_stream_index(corpus: Corpu
 def test_every_non_keeper_duplicate_and_text_sample_is_skipped(corpus: Corpus) -> None:
     """Across the corpus: each losing duplicate that reached a stream is skipped; no keeper is."""
     index = {r["sample_id"]: r for r in corpus.rows("mds_index")}
-    skipped = {(s.source, s.tier, f"{s.width}x{s.height}", i) for s in read_skip_lists(str(corpus.root))
-               for i in s.indices}
+    skips = read_skip_lists(str(corpus.root))
+    skipped = {(s.source, s.tier, f"{s.width}x{s.height}", i) for s in skips if s.reason == "duplicate" for i in s.indices}
     for dup in corpus.rows("duplicates"):
         row = index.get(dup["sample_id"])
         if row is None:
             continue
         position = (row["source"], row["tier"], row["bucket"], row["index"])
         assert (position in skipped) == (not dup["keeper"]), dup
-    labels = {r["content_id"]: r["label"] for r in corpus.rows("caption_labels")}
-    text = [r for r in index.values() if labels[r["content_id"]] == "text"]
+    labels = corpus.labels()
+    text = [r for r in index.values() if labels[r["sample_id"]] == "text"]
     assert len(text) >= 12  # the planted text-heavy samples at least
-    assert all((r["source"], r["tier"], r["bucket"], r["index"]) in skipped for r in text)
+    skipped_text = {(s.source, s.tier, f"{s.width}x{s.height}", i) for s in skips if s.reason == "text" for i in s.indices}
+    assert all((r["source"], r["tier"], r["bucket"], r["index"]) in skipped_text for r in text)
 
 
 @pytest.mark.parametrize("source", SOURCES)
