@@ -120,7 +120,8 @@ def _condense(results: UnitResults, storage: Storage, asset: str, partition: str
               phase: str) -> UnitResults:
     if results.aggregate is not None:
         return results
-    stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}.{time.time_ns() % 10**9:09d}"  # names sort by time
+    now = time.time_ns()  # one reading: the seconds and their fraction from two could straddle a second
+    stamp = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(now // 10**9))}.{now % 10**9:09d}"  # names sort by time
     uri = write_detail(storage, asset, partition, f"{stamp}-{token}-{phase}", results.summaries) if results.summaries else None
     return results.condensed(uri)
 
