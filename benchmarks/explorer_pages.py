@@ -77,7 +77,7 @@ def write_corpus(root: Path, rows: int, seed: int = 0) -> None:
     }
     storage = Storage(str(root))
     for name, columns in tables.items():
-        lance.write_dataset(pa.table(columns, schema=schemas.TABLES[name]), storage.lance_uri(name), mode="overwrite",
+        lance.write_dataset(schemas.table_of(columns, schemas.TABLES[name]), storage.lance_uri(name), mode="overwrite",
                             max_rows_per_file=1_000_000)
     for name in tables:
         refresh_table_indexes(storage.lance_uri(name), name)

@@ -111,7 +111,7 @@ def fragment(rng: np.random.Generator, source: str, start: int, n: int, vocab: p
         "skip_reason": pa.array(skip, pa.string()),
     }
     columns["search_text"] = search_text(columns["caption"], columns["original_caption"])
-    return pa.table(columns).cast(schemas.EXPLORER)
+    return schemas.table_of(columns, schemas.EXPLORER)
 
 
 def source_sizes(rows: int) -> list[tuple[str, int]]:

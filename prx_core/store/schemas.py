@@ -299,3 +299,10 @@ VECTOR_COLUMNS: dict[str, str] = {"caption_embeddings": "embedding", "source_emb
 def sample_id(source: str, source_key: str) -> str:
     """Stable across reruns and readable in the explorer: `<source>/<source_key>`."""
     return f"{source}/{source_key}"
+
+
+def table_of(columns: dict[str, object], schema: pa.Schema) -> pa.Table:
+    """`columns` as a table of `schema`, the columns it lacks as nulls: what a writer that predates a
+    column (or synthetic data that does not model it) stores."""
+    rows = len(next(iter(columns.values())))
+    return pa.table({f.name: columns[f.name] if f.name in columns else pa.nulls(rows, f.type) for f in schema}).cast(schema)
