@@ -395,8 +395,13 @@ def streamed(ok_build: Built, tmp_path_factory: pytest.TempPathFactory) -> tuple
     return load_streams(published_streams(mds), mds, tmp_path_factory.mktemp("stream-read") / "mds")
 
 
-def content_of(root: Path) -> dict[str, str]:
-    return {r["sample_id"]: r["content_id"] for r in table_rows(root, "samples", ["sample_id", "content_id"])}
+def caption_key_of(root: Path) -> dict[str, str]:
+    """sample_id -> its caption's key (the demo's `source` captions are keyed by content and text),
+    which caption_labels rows carry as content_id."""
+    rows = table_rows(root, "samples", ["sample_id", "content_id", "original_caption"])
+    keys = caption_keys(CaptionerConfig("source").version(), [r["content_id"] for r in rows],
+                        [r["original_caption"] for r in rows])
+    return {r["sample_id"]: key for r, key in zip(rows, keys)}
 
 
 def labels_of(root: Path) -> dict[str, str]:
@@ -429,14 +434,14 @@ def test_build_succeeds_with_progress_and_a_true_summary(ok_build: Built, stream
         mine[r["source"]]["bucketed"] += r["tier"] is not None
     for r in table_rows(root, "duplicates", ["source", "keeper"]):
         mine[r["source"]]["duplicates"] += not r["keeper"]
-    contents, labels = content_of(root), labels_of(root)
+    keys, labels = caption_key_of(root), labels_of(root)
     for stream in published_streams(root / "mds"):
         source = stream.parent.parent.name
         mine[source]["streams"] += 1
         mine[source]["in_mds"] += index_count(stream)
     for read in reads.values():
         for row in read.by_index:
-            label = labels.get(contents[row["sample_id"]])
+            label = labels.get(keys[row["sample_id"]])
             if label in ("text", "nsfw"):
                 mine[read.source][label] += 1
     skipped: dict[str, set] = defaultdict(set)
@@ -556,13 +561,13 @@ def test_planted_duplicates_keep_the_original_and_skip_the_copies(ok_build: Buil
 
 def test_planted_text_heavy_images_are_labelled_and_skipped(ok_build: Built, streamed) -> None:
     root, reads = ok_build.root, streamed[0]
-    contents, labels = content_of(root), labels_of(root)
+    keys, labels = caption_key_of(root), labels_of(root)
     skipped = skip_entries(root, "text")
     text_heavy = [e for e in ok_build.manifest if "text_heavy" in e["kinds"]]
     assert len(text_heavy) == 16  # four per source
     for e in text_heavy:
         sid = e["sample_id"]
-        assert labels.get(contents[sid]) == "text", (sid, e["kinds"], labels.get(contents[sid]))
+        assert labels.get(keys[sid]) == "text", (sid, e["kinds"], labels.get(keys[sid]))
         assert sid in skipped, f"{sid} ({e['kinds']}) is not skip-listed as text"
         stream, index = skipped[sid]
         assert reads[stream].by_index[index]["sample_id"] == sid
@@ -841,3 +846,5 @@ def test_bad_config_file_is_a_clear_error(side_runs: dict[str, Run], case: str, 
     result = side_runs[case]
     assert result.returncode == 2 and "Traceback" not in result.output, result.explain()
     assert name in result.stderr
+from prx_core.models.caption_base import CaptionerConfig
+from prx_core.models.caption_keys import caption_keys
