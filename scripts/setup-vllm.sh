@@ -71,7 +71,7 @@ import vllm
 from transformers import AutoProcessor  # what Ray Data's chat template stage imports first
 from vllm.platforms import current_platform
 assert ray.__version__ == sys.argv[1], (ray.__version__, sys.argv[1])
-assert "+" not in torch.__version__, f"torch {torch.__version__} is not the registry's build"
+assert not torch.__version__.endswith("+cpu"), f"torch {torch.__version__}: the CPU-only build, not the registry's"
 assert current_platform.is_cpu(), f"vLLM chose the {current_platform.device_type} platform"
 print(f"[setup-vllm] vllm {vllm.__version__} on {current_platform.device_type}, ray {ray.__version__}")
 EOF
