@@ -24,7 +24,10 @@ fi
 # each need their own conftest to be the last one pytest loaded, which holds within one pytest given
 # `tests` (conftests load as collection reaches each folder), not given several of those folders.
 # So half A is two pytest runs in a row, and half B holds only tests/explorer of the three.
-HEAVY_E2E=(tests/e2e/test_cluster.py)  # the halves within ~2 min of each other (measured: core 16 min beside 3 demo builds)
+# e2e modules run in half A, after tests/assets, so the halves end within ~2 min of each other (measured on
+# 2026-12-05 with --durations=0: half A 32 min, half B 37 min before test_build_stale/_report/_interrupt moved)
+HEAVY_E2E=(tests/e2e/test_cluster.py tests/e2e/test_build_stale.py tests/e2e/test_build_report.py
+           tests/e2e/test_build_interrupt.py)
 GROUP_A1=(tests/core)
 GROUP_A2=(tests/assets tests/deploy "${HEAVY_E2E[@]}")
 GROUP_B=(tests/benchmarks tests/e2e tests/explorer)
