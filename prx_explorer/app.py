@@ -43,7 +43,8 @@ from prx_explorer.previews import preview_runs, preview_thumbnail
 from prx_explorer.query import MAX_PAGE, Query
 from prx_explorer.render import THUMB_SIZES, ThumbnailCache, crop_rect, highlight, query_terms, snippet
 from prx_explorer.search import NeighbourCache, QueryCache, run_query
-from prx_explorer.thumbnails import BUSY_TEXT, REFUSED, RETRY_AFTER, Busy, ThumbnailRenders, placeholder, render_thumbnail
+from prx_explorer.scans import RETRY_AFTER, Busy, ScanSlots
+from prx_explorer.thumbnails import BUSY_TEXT, REFUSED, ThumbnailRenders, placeholder, render_thumbnail
 from prx_explorer.view import View, ViewCache, one_row
 
 HERE = Path(__file__).parent
@@ -110,6 +111,7 @@ class Explorer:
         self.renders = ThumbnailRenders(self.thumbs)
         self.nearest = NeighbourCache()
         self.queries = QueryCache(nearest=self.nearest)
+        self.scans = ScanSlots()
         self.templates = _templates()
         self._plots: dict[tuple[int, str], bytes] = {}
         self._plot_lock = threading.Lock()
@@ -126,14 +128,17 @@ class Explorer:
     def index(self, request: Request) -> HTMLResponse:
         view = self.views.get()
         query = Query.from_params(request.query_params)
-        results = run_query(view, query, self.queries)
+        with self.scans.slot():
+            results = run_query(view, query, self.queries)
         terms = query_terms(query.q)
         cards = [{**row, "snippet": snippet(row["caption"] or row["original_caption"], terms)} for row in results.rows]
         return self._page(request, "index.html", {"view": view, "query": query, "results": results, "cards": cards})
 
     def api_search(self, request: Request) -> JSONResponse:
         """The same search as JSON, for scripts and tests (captions are data here, not markup)."""
-        results = run_query(self.views.get(), Query.from_params(request.query_params), self.queries)
+        query = Query.from_params(request.query_params)
+        with self.scans.slot():
+            results = run_query(self.views.get(), query, self.queries)
         columns = ["sample_id", "source", "label", "tier", "bucket", "group_id", "skip_reason", "reject_reason",
                    "meta_label", "caption", "original_caption", "captioner_id", "caption_verdict", "caption_problem",
                    "word_count"] + (["score"] if results.mode != "browse" else [])
@@ -153,7 +158,8 @@ class Explorer:
             return self._page(request, "error.html", {"message": f"No sample {sample_id!r} in this corpus."}, 404)
         group, total, start = [], 0, (group_page - 1) * GROUP_PAGE
         if _present(row.get("group_id")):
-            group, total = group_members(view, row["group_id"], start)
+            with self.scans.slot():
+                group, total = group_members(view, row["group_id"], start)
         clip = one_row(view.table("source_embeddings"), "sample_id", sample_id, ["sample_id"]) is not None
         return self._page(request, "sample.html", {
             "view": view, "row": row, "group": group, "has_clip": clip,
@@ -224,15 +230,25 @@ class Explorer:
         view = self.views.get()
         return JSONResponse({"root": self.storage.root, "rows": view.rows, "versions": view.versions,
                              "missing": view.missing, "captioner_version": view.captioner_version,
-                             **self.views.status(), "thumbnails": self.renders.stats()})
+                             **self.views.status(), "thumbnails": self.renders.stats(), "scans": self.scans.stats()})
 
     def more_like(self, request: Request) -> JSONResponse:
         """Nearest neighbours of one sample as JSON (ids and cosine distances)."""
         query = Query.from_params(request.query_params)
         view = self.views.get()
-        distances, note = self.nearest.get(view, query.like, query.by) if not view.missing else ({}, view.missing)
+        with self.scans.slot():
+            distances, note = self.nearest.get(view, query.like, query.by) if not view.missing else ({}, view.missing)
         return JSONResponse({"like": query.like, "by": query.by, "note": note,
                              "neighbours": [{"sample_id": k, "distance": float(v)} for k, v in distances.items()]})
+
+    def busy(self, request: Request, exc: Exception) -> Response:
+        """Every scan slot stayed taken (prx_explorer.scans): 503 with Retry-After, JSON on the API."""
+        headers = {"Retry-After": RETRY_AFTER, "Cache-Control": "no-store"}
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": str(exc)}, 503, headers=headers)
+        response = self._page(request, "error.html", {"message": str(exc)}, 503)
+        response.headers.update(headers)
+        return response
 
     def refuse(self, request: Request, exc: Exception) -> Response:
         """A malformed query value: JSON on the API, text for images, a page elsewhere (value not echoed)."""
@@ -307,6 +323,6 @@ def create_app(storage: Storage, ttl: float = 5.0, allowed_hosts: Iterable[str] 
     ]
     middleware = [Middleware(SecurityHeaders),  # outermost: refusals carry the headers too
                   Middleware(TrustedHostMiddleware, allowed_hosts=host_patterns(allowed_hosts), www_redirect=False)]
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={BadRequest: explorer.refuse})
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={BadRequest: explorer.refuse, Busy: explorer.busy})
     app.state.explorer = explorer
     return app

@@ -3,13 +3,15 @@
 Request values only ever become SQL literals quoted by `sql_literal` (a tier: checked digits):
 never column names, never SQL. The filters are the table's own columns (BITMAP-indexed, so a
 count or a page is an indexed scan), except a metadata filter on a key other than `label`, which
-is a lookup in `samples` bounded to `META_IDS` sample ids.
+is a scan of `samples` bounded twice: at most `META_IDS` sample ids found, at most `META_SCAN_ROWS`
+rows read (fragment by fragment), each limit said on the page when it cut the answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 from urllib.parse import urlencode
 
 from prx_core.stages.explorer_rows import META_KEY
@@ -18,7 +20,7 @@ from prx_explorer.metadata import has_metadata, split_filter
 from prx_explorer.params import choice_param, int_param, meta_param, text_param
 from prx_explorer.view import View, both, in_list
 
-MAX_PAGE = 1_000_000
+MAX_PAGE = 200  # a browse page reads every matching row before it (Lance offsets): past page 200, narrow the search
 MAX_TIER = 1 << 16
 BY = ("caption", "clip")
 FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected", "caption")
@@ -26,6 +28,7 @@ COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucke
           "skipped": "skip_reason", "rejected": "reject_reason", "caption": "caption_problem"}
 WORST = ("shortest", "longest", "repetitive", "retried")  # the "worst captions" views (explorer_rows.WORST)
 META_IDS = 5000  # sample ids a metadata filter on another key than `label` may select (an IN list)
+META_SCAN_ROWS = 2_000_000  # rows of `samples` such a filter reads at most (its map column has no index)
 NO_METADATA = "this corpus's samples carry no metadata"
 
 
@@ -97,10 +100,28 @@ def meta_filter(view: View, query: Query) -> tuple[str, str | None]:
     where = f"array_has(map_extract(metadata, {lance_io.sql_literal(key)}), {lance_io.sql_literal(wanted)})"
     if query.source:
         where = both(f"source = {lance_io.sql_literal(query.source)}", where)
-    ids = samples.to_table(columns=["sample_id"], filter=where, limit=META_IDS + 1)["sample_id"].to_pylist()
-    note = (f"the metadata filter matched more than {META_IDS:,} samples: only the first {META_IDS:,} are shown"
-            if len(ids) > META_IDS else None)
+    ids, read = bounded_ids(samples, where)
+    note = None
+    if len(ids) > META_IDS:
+        note = f"the metadata filter matched more than {META_IDS:,} samples: only the first {META_IDS:,} are shown"
+    elif read < samples.count_rows():
+        note = (f"the metadata filter searched the first {read:,} samples only (it has no index): "
+                "narrow it with a source, or use the label key")
     return in_list("sample_id", ids[:META_IDS]), note
+
+
+def bounded_ids(samples: Any, where: str) -> tuple[list[str], int]:
+    """The sample ids matching `where` (at most META_IDS + 1) and the rows read to find them: whole
+    fragments in table order until META_SCAN_ROWS rows are read or enough ids are found."""
+    ids: list[str] = []
+    read = 0
+    for fragment in samples.get_fragments():
+        if read >= META_SCAN_ROWS or len(ids) > META_IDS:
+            break
+        found = fragment.to_table(columns=["sample_id"], filter=where, limit=META_IDS + 1 - len(ids))
+        ids += found["sample_id"].to_pylist()
+        read += fragment.count_rows()
+    return ids, read
 
 
 def lance_filter(view: View, query: Query) -> tuple[str | None, list[str]]:

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from prx_explorer.facets import COUNTED, menus, present, query_menus, worst_captions
 from prx_explorer.fulltext import text_hits
-from prx_explorer.query import Query, lance_filter
+from prx_explorer.query import MAX_PAGE, Query, lance_filter
 from prx_explorer.view import View, one_row, rows_by_key, versions_filter
 
 PAGE_SIZE = 48
@@ -49,7 +49,7 @@ class Results:
 
     @property
     def pages(self) -> int:
-        return max(1, math.ceil(self.total / PAGE_SIZE))
+        return min(MAX_PAGE, max(1, math.ceil(self.total / PAGE_SIZE)))
 
 
 def neighbours(view: View, sample_id: str, by: str) -> tuple[dict[str, float], str | None]:
@@ -226,4 +226,8 @@ def page_rows(view: View, found: Matches, start: int) -> list[dict]:
 def run_query(view: View, query: Query, cache: QueryCache | None = None) -> Results:
     found = cache.get(view, query) if cache is not None else match(view, query)
     rows = page_rows(view, found, (query.page - 1) * PAGE_SIZE)
-    return Results(query, found.total, rows, found.facets, found.mode, list(found.notes), found.menus_count)
+    notes = list(found.notes)
+    if found.total > MAX_PAGE * PAGE_SIZE:
+        notes.append(f"{found.total:,} matches: the first {MAX_PAGE * PAGE_SIZE:,} are paged (a page's cost grows "
+                     "with its depth); narrow the search with a filter to see the others")
+    return Results(query, found.total, rows, found.facets, found.mode, notes, found.menus_count)

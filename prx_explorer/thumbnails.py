@@ -19,20 +19,16 @@ from dataclasses import dataclass, field
 from PIL import Image, ImageDraw
 
 from prx_explorer.render import ThumbnailCache, make_thumbnail
+from prx_explorer.scans import Busy
 from prx_explorer.view import View, one_row
 
 REFUSED = b""  # the cached outcome of bytes that did not decode
 RENDERS = 2  # at a time: each holds a core for up to the decode budget
 QUEUE = 8  # requests waiting for a render (theirs or another's) beyond those
 WAIT_SECONDS = 30.0  # the longest a request waits for a render slot or another request's render
-RETRY_AFTER = "2"  # seconds, on a 503
 BUSY_TEXT = "busy: reload"  # the image a 503 carries
 
 Key = tuple[str, int]
-
-
-class Busy(Exception):
-    """Every render slot is taken and the queue is full (or the wait ran out): retry later."""
 
 
 @dataclass

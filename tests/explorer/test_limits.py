@@ -16,7 +16,9 @@ from starlette.testclient import TestClient
 
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
+from prx_explorer import query, search
 from prx_explorer.app import create_app
+from prx_explorer.scans import RETRY_AFTER, ScanSlots
 
 MEMBERS = 3000
 GROUP = "00000000deadbeef"
@@ -68,6 +70,40 @@ def test_a_group_page_is_fast(big_group: TestClient) -> None:
     start = time.perf_counter()
     big_group.get("/sample", params={"id": "web/00001"})
     assert time.perf_counter() - start < 2.0
+
+
+# -- paging depth and concurrent scans -------------------------------------------------------------------
+
+def test_paging_stops_at_max_page_and_says_how_to_see_the_rest(big_group: TestClient,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(query, "MAX_PAGE", 10)  # 480 rows paged of the 3,000
+    monkeypatch.setattr(search, "MAX_PAGE", 10)
+    body = big_group.get("/api/search", params={"page": "10"}).json()
+    assert (body["total"], body["pages"], len(body["rows"])) == (MEMBERS, 10, search.PAGE_SIZE)
+    assert body["notes"] == [f"{MEMBERS:,} matches: the first 480 are paged (a page's cost grows with its depth); "
+                             "narrow the search with a filter to see the others"]
+    beyond = big_group.get("/api/search", params={"page": "11"})
+    assert beyond.status_code == 400 and beyond.json() == {"error": "query parameter 'page': must be from 1 to 10"}
+    html = big_group.get("/", params={"page": "10"}).text
+    assert "page 10 / 10" in html and 'rel="next"' not in html and "narrow the search with a filter" in html
+
+
+def test_requests_beyond_the_scan_slots_are_refused_with_retry_after(big_group: TestClient) -> None:
+    explorer = big_group.app.state.explorer
+    default = explorer.scans
+    explorer.scans = ScanSlots(slots=1, wait_s=0.2)
+    try:
+        with explorer.scans.slot():  # the one slot held, as by a long search
+            refused = [big_group.get("/api/search", params={"q": "photo"}), big_group.get("/"),
+                       big_group.get("/api/neighbours", params={"like": "web/00001"}),
+                       big_group.get("/sample", params={"id": "web/00001"})]
+        assert [r.status_code for r in refused] == [503] * 4
+        assert all(r.headers["retry-after"] == RETRY_AFTER and r.headers["cache-control"] == "no-store" for r in refused)
+        assert "busy" in refused[0].json()["error"] and "busy" in refused[1].text
+        assert big_group.get("/api/search", params={"q": "photo"}).status_code == 200  # the slot free again
+        assert big_group.get("/healthz").json()["scans"] == {"slots": 1, "running": 0, "refused": 4}
+    finally:
+        explorer.scans = default
 
 
 # -- the nearest-neighbour cache -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from pathlib import Path
 
+import lance
 import pytest
 from conftest import write_small_corpus
 from markupsafe import escape
@@ -14,6 +15,7 @@ from starlette.testclient import TestClient
 
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
+from prx_explorer import query
 from prx_explorer.app import create_app
 
 LABELS = ("cat", "dog", "bird")
@@ -185,3 +187,24 @@ def test_a_table_without_metadata_columns_shows_none_and_matches_nothing(tmp_pat
     assert old.get("/api/search").json()["facets"]["meta"] == []
     page = old.get("/sample", params={"id": "tiny/001"}).text
     assert '<td id="source-url">none</td>' in page and '<p id="metadata"><em>none</em></p>' in page
+
+
+def test_a_meta_filter_reads_a_bounded_number_of_rows_and_says_so(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key other than `label` has no index: the scan stops after META_SCAN_ROWS rows (whole
+    fragments) and the page says the answer covers only them."""
+    storage = write_small_corpus(tmp_path / "corpus", metadata=source_metadata)
+    uri = storage.lance_uri("samples")
+    lance.write_dataset(lance_io.read_table(uri), uri, mode="overwrite", max_rows_per_file=10)  # 4 fragments
+    client = TestClient(create_app(storage), base_url="http://localhost")
+    everywhere = matching(storage, "license", "cc-by")
+    monkeypatch.setattr(query, "META_SCAN_ROWS", 20)
+    body = client.get("/api/search", params={"meta": "license:cc-by"}).json()
+    first = {f"tiny/{i:03d}" for i in range(20)}
+    assert {r["sample_id"] for r in body["rows"]} == everywhere & first != everywhere
+    assert body["notes"] == ["the metadata filter searched the first 20 samples only (it has no index): "
+                             "narrow it with a source, or use the label key"]
+    monkeypatch.setattr(query, "META_SCAN_ROWS", 40)
+    client = TestClient(create_app(storage), base_url="http://localhost")  # a new app: the last answer is cached
+    body = client.get("/api/search", params={"meta": "license:cc-by"}).json()
+    assert {r["sample_id"] for r in body["rows"]} == everywhere and body["notes"] == []

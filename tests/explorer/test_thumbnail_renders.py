@@ -22,7 +22,7 @@ from PIL import Image
 from loopback import Answer, fetch, serve, wait_for
 from prx_core.image.budget import DEFAULT_DECODE_SECONDS
 from prx_core.store.storage import Storage
-from prx_explorer import render, thumbnails
+from prx_explorer import render, scans, thumbnails
 from prx_explorer.app import create_app
 from prx_explorer.thumbnails import ThumbnailRenders
 
@@ -119,7 +119,7 @@ def test_renders_are_bounded_and_the_overflow_is_refused_with_retry_after(app, p
     ok = [a for a in answers if a.status == 200]
     busy = [a for a in answers if a.status == 503]
     assert len(ok) == 5 and len(busy) == 5, [a.status for a in answers]
-    assert all(a.headers["retry-after"] == thumbnails.RETRY_AFTER and a.headers["cache-control"] == "no-store"
+    assert all(a.headers["retry-after"] == scans.RETRY_AFTER and a.headers["cache-control"] == "no-store"
                for a in busy)
     assert all(a.headers["x-thumbnail"] == "busy" and Image.open(io.BytesIO(a.body)).format == "JPEG"
                for a in busy)  # an image a browser shows, not a broken one
