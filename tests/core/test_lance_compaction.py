@@ -12,8 +12,10 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
+from prx_core.stages.opt_out import delete_rows
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
+from prx_core.store.storage import Storage
 from prx_core.upkeep import compaction as lc
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")  # partitions are rewritten by Ray tasks
@@ -132,6 +134,31 @@ def test_a_replace_committed_mid_compaction_lands_whole(tmp_path: Path, monkeypa
     assert content(uri, "b") == content_of(rows("b", 40))
     assert all(len(s) == 1 for s in sources_per_fragment(uri))
 
+
+
+def test_an_opt_out_committed_mid_compaction_stays_deleted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction takes none of the locks `opt-out` holds: Lance's conflict detection is what keeps
+    an opt-out's delete, committed while compaction rewrites the same fragments, from being undone
+    by compaction's commit (which would bring the row back). The commit conflicts, compaction plans
+    again from the version with the delete."""
+    storage = Storage(str(tmp_path))
+    uri = storage.lance_uri("samples")
+    build(uri, "ab")
+    real = lc.imap_tasks
+    deleted: list[int] = []
+
+    def write_then_opt_out(*args, **kwargs):  # the rewrite tasks have read a/3; the opt-out commits now
+        results = list(real(*args, **kwargs))
+        if not deleted:
+            deleted.append(delete_rows(storage, "samples", pa.array(["a/3"])))
+        return iter(results)
+
+    monkeypatch.setattr(lc, "imap_tasks", write_then_opt_out)
+    report = lc.compact_partitions(uri, ["source"], target_rows=1000)
+    assert deleted == [1] and report.removed > 0
+    assert content(uri, "a") == [r for r in content_of(rows("a", 40)) if r[0] != "a/3"]
+    assert content(uri, "b") == content_of(rows("b", 40))
+    assert all(len(s) == 1 for s in sources_per_fragment(uri))
 
 BLOBS = pa.schema([("source", pa.string()), ("key", pa.int64()), ("image", pa.large_binary())])
 
