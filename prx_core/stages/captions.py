@@ -202,8 +202,7 @@ def caption_summary(storage: Storage, parts: list[pa.Table],
 
 def to_caption_rows(batch: pa.Table) -> pa.Table:
     """The CAPTIONS columns of a captioner's output (a column it does not give is null)."""
-    return pa.table({name: batch[name].cast(field.type) if name in batch.column_names else pa.nulls(batch.num_rows, field.type)
-                     for name, field in zip(schemas.CAPTIONS.names, schemas.CAPTIONS)})
+    return schemas.table_of({name: batch[name] for name in batch.column_names}, schemas.CAPTIONS)
 
 
 def pin_captions(run: StageRun) -> dict[str, int]:
