@@ -243,11 +243,10 @@ class Explorer:
 
     def busy(self, request: Request, exc: Exception) -> Response:
         """Every scan slot stayed taken (prx_explorer.scans): 503 with Retry-After, JSON on the API."""
-        headers = {"Retry-After": RETRY_AFTER, "Cache-Control": "no-store"}
         if request.url.path.startswith("/api/"):
-            return JSONResponse({"error": str(exc)}, 503, headers=headers)
+            return JSONResponse({"error": str(exc)}, 503, headers={"Retry-After": RETRY_AFTER})
         response = self._page(request, "error.html", {"message": str(exc)}, 503)
-        response.headers.update(headers)
+        response.headers["Retry-After"] = RETRY_AFTER  # no-store: SecurityHeaders, as on every page
         return response
 
     def refuse(self, request: Request, exc: Exception) -> Response:
