@@ -39,6 +39,7 @@ from prx_core.store.maintenance import refresh_table_indexes
 from prx_core.store.partitions import source_predicate
 from prx_core.store.retention import cleanup_superseded, pinned_versions
 from prx_core.store.storage import RUNS, Storage, join_uri
+from prx_core.upkeep.appends import keys_predicate
 
 PER_SOURCE_TABLES = ("samples", "buckets", "phashes", "source_embeddings", "explorer", "mds_index")
 CONTENT_TABLES = ("captions", "caption_labels", "caption_embeddings", "text_latents")
@@ -162,14 +163,14 @@ def orphaned_contents(storage: Storage, contents: list[str]) -> list[str]:
                                storage_options=options)["content_id"].to_pylist())
     elif (samples := lance_io.open_table(storage.lance_uri("samples"), options)) is not None:
         for at in range(0, len(contents), IN_LIST):
-            held.update(samples.to_table(columns=["content_id"], filter=_in("content_id", contents[at:at + IN_LIST]))
+            held.update(samples.to_table(columns=["content_id"], filter=keys_predicate("content_id", contents[at:at + IN_LIST]))
                         ["content_id"].to_pylist())
     orphans = [c for c in contents if c not in held]
     captions = lance_io.open_table(storage.lance_uri("captions"), options)
     if orphans and captions is not None and "image_content_id" in captions.schema.names:
         contents = list(orphans)
         for at in range(0, len(contents), IN_LIST):  # a source caption's key: sha256(domain, content, its text)
-            keys = captions.to_table(columns=["content_id"], filter=_in("image_content_id", contents[at:at + IN_LIST]))
+            keys = captions.to_table(columns=["content_id"], filter=keys_predicate("image_content_id", contents[at:at + IN_LIST]))
             orphans += [k for k in keys["content_id"].to_pylist() if k not in orphans]
     return orphans
 
@@ -181,7 +182,7 @@ def delete_keyed(storage: Storage, table: str, column: str, keys: list[str]) -> 
     before = ds.count_rows()
     for at in range(0, len(keys), IN_LIST):
         fencing.ensure_held()
-        ds.delete(_in(column, keys[at:at + IN_LIST]))
+        ds.delete(keys_predicate(column, keys[at:at + IN_LIST]))
     return before - lance_io.require_table(storage.lance_uri(table), storage.lance_storage_options()).count_rows()
 
 
@@ -199,7 +200,7 @@ def purge_joins(storage: Storage, source: str, ids: pa.Array) -> int:
         ds = lance.dataset(uri, storage_options=storage.lance_storage_options() or None)
         before = ds.count_rows()
         for at in range(0, len(keys), IN_LIST):
-            ds.delete(_in("key", keys[at:at + IN_LIST]))
+            ds.delete(keys_predicate("key", keys[at:at + IN_LIST]))
         ds = lance.dataset(uri, storage_options=storage.lance_storage_options() or None)
         if ds.count_rows() < before:
             deleted += before - ds.count_rows()
@@ -257,9 +258,3 @@ def pinning_attempts(storage: Storage, table: str, version: int) -> list[str]:
         if inputs.get(table) == version:
             found.append(RUNS + "/" + "/".join(attempt.rstrip("/").split("/")[-3:]))
     return found
-
-
-def _in(column: str, keys: list[str]) -> str:
-    from prx_core.store.lance_io import sql_literal
-
-    return f"{column} IN ({', '.join(sql_literal(k) for k in keys)})"
