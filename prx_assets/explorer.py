@@ -4,7 +4,7 @@
 import dagster as dg
 from dagster_ray import RayResource
 
-from prx_assets.conditions import CHEAP
+from prx_assets.conditions import EXPLORER_CONDITION
 from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_table, dataset_metadata, rate, stage_metadata
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
@@ -16,7 +16,8 @@ DESCRIPTION = ("One row per sample and per ingest reject of the source with what
                "shows (size, reject reason, bucket, pHash group, the shipped caption and label, MDS position, skip "
                "reasons), joined on workers and indexed (BITMAP filters, BTREE keys, full-text captions), plus the "
                "source's filter-menu counts in `explorer_facets`: the explorer reads pages, never whole tables. "
-               "Follows every upstream change by automation; a rerun over unchanged inputs writes nothing.")
+               "Follows its source's upstream changes by automation (another source's runs leave it as it is); a rerun "
+               "over unchanged reads of its source writes nothing.")
 
 
 def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
@@ -24,7 +25,7 @@ def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, kinds={"ray", "lance"}, owners=OWNERS,
               deps=["samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"],
-              code_version=version, automation_condition=CHEAP, description=DESCRIPTION)
+              code_version=version, automation_condition=EXPLORER_CONDITION, description=DESCRIPTION)
     def explorer(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
                  captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource,
                  units: UnitsResource) -> dg.MaterializeResult:

@@ -19,6 +19,7 @@ from prx_assets.common import (
 from prx_assets.versions import content_version
 from prx_core.stages.entry import Progress
 from prx_core.shards.manifest import current_name
+from prx_core.stages.explorer import groups_digest
 from prx_core.stages.skip_lists import SkipReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
 from prx_resources.ray import run_stage
@@ -76,7 +77,10 @@ def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, pol
                                                metadata={"streams_above": str(heavy), "threshold": REWRITE_ABOVE})],
             # the lists are a function of the streams, the duplicates, the labels and the policy (the code
             # version): their versions, and what was skipped per stream and reason
-            data_version=content_version(context, streams=[(s.stream, s.size, s.skipped, s.by_reason) for s in report.streams]),
+            # and of this source's duplicate groups, not of the global `duplicates` (which every source
+            # moves): the explorer, downstream, then reruns when this source's groups changed, not on every run
+            data_version=content_version(context, own_part={"duplicates": groups_digest(store, source)},
+                                         streams=[(s.stream, s.size, s.skipped, s.by_reason) for s in report.streams]),
         )
 
     return skip_lists

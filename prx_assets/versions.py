@@ -54,10 +54,13 @@ def upstream_versions(context: dg.AssetExecutionContext) -> dict[str, Any]:
     return out
 
 
-def content_version(context: dg.AssetExecutionContext, **outcome: Any) -> dg.DataVersion:
-    """digest(code version, upstream data versions, the stage's outcome counts)."""
+def content_version(context: dg.AssetExecutionContext, own_part: dict[str, Any] | None = None,
+                    **outcome: Any) -> dg.DataVersion:
+    """digest(code version, upstream data versions, the stage's outcome counts). `own_part` replaces
+    the data version of a global dependency by a digest of this partition's part of it: the
+    `duplicates` version changes with every source's run, this source's groups rarely."""
     code = context.assets_def.code_versions_by_key.get(context.asset_key)
-    return dg.DataVersion(digest(code, upstream_versions(context), outcome))
+    return dg.DataVersion(digest(code, {**upstream_versions(context), **(own_part or {})}, outcome))
 
 
 def streams_version(streams: list[Any]) -> dg.DataVersion:

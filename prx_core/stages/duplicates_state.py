@@ -25,7 +25,7 @@ from typing import Any
 from lance import LanceDataset, LanceOperation
 
 from prx_core.compute.groupby import count_values
-from prx_core.store.lance_io import StorageOptions
+from prx_core.store.lance_io import StorageOptions, fragment_identity
 from prx_core.store.storage import Storage, put_atomic
 
 STATE = ("_state", "duplicates.json")
@@ -71,15 +71,6 @@ def changed_sources(before: Layout, after: Layout) -> list[str]:
     """Sources whose rows differ between two layouts: added, removed or rewritten."""
     old, new = before.fingerprints(), after.fingerprints()
     return sorted(s for s in set(old) | set(new) if old.get(s) != new.get(s))
-
-
-def fragment_identity(fragment: Any) -> tuple[str, str | None]:
-    """(digest of the data files, deletion file) of a fragment: what may change its rows."""
-    meta = fragment.metadata
-    files = hashlib.sha256("\n".join(sorted(f.path for f in meta.files)).encode()).hexdigest()[:12]
-    deletion = meta.to_json().get("deletion_file")
-    marker = None if not deletion else f"{deletion['read_version']}:{deletion['id']}:{deletion['num_deleted_rows']}"
-    return files, marker
 
 
 def read_layout(ds: LanceDataset, uri: str, storage_options: StorageOptions = None,

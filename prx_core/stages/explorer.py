@@ -11,8 +11,10 @@ home page reads no corpus-sized table at all.
 
 Units are row ranges of the pinned `samples` partition (phase `samples`) and of its ingest rejects
 (phase `rejects`: rows that never reached `samples`); each looks its keys up in the pinned versions
-of the other tables (BTREE on sample_id or content_id). A rerun over the same versions, skip-lists
-and settings commits nothing (`reusable`).
+of the other tables (BTREE on sample_id or content_id). A rerun commits nothing (`reusable`) when
+what it reads of its source did not change, whatever other sources did: the table versions are
+`volatile` (every source's commits move them) and the reuse key is `source_reads`, per table a
+digest of this source's part (`read_signatures`), plus the skip-list files and the settings.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from prx_core.stages.explorer_rows import (
 )
 from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, unit_outputs, write_partition
@@ -47,6 +50,8 @@ from prx_core.upkeep.indexing import index_table
 
 UNIT_ROWS = 250_000  # sizes only: each unit looks its keys up in seven tables, 5,000 keys per query
 JOINED = ("rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index")
+PER_SOURCE = ("samples", "rejects", "buckets", "phashes", "mds_index")  # tables with a `source` partition
+GROUP_COLUMNS = ["sample_id", "group_id", "group_size", "keeper", "keeper_sample_id"]
 INGEST = "samples"  # the stage name of ingest rejects: rows that never reached `samples`
 
 
@@ -121,7 +126,32 @@ def skip_fingerprint(storage: Storage, source: str) -> str:
     return hashlib.sha256(repr(listing).encode()).hexdigest()[:24]
 
 
-def pin_tables(run: StageRun) -> dict[str, int | None]:
+def groups_digest(storage: Storage, source: str, version: int | None = None) -> str | None:
+    """A digest of the source's rows in duplicate groups (what the explorer shows and the skip-lists
+    drop): it changes when another source's copy joins one of this source's groups, and only then."""
+    uri, options = storage.lance_uri("duplicates"), storage.lance_storage_options()
+    if lance_io.open_table(uri, options) is None:
+        return None
+    return lance_io.partition_digest(uri, f"{source_predicate(source)} AND group_size >= 2", GROUP_COLUMNS,
+                                     options, version)
+
+
+def read_signatures(storage: Storage, source: str, versions: dict[str, int | None]) -> dict[str, str | None]:
+    """Per table, a digest of what the explorer reads of `source` at `versions`: the fragments of the
+    source's partition (`partition_signature`), its duplicate groups, and, for the content-keyed
+    `captions` and `caption_labels`, the source's own last run of those stages (`last_commit`): another
+    source's captions move the table but not what this source shows."""
+    options = storage.lance_storage_options()
+    reads: dict[str, str | None] = {
+        t: lance_io.partition_signature(storage.lance_uri(t), source_predicate(source), options, versions[t])
+        for t in PER_SOURCE if versions[t] is not None}
+    reads["duplicates"] = groups_digest(storage, source, versions["duplicates"]) if versions["duplicates"] else None
+    for stage in ("captions", "caption_labels"):
+        reads[stage] = last_commit(storage, stage, source)
+    return reads
+
+
+def pin_tables(run: StageRun) -> dict[str, Any]:
     """The pinned versions of every table the rows join (None: not written yet), the units planned."""
     storage, options, source = run.storage, run.storage.lance_storage_options(), run.partition
     if not lance_io.table_exists(storage.lance_uri("samples"), options):
@@ -137,7 +167,7 @@ def pin_tables(run: StageRun) -> dict[str, int | None]:
         _, run.state["rejects"] = plan_row_units(storage.lance_uri("rejects"), rejects_predicate(source, INGEST),
                                                  run["unit_rows"], options, version=inputs["rejects"])
     run.params["skip_lists"] = skip_fingerprint(storage, source)
-    return inputs
+    return {**inputs, "source_reads": read_signatures(storage, source, inputs)}
 
 
 def explore_units(run: StageRun) -> None:
@@ -174,7 +204,7 @@ def report_explorer(run: StageRun) -> ExplorerReport:
                           ingest_rejects=total("ingest_rejects"), captioned=total("captioned"), in_mds=total("in_mds"),
                           skipped=total("skipped"), facets=run.state["facets"], seconds=run.seconds,
                           explorer_version=run.versions["explorer"], facets_version=run.versions["explorer_facets"],
-                          read_versions={t: v for t, v in run.inputs.items() if v is not None}, units=results)
+                          read_versions={t: v for t, v in run.inputs.items() if isinstance(v, int)}, units=results)
 
 
 EXPLORER = Stage(
@@ -184,7 +214,7 @@ EXPLORER = Stage(
     settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),
     pin=pin_tables, work=explore_units, commit=commit_explorer, report=report_explorer,
-    reusable=lambda report: True,
+    reusable=lambda report: True, volatile=("samples", *JOINED),
 )
 
 

@@ -157,7 +157,9 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         run.attempt.finish()
         report = condense_report(stage.report(run), storage, stage.name, partition, run.attempt.token)
     final = report if stage.then is None else stage.then(report, run)
-    if stage.reusable and stage.reusable(final):
+    if stage.reusable is None:  # followed by downstream stages (`last_commit`), never reused itself
+        record_committed(storage, stage.name, partition, reuse, run.versions, None)
+    elif stage.reusable(final):
         record_committed(storage, stage.name, partition, reuse, run.versions, final)
     return final
 

@@ -5,12 +5,14 @@ again (samples: one that kept rows), its manifest digest, the Lance versions it 
 When the next run pins the same manifest (same inputs, code version and settings) and each table
 it wrote still exists at that version or later, it returns that report, every unit counted as
 skipped, and runs and commits nothing: the weekly refresh of an unchanged 100M-image source is a
-listing, not 40 TB re-ingested.
+listing, not 40 TB re-ingested. Every other stage records the same without a report after each
+commit: `last_commit`, by which the explorer follows one source's runs of the content-keyed tables.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -28,10 +30,25 @@ def latest_uri(storage: Storage, asset: str, partition: str) -> str:
 
 
 def record_committed(storage: Storage, asset: str, partition: str, digest: str, versions: Mapping[str, int | None],
-                     report: Any) -> None:
-    payload = {"digest": digest, "versions": {k: v for k, v in versions.items() if v is not None},
-               "report": wire.encode(report)}
+                     report: Any | None) -> None:
+    """The last committed run of (asset, partition): its manifest digest, the versions it wrote and,
+    for a reusable stage, its report (None: a stage whose runs are recorded only for `last_commit`)."""
+    payload: dict[str, Any] = {"digest": digest, "versions": {k: v for k, v in versions.items() if v is not None}}
+    if report is not None:
+        payload["report"] = wire.encode(report)
     put_atomic(storage.filesystem(), latest_uri(storage, asset, partition), json.dumps(payload).encode())
+
+
+def last_commit(storage: Storage, asset: str, partition: str) -> str | None:
+    """A digest of the last committed run of (asset, partition) (manifest and versions written), None
+    before the first: what a downstream stage pins to follow this partition's runs of a shared table,
+    which other partitions' runs move."""
+    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
+    fs.invalidate_cache()
+    if not fs.exists(uri):
+        return None
+    payload = json.loads(fs.cat_file(uri))
+    return hashlib.sha256(json.dumps([payload.get("digest"), payload.get("versions")]).encode()).hexdigest()[:24]
 
 
 def committed_report(storage: Storage, asset: str, partition: str, digest: str, report_type: type) -> Any | None:

@@ -9,6 +9,7 @@ Pure library: never imports dagster.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -157,6 +158,32 @@ def partition_fragments(ds: LanceDataset, predicate: str) -> dict[int, int]:
         for frag_id, matched in zip(ids.tolist(), n.tolist()):
             counts[frag_id] = counts.get(frag_id, 0) + matched
     return counts
+
+
+def fragment_identity(fragment: lance.LanceFragment) -> tuple[str, str | None]:
+    """(digest of the data files, deletion file) of a fragment: what may change its rows."""
+    meta = fragment.metadata
+    files = hashlib.sha256("\n".join(sorted(f.path for f in meta.files)).encode()).hexdigest()[:12]
+    deletion = meta.to_json().get("deletion_file")
+    marker = None if not deletion else f"{deletion['read_version']}:{deletion['id']}:{deletion['num_deleted_rows']}"
+    return files, marker
+
+
+def partition_signature(uri: str, predicate: str, storage_options: StorageOptions = None,
+                        version: int | None = None) -> str | None:
+    """A digest of the fragments holding the rows matching `predicate` (ids, data files, deletions),
+    None where the table does not exist. Fragments are immutable but for deletions and partitions
+    never share one (prx_core.upkeep.compaction), so an equal signature means the same rows, and
+    another partition's commits leave it as it was; compaction of this partition changes it. Reads
+    the partition's row addresses (`partition_fragments`), never its data."""
+    ds = open_table(uri, storage_options)
+    if ds is None:
+        return None
+    if version is not None:
+        ds = ds.checkout_version(version)
+    fragments = sorted(partition_fragments(ds, predicate))
+    identities = [(i, *fragment_identity(ds.get_fragment(i))) for i in fragments]
+    return hashlib.sha256(json.dumps(identities).encode()).hexdigest()[:24]
 
 
 def _plan_removal(ds: LanceDataset, predicate: str) -> tuple[list[int], list[FragmentMetadata]]:

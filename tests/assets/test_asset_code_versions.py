@@ -112,13 +112,14 @@ def test_pixel_cap_change_marks_samples(demo_dir, tmp_path, base) -> None:
 def test_automation_conditions_and_pools(demo_dir, tmp_path) -> None:
     """Eager on new data (a dependency's data version changed, prx_assets.conditions) + code-version-changed
     on the cheap assets; never automatic on captions and mds_shards; captions in the `gpu` pool."""
-    from prx_assets.conditions import CHEAP, eager_on_new_data
+    from prx_assets.conditions import CHEAP, EXPLORER_CONDITION, eager_on_new_data
 
     defs = build_definitions(make_settings(tmp_path / "root", demo_dir / "sources.yaml"))
     graph = defs.resolve_asset_graph()
     conditions = {key.to_user_string(): graph.get(key).automation_condition for key in graph.get_all_asset_keys()}
-    for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists", "explorer"):
+    for name in ("buckets", "caption_labels", "caption_embeddings", "skip_lists"):
         assert conditions[name] == CHEAP, (name, conditions[name])
+    assert conditions["explorer"] == EXPLORER_CONDITION  # CHEAP but for `duplicates` (tests/assets/test_explorer_automation.py)
     assert conditions["duplicates"] == eager_on_new_data()
     assert "data_version_changed" in str(CHEAP) and "newly_updated" not in str(CHEAP)
     for name in ("captions", "text_latents", "mds_shards", "samples", "raw_source"):
