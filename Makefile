@@ -11,13 +11,15 @@ DEMO_ENV = DAGSTER_HOME=$(DEMO_HOME) PRX_ROOT=$(abspath $(DEMO))/corpus \
 	PRX_SOURCES=$(abspath $(DEMO))/sources/sources.yaml PRX_CONFIG=$(CURDIR)/demo-config.yaml
 
 # `make ui` opens the demo corpus; on a corpus of your own give the four settings the definitions read:
-#   make ui ROOT=/data/corpus SOURCES=sources.yaml CONFIG=prx-config.yaml [DAGSTER_HOME=...]
+#   make ui ROOT=/data/corpus SOURCES=sources.yaml [CONFIG=prx-config.yaml] [DAGSTER_HOME=...]
+# CONFIG must be the file the corpus was built with (none if built without --config: the settings enter the code
+# versions, and another file shows every asset unsynced), so with ROOT given the demo's is never the default.
 # DAGSTER_HOME defaults to a local root's own instance, <ROOT>/_state/dagster (where `prx-corpus build` ran);
 # an s3:// root's is the one `prx-corpus sources sync` prints. Only command-line values count (plain `=`), so a
 # shell's exported ROOT or DAGSTER_HOME never moves the demo's UI elsewhere.
 ROOT = $(abspath $(DEMO))/corpus
 SOURCES = $(abspath $(DEMO))/sources/sources.yaml
-CONFIG = $(CURDIR)/demo-config.yaml
+CONFIG = $(if $(filter command line,$(origin ROOT)),,$(CURDIR)/demo-config.yaml)
 UI_ROOT = $(if $(findstring ://,$(ROOT)),$(ROOT),$(abspath $(ROOT)))
 UI_HOME = $(if $(filter command line,$(origin DAGSTER_HOME)),$(abspath $(DAGSTER_HOME)),$(UI_ROOT)/_state/dagster)
 UI_ENV = DAGSTER_HOME=$(UI_HOME) PRX_ROOT=$(UI_ROOT) PRX_SOURCES=$(abspath $(SOURCES)) PRX_CONFIG=$(abspath $(CONFIG))
