@@ -10,6 +10,20 @@ DEMO_HOME = $(abspath $(DEMO))/corpus/_state/dagster
 DEMO_ENV = DAGSTER_HOME=$(DEMO_HOME) PRX_ROOT=$(abspath $(DEMO))/corpus \
 	PRX_SOURCES=$(abspath $(DEMO))/sources/sources.yaml PRX_CONFIG=$(CURDIR)/demo-config.yaml
 
+# `make ui` opens the demo corpus; on a corpus of your own give the four settings the definitions read:
+#   make ui ROOT=/data/corpus SOURCES=sources.yaml [CONFIG=prx-config.yaml] [DAGSTER_HOME=...]
+# CONFIG must be the file the corpus was built with (none if built without --config: the settings enter the code
+# versions, and another file shows every asset unsynced), so with ROOT given the demo's is never the default.
+# DAGSTER_HOME defaults to a local root's own instance, <ROOT>/_state/dagster (where `prx-corpus build` ran);
+# an s3:// root's is the one `prx-corpus sources sync` prints. Only command-line values count (plain `=`), so a
+# shell's exported ROOT or DAGSTER_HOME never moves the demo's UI elsewhere.
+ROOT = $(abspath $(DEMO))/corpus
+SOURCES = $(abspath $(DEMO))/sources/sources.yaml
+CONFIG = $(if $(filter command line,$(origin ROOT)),,$(CURDIR)/demo-config.yaml)
+UI_ROOT = $(if $(findstring ://,$(ROOT)),$(ROOT),$(abspath $(ROOT)))
+UI_HOME = $(if $(filter command line,$(origin DAGSTER_HOME)),$(abspath $(DAGSTER_HOME)),$(UI_ROOT)/_state/dagster)
+UI_ENV = DAGSTER_HOME=$(UI_HOME) PRX_ROOT=$(UI_ROOT) PRX_SOURCES=$(abspath $(SOURCES)) PRX_CONFIG=$(abspath $(CONFIG))
+
 .PHONY: setup demo ui browse test doctor clean lock lock-vllm
 
 setup:
@@ -28,8 +42,8 @@ demo: setup
 # checkout it would warn that the checkout's dagster.yaml is not DAGSTER_HOME's. prx_assets.dev_ui runs it so that
 # Ctrl-C stops it within 15 s and nothing it started (code servers, runs, their Ray) outlives it.
 ui: setup
-	@mkdir -p $(DEMO_HOME) && { test -f $(DEMO_HOME)/dagster.yaml || cp dagster.yaml $(DEMO_HOME)/; }
-	cd $(DEMO_HOME) && $(DEMO_ENV) PYTHONWARNINGS='ignore:Function `dev_command` is superseded:FutureWarning' \
+	@mkdir -p $(UI_HOME) && { test -f $(UI_HOME)/dagster.yaml || cp dagster.yaml $(UI_HOME)/; }
+	cd $(UI_HOME) && $(UI_ENV) PYTHONWARNINGS='ignore:Function `dev_command` is superseded:FutureWarning' \
 	  $(abspath $(BIN))/python -m prx_assets.dev_ui -m prx_assets.definitions -d $(CURDIR) -h 127.0.0.1 -p $(UI_PORT)
 
 browse: setup

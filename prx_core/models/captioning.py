@@ -48,7 +48,7 @@ from prx_core.models.caption_text import clean_caption
 # message of `mds_shards` (no_caption) and the `captions` run's refusal of a source without any.
 NO_CAPTION_HERE = "the source has no caption for this image"
 SOURCE_HAS_NONE = ("the source has no caption and the captioner is `source`: configure a VLM captioner "
-                   "(README: Captioning)")
+                   "(docs/captioning.md)")
 VLM_SETTINGS = ("`captioner: {backend: vllm, model: <hub id or checkpoint dir>}`, "
                 "`captioner: {backend: openai, endpoint: http://host:8000/v1, model: <served model>}` or "
                 "`captioner: {backend: transformers, model: <checkpoint dir>}` in PRX_CONFIG")
@@ -75,7 +75,7 @@ def no_source_captions_message(source: str, eligible: int) -> str:
     """The `captions` run's refusal of a source none of whose eligible images has a source caption
     under the `source` captioner: nothing of it could ever reach the MDS output."""
     return (f"source {source!r}: none of its {eligible} eligible images has a caption and the captioner is `source` "
-            f"(it only keeps source captions): configure a VLM captioner, e.g. {VLM_SETTINGS} (README: Captioning), "
+            f"(it only keeps source captions): configure a VLM captioner, e.g. {VLM_SETTINGS} (docs/captioning.md), "
             "or point the catalog entry at the source's captions (caption_column, joins)")
 
 

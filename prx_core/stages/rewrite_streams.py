@@ -21,7 +21,7 @@ from prx_core.store.names import MERGED
 from prx_core.store.storage import Storage
 
 LOCKS = ("mds_shards", "skip_lists")
-THRESHOLD = 0.10  # the README's and `skip_lists_fraction`'s line
+THRESHOLD = 0.10  # docs/operations.md's and `skip_lists_fraction`'s line
 
 
 @dataclass(frozen=True)

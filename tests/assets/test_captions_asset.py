@@ -222,5 +222,5 @@ def test_a_source_without_any_caption_fails_the_captions_run(ray_session, tmp_pa
     assert failure.step_key == "captions"
     error = str(failure.event_specific_data.error)
     assert "NoSourceCaptions" in error and "source 'no_captions': none of its 3 eligible images has a caption" in error
-    assert "configure a VLM captioner" in error and "backend: vllm" in error and "README: Captioning" in error
+    assert "configure a VLM captioner" in error and "backend: vllm" in error and "docs/captioning.md" in error
     assert "mds_shards" not in materialized(result) and not (root / "mds").exists()

@@ -2,7 +2,7 @@
 failing), built through the real `samples` stage: its WebDataset tars and its parquet files give
 the photos it fetched; the rows it failed to fetch (kept in its parquet with `error_message`)
 become `download_error` rejects carrying img2dataset's message. And what its default resize does:
-256x256 output, under the 384x384 floor, hence `resize_mode="no"` in the README."""
+256x256 output, under the 384x384 floor, hence `resize_mode="no"` in docs/sources.md."""
 
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ def test_a_source_without_any_caption_fails_at_once_naming_it_and_the_fix(storag
     message = str(refused.value)
     assert message.startswith("source 'urls_only': none of its 5 eligible images has a caption")
     for needed in ("`source`", "backend: vllm", "backend: openai", "endpoint:", "backend: transformers", "model:",
-                   "PRX_CONFIG", "README: Captioning", "caption_column"):
+                   "PRX_CONFIG", "docs/captioning.md", "caption_column"):
         assert needed in message, needed
     assert "\n" not in message
 
@@ -97,7 +97,7 @@ def test_vlm_captioner_failures_count_against_coverage_without_source_captions(s
 def test_mds_reject_message_says_why_a_sample_has_no_caption() -> None:
     assert missing_caption_message("v1", f"{NO_SOURCE_CAPTION}: the source has no caption") == SOURCE_HAS_NONE
     assert SOURCE_HAS_NONE == ("the source has no caption and the captioner is `source`: configure a VLM captioner "
-                               "(README: Captioning)")
+                               "(docs/captioning.md)")
     assert missing_caption_message("v1", "http_error: 500") == (
         "captioning failed for captioner version v1 (http_error: 500); the next captions run retries it")
     assert missing_caption_message("v1", None) == "no caption for captioner version v1"

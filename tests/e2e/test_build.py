@@ -547,7 +547,7 @@ def test_planted_duplicates_keep_the_original_and_skip_the_copies(ok_build: Buil
                 assert sid not in skipped
     # nothing but planted copies is flagged as a duplicate, and renders of one template that differ only
     # in their text (the demo's inbox screenshots, slides, spreadsheets: the documented limit of 16x16
-    # signatures, README's deduplication section), which their `text` label skips anyway
+    # signatures, docs/images.md's deduplication section), which their `text` label skips anyway
     planted_members = {e["sample_id"] for rs in groups.values() for r, es in rs.items() if r != "original" for e in es}
     templates = {e["sample_id"] for e in ok_build.manifest if "text_heavy" in e["kinds"]}
     assert set(skipped) <= planted_members | templates, sorted(set(skipped) - planted_members - templates)
@@ -821,7 +821,7 @@ def test_a_source_without_captions_exits_nonzero_and_says_to_configure_a_vlm(sid
     result = side_runs["no_captions"]
     assert result.returncode == 1, result.explain()
     assert re.search(r"^captions \[nocaption\] FAILED: .*source 'nocaption': none of its 3 eligible images has a "
-                     r"caption .*configure a VLM captioner.*\(README: Captioning\)", result.stdout, re.M), result.explain()
+                     r"caption .*configure a VLM captioner.*\(docs/captioning\.md\)", result.stdout, re.M), result.explain()
     assert re.search(r"^\d+ runs in \d+ s: FAILED$", result.stdout, re.M), result.explain()
     assert "Traceback" not in result.stdout
 

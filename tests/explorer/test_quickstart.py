@@ -1,6 +1,7 @@
 """What a newcomer meets on a demo build (the explorer's shared `prx-corpus build` of two demo sources,
-explorer_corpus in conftest.py; nothing rebuilt here): the README's trainer quick-start, run as
-written; the build's output free of the known third-party noise; materializations' explorer links.
+explorer_corpus in conftest.py; nothing rebuilt here): the trainer quick-start of docs/training.md (and
+the README), run as written; the build's output free of the known third-party noise; materializations'
+explorer links.
 ~20-40 s (the quick-start's streaming loader with two workers)."""
 
 from __future__ import annotations
@@ -22,14 +23,26 @@ from prx_resources import ExplorerResource
 if TYPE_CHECKING:
     from conftest import ExplorerCorpus  # tests/explorer/conftest.py
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+TRAINING = REPO / "docs" / "training.md"  # the loader's documentation: the quick-start and the sample's keys
 STREAM = r"[a-z0-9_]+/\d+/\d+x\d+"
 
 
+def training_section() -> str:
+    """docs/training.md's "Loading the corpus" section."""
+    return TRAINING.read_text().split("\n## Loading the corpus\n", 1)[1].split("\n## ", 1)[0]
+
+
 def quickstart() -> str:
-    """The README's first python block under "Training on the corpus"."""
-    section = README.read_text().split("## Training on the corpus", 1)[1].split("\n## ", 1)[0]
-    return re.search(r"```python\n(.*?)```", section, re.S)[1]
+    """docs/training.md's first python block under "Loading the corpus"."""
+    return re.search(r"```python\n(.*?)```", training_section(), re.S)[1]
+
+
+def test_the_readme_shows_the_quickstart_that_runs() -> None:
+    """The README's "Train" step is the same block, character for character, so the one test below runs both."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert quickstart() in blocks
 
 
 @pytest.mark.slow
@@ -45,7 +58,7 @@ def test_the_readme_quickstart_runs_on_a_demo_build(explorer_corpus: ExplorerCor
                           timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr[-5000:]
     length, seen = map(int, re.fullmatch(r"len\(dataset\) (\d+), one epoch yielded (\d+)\n", done.stdout).groups())
-    # an epoch is full batches of 4, never more than len(); the README explains the difference
+    # an epoch is full batches of 4, never more than len(); docs/training.md explains the difference
     assert 0 < seen <= length and seen % 4 == 0, done.stdout
     # every warning of ours names streams as <source>/<tier>/<w>x<h>; streaming's "stream with index N" is gone
     assert "stream with index" not in done.stderr.lower(), done.stderr[-5000:]
@@ -58,10 +71,10 @@ def test_the_readme_quickstart_runs_on_a_demo_build(explorer_corpus: ExplorerCor
         assert re.search(rf"{STREAM} left out: ", done.stderr), done.stderr[-5000:]
 
 
-def test_the_sample_keys_are_those_the_readme_documents() -> None:
+def test_the_sample_keys_are_those_the_docs_document() -> None:
     from prx_core.shards.mds import MDS_COLUMNS
 
-    section = README.read_text().split("## Training on the corpus", 1)[1].split("\n## ", 1)[0]
+    section = training_section()
     documented = {key for row in re.findall(r"^\| (`.+?`) \|", section, re.M) for key in re.findall(r"`(\w+)`", row)}
     assert documented == set(MDS_COLUMNS)
 
