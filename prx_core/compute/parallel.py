@@ -109,12 +109,40 @@ def on_cluster() -> bool:
     return ray is not None and ray.is_initialized()
 
 
-def run_on_worker(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0) -> Any:
-    """`fn(*args)` as one Ray task, for work whose memory grows with a table (building an index),
-    so the driver's does not."""
+# Maintenance (index builds and merges, compaction, a joined table's staging index) takes memory that
+# grows with a table: 10-40 GB at PRX scale. Ray places a task asking for no CPU on the caller's node,
+# the head, beside the GCS and every stage driver; so a maintenance task asks for a custom resource
+# that CPU worker nodes offer and the head never does (deploy/raycluster.yaml, rayjob.yaml, slurm),
+# and for memory, which Ray then reserves on that node.
+MAINTENANCE_RESOURCE = "prx_maintenance"
+MAINTENANCE_MEMORY = 2 << 30  # a reservation floor per task (bytes): Ray's memory is logical, never a cap
+_warned: set[str] = set()
+
+
+def maintenance_placement() -> dict[str, Any]:
+    """The Ray options of a maintenance task: the worker-only resource and a memory reservation
+    where a node of the cluster offers it; none on one machine or a cluster offering it nowhere
+    (logged once: such a cluster runs maintenance wherever Ray places it, the head included)."""
     import ray
 
-    return ray.get(ray.remote(fn).options(num_cpus=num_cpus, max_retries=2).remote(*args))
+    if ray.cluster_resources().get(MAINTENANCE_RESOURCE):
+        return {"resources": {MAINTENANCE_RESOURCE: 1}, "memory": MAINTENANCE_MEMORY}
+    if sum(1 for node in ray.nodes() if node.get("Alive")) > 1 and MAINTENANCE_RESOURCE not in _warned:
+        _warned.add(MAINTENANCE_RESOURCE)
+        logging.getLogger(__name__).warning(
+            "no node of this Ray cluster offers the %r resource: index builds and compaction may run on the "
+            "head; start CPU workers with --resources '{\"%s\": 4}' (docs/deploy.md)", MAINTENANCE_RESOURCE,
+            MAINTENANCE_RESOURCE)
+    return {}
+
+
+def run_on_worker(fn: Callable[..., Any], *args: Any, num_cpus: float = 1.0) -> Any:
+    """`fn(*args)` as one Ray maintenance task (`maintenance_placement`), for work whose memory grows
+    with a table (building an index), so the driver's does not."""
+    import ray
+
+    options = {"num_cpus": num_cpus, "max_retries": 2, **maintenance_placement()}
+    return ray.get(ray.remote(fn).options(**options).remote(*args))
 
 
 class TaskFailed(RuntimeError):

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 from postgres_server import free_port
 
+from prx_core.compute.parallel import MAINTENANCE_RESOURCE
+
 
 @contextmanager
 def ray_cluster_with_jobs(head_cpus: int, worker_nodes: int = 0) -> Iterator[dict[str, str]]:
@@ -22,8 +24,8 @@ def ray_cluster_with_jobs(head_cpus: int, worker_nodes: int = 0) -> Iterator[dic
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": head_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
         "dashboard_agent_listen_port": free_port()})
-    for _ in range(worker_nodes):
-        cluster.add_node(num_cpus=1, dashboard_agent_listen_port=free_port())
+    for _ in range(worker_nodes):  # workers offer prx_maintenance, as deploy/raycluster.yaml's do
+        cluster.add_node(num_cpus=1, resources={MAINTENANCE_RESOURCE: 2}, dashboard_agent_listen_port=free_port())
     cluster.wait_for_nodes()
     try:
         yield {"address": cluster.address, "jobs_address": f"http://127.0.0.1:{port}", "job_python": sys.executable}
