@@ -36,6 +36,13 @@ for path in "${HEAVY_E2E[@]}"; do GROUP_B+=("--ignore=$path"); done
 LOGS=test-artifacts/suite
 mkdir -p "$LOGS"
 started=$(date +%s)
+# How busy the machine's CPUs were while the suite ran (every 5 s, from /proc/stat): whether the wall
+# time is CPU work (then only less work helps) or waiting (then more halves would), in cpu.log.
+cpu_busy() { read -r _ u n s i w q sq st _ < /proc/stat; echo $((u + n + s + q + sq + st)) $((i + w)); }
+{ read -r b0 i0 < <(cpu_busy)
+  while sleep 5; do read -r b1 i1 < <(cpu_busy)
+    echo "$(date +%s) $(( 100 * (b1 - b0) / (b1 - b0 + i1 - i0 + 1) ))"; b0=$b1; i0=$i1; done; } > "$LOGS/cpu.log" &
+sampler=$!
 echo "[test] two halves in parallel; half A's log: $LOGS/a.log (printed when it ends), half B below"
 { "${PYTEST[@]}" "${GROUP_A1[@]}"; first=$?; "${PYTEST[@]}" "${GROUP_A2[@]}"; second=$?
   [ "$first" = 0 ] && [ "$second" = 0 ]; } > "$LOGS/a.log" 2>&1 &
@@ -50,5 +57,8 @@ if grep -q "= FAILURES =\|= ERRORS =" "$LOGS/a.log"; then
 else
     grep -E "^=+ .*(passed|failed|error).* in [0-9.]+s" "$LOGS/a.log" || tail -n 60 "$LOGS/a.log"
 fi
-echo "[test] half A exit $a_status, half B exit $b_status, $(( ($(date +%s) - started) / 60 )) min in all"
+kill "$sampler" 2>/dev/null
+busy=$(awk '{ t += $2; n++ } END { if (n) printf "%d", t / n; else printf "?" }' "$LOGS/cpu.log")
+echo "[test] half A exit $a_status, half B exit $b_status, $(( ($(date +%s) - started) / 60 )) min in all," \
+     "CPUs ${busy}% busy on average ($LOGS/cpu.log)"
 [ "$a_status" = 0 ] && [ "$b_status" = 0 ]
