@@ -6,6 +6,7 @@ verify), so image bytes move from storage to workers and never through the drive
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -157,13 +158,20 @@ def chunk(items: list[Any], size: int) -> list[list[Any]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
+@functools.lru_cache(maxsize=16)
+def _pinned_dataset(uri: str, version: int, options: tuple[tuple[str, str], ...]) -> Any:
+    """One open dataset per (table, version, options) per process: a unit takes rows 32-64 at a time,
+    and each open reads the version's manifest again (a GET on S3, the whole fragment list)."""
+    import lance
+
+    return lance.dataset(uri, version=version, storage_options=dict(options) or None)
+
+
 def take_rows(
     uri: str, version: int, addresses: list[int], columns: list[str], storage_options: dict[str, str] | None = None
 ) -> pa.Table:
     """Rows by address from a pinned version, in the order asked (workers read their own chunk)."""
-    import lance
-
-    dataset = lance.dataset(uri, version=version, storage_options=storage_options or None)
+    dataset = _pinned_dataset(uri, version, tuple(sorted((storage_options or {}).items())))
     # `_take_rows` takes row addresses (fragment << 32 | offset) as returned by a scan with
     # `with_row_address`; the public `take` wants global offsets, which deletions shift.
     table = dataset._take_rows(addresses, columns=columns)
