@@ -142,8 +142,8 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     """Create missing INVERTED (full-text), BITMAP (low-cardinality filters), BTREE (key lookups)
     and vector indexes, extend existing ones.
 
-    Idempotent: nothing is committed when every fragment is already indexed and no two newest
-    segments fit `merge_rows` (`catch_up_indexes`). The vector column
+    Idempotent: nothing is committed when every fragment is already indexed and no segments are
+    left to merge (`catch_up_indexes`). The vector column
     must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
     fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
     """
@@ -194,7 +194,8 @@ def drop_retired_indexes(uri: str, table: str, storage_options: StorageOptions =
 def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None,
                           merge_rows: int = 0) -> IndexReport:
     """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
-    columns), new fragments indexed as a delta segment; compact_corpus merges up to `merge_rows`.
+    columns), new fragments indexed: BTREE and BITMAP indexes stay within MAX_SEGMENTS segments
+    (prx_core.store.segments), the others gain a delta segment; compact_corpus merges up to `merge_rows`.
     Indexes only speed reads up, so losing a commit race to a concurrent writer is a note, not a
     failed materialization: the next write or compaction catches them up."""
     try:
