@@ -16,11 +16,13 @@ import pyarrow as pa
 from lance import LanceDataset
 
 from prx_core.store.lance_io import StorageOptions, is_commit_conflict, require_table
+from prx_core.store.segments import MAX_SEGMENTS, segments_to_merge
 from prx_core.store.schemas import (BTREE_COLUMNS, FILTER_COLUMNS, FTS_COLUMNS, PARTITION_COLUMNS, RETIRED_INDEXES,
                                     VECTOR_COLUMNS)
 
 FTS_TYPES = {"inverted", "fts"}
 MERGE_ROWS = 10_000_000  # index rows one run merges per index: ~12 min of a full-text index (74 s per 1M rows)
+BOUNDED_TYPES = {"btree", "bitmap"}  # kept to MAX_SEGMENTS segments; their merges are cheap (docs/benchmarks.md)
 MIN_VECTOR_ROWS = 256  # below this a vector index is not built: a flat scan is as fast
 
 
@@ -73,22 +75,29 @@ def _unindexed_fragments(ds: LanceDataset, desc: Any) -> set[int]:
     return {f.fragment_id for f in ds.get_fragments()} - covered
 
 
-def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE_ROWS) -> list[str]:
-    """Index unindexed fragments and merge the newest segments of each index whose rows together
-    fit `merge_rows`; the indexes done. No commit when nothing is stale.
+def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE_ROWS,
+                     max_segments: int = MAX_SEGMENTS) -> list[str]:
+    """Index unindexed fragments and merge the newest segments of each index; the indexes done.
+    No commit when nothing is stale.
 
-    Merging a full-text index cost 74 s per million rows: a whole-index merge of a 100M-row
-    table is hours in one process, so a run merges at most `merge_rows` rows of segments per
-    index (the newest, small ones: stage commits add a delta segment each) and the big old
-    segments stay as they are. With `merge_rows=0` new fragments get a delta segment of their own
-    (a stage's commit: what they hold, nothing more)."""
+    BTREE and BITMAP indexes (key and partition lookups read every segment) are kept to
+    `max_segments` segments whatever the table's history (prx_core.store.segments: size-ratio
+    merges of the newest segments, so a row is rewritten a few times, not at every catch-up).
+    Merging a full-text index cost 74 s per million rows, so the other kinds merge at most
+    `merge_rows` rows of their newest segments per run and the big old segments stay as they
+    are; with `merge_rows=0` their new fragments get a delta segment of their own."""
     rows = {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments()}
     done = []
     for desc in ds.describe_indices():
         if desc.name not in names:
             continue
-        newest = mergeable_segments([s.fragment_ids for s in desc.segments], rows, merge_rows)
-        unindexed = bool(_unindexed_fragments(ds, desc))
+        segments = [s.fragment_ids for s in desc.segments]
+        unindexed = _unindexed_fragments(ds, desc)
+        if desc.index_type.lower() in BOUNDED_TYPES:
+            sizes = [sum(rows.get(i, 0) for i in ids) for ids in segments]
+            newest = segments_to_merge(sizes, sum(rows[i] for i in unindexed), max_segments)
+        else:
+            newest = mergeable_segments(segments, rows, merge_rows)
         if newest >= 2 or unindexed:
             ds.optimize.optimize_indices(index_names=[desc.name], num_indices_to_merge=newest)
             done.append(desc.name)
@@ -133,8 +142,8 @@ def refresh_indexes(uri: str, fts_columns: Sequence[str] = (), vector_column: st
     """Create missing INVERTED (full-text), BITMAP (low-cardinality filters), BTREE (key lookups)
     and vector indexes, extend existing ones.
 
-    Idempotent: nothing is committed when every fragment is already indexed and no two newest
-    segments fit `merge_rows` (`catch_up_indexes`). The vector column
+    Idempotent: nothing is committed when every fragment is already indexed and no segments are
+    left to merge (`catch_up_indexes`). The vector column
     must be `fixed_size_list<float>` (source embeddings are variable-length lists: cast them to a
     fixed size first); below `min_vector_rows` rows the vector index is skipped with a note.
     """
@@ -185,7 +194,8 @@ def drop_retired_indexes(uri: str, table: str, storage_options: StorageOptions =
 def refresh_table_indexes(uri: str, table: str, storage_options: StorageOptions = None,
                           merge_rows: int = 0) -> IndexReport:
     """Every index `table` keeps (prx_core.store.schemas: full-text, vector, BITMAP on its partition
-    columns), new fragments indexed as a delta segment; compact_corpus merges up to `merge_rows`.
+    columns), new fragments indexed: BTREE and BITMAP indexes stay within MAX_SEGMENTS segments
+    (prx_core.store.segments), the others gain a delta segment; compact_corpus merges up to `merge_rows`.
     Indexes only speed reads up, so losing a commit race to a concurrent writer is a note, not a
     failed materialization: the next write or compaction catches them up."""
     try:

@@ -13,7 +13,8 @@ failure; their failed rows are deleted in the same flush, just before the append
 Every `index_every` appends the fragments the run appended since the last time are first merged
 into fragments of up to `merge_rows` (1M) rows, on a worker: units of 4,096 rows would otherwise
 leave a shared table with a fragment per unit (~244k at 1B rows, a 23 MB manifest read at every
-open). Then the table's indexes are caught up (a delta segment, on a worker):
+open). Then the table's indexes are caught up on a worker (the keys' BTREE within a bounded
+number of segments, prx_core.store.segments):
 the units that follow look their keys up in what the run appended before them (captions reused
 across sources, labels and embeddings by content id), and an unindexed fragment costs a scan of
 its rows per lookup: quadratic in the run when only `finish` indexed (1.2e12 row scans for the
@@ -116,7 +117,7 @@ class BatchedAppend:
             self.version, self.merges, self.commits = merged, self.merges + 1, self.commits + 1
 
     def index(self) -> None:
-        """Index what is appended (a delta segment), on a worker: index memory grows with the table."""
+        """Index what is appended (folded into the newest segments), on a worker: index memory grows with the table."""
         self.version = index_table(self.uri, self.table, self.options).version
 
     def finish(self) -> int | None:
