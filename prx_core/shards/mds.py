@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk, normalize_root
 
 MDS_COLUMNS: dict[str, str] = {
     "image": "jpeg", "caption": "str", "original_caption": "str", "width": "int", "height": "int",
@@ -71,11 +71,7 @@ def stream_name(tier: int, width: int, height: int) -> str:
 
 
 def stream_uri(root: str, source: str, tier: int, width: int, height: int) -> str:
-    return join_uri(_normalize(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
-
-
-def _normalize(root: str) -> str:
-    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+    return join_uri(normalize_root(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
 
 
 def list_files(fs: fsspec.AbstractFileSystem, base: str) -> list[str]:
@@ -178,7 +174,7 @@ def list_streams(root: str, source: str | None = None, storage_options: dict | N
                  members: bool = False) -> list[str]:
     """Published stream URIs (`<tier>/<w>x<h>` folders holding index.json), staging excluded; with
     `members` also the source's streams merged into `_merged` (holding member.json)."""
-    base = join_uri(_normalize(root), "mds")
+    base = join_uri(normalize_root(root), "mds")
     fs = filesystem_for(base, storage_options)
     fs.invalidate_cache()
     prefix = fs._strip_protocol(base).rstrip("/") + "/"

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from prx_core.shards.framed import frame, map_framed, read_header
 from prx_core.shards.skip_records import RECORD, write_record
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, normalize_root, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out", "unlabelled")
 CREATED_BY = "prx-corpus"
@@ -148,11 +148,7 @@ def stream_folder(root: str, source: str, tier: int, width: int, height: int) ->
 def source_folder(root: str, source: str) -> str:
     """`<root>/skiplists/<source>`: the only place a source's skip-list paths start from, so a
     name that is not a catalog name (`..`, `a/b`) never becomes a path to write or delete."""
-    return join_uri(_normalize(root), "skiplists", validate_source_name(source))
-
-
-def _normalize(root: str) -> str:
-    return root if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+    return join_uri(normalize_root(root), "skiplists", validate_source_name(source))
 
 
 def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
@@ -193,7 +189,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
     from prx_core.shards.manifest_publish import publish_source_manifest
     from prx_core.shards.mds import list_streams
 
-    root = _normalize(root)
+    root = normalize_root(root)
     validate_source_name(source)
     seen: set[tuple[int, int, int, str]] = set()
     by_stream: dict[tuple[int, int, int], list[SkipList]] = {}
@@ -263,7 +259,7 @@ def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
 def list_skip_files(root: str, source: str | None = None, tier: int | None = None,
                     storage_options: dict | None = None) -> list[str]:
     """`.skip` URIs of one source (or all) and one tier (or all), sorted: one glob, no reads."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
     base = join_uri(root, "skiplists")
@@ -277,7 +273,7 @@ def read_skip_lists(root: str, source: str | None = None, storage_options: dict 
                     tier: int | None = None, with_sample_ids: bool = True) -> list[SkipList]:
     """All skip-lists (of one source or every source, one tier or all), validated, in a stable
     order. For audits and small corpora: this holds every index in memory."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     out = []
     for uri in list_skip_files(root, source, tier, storage_options):
@@ -309,7 +305,7 @@ def skipped_indices(root: str, source: str, tier: int, width: int, height: int,
 def stream_skip_reasons(root: str, source: str, tier: int, width: int, height: int,
                         storage_options: dict | None = None) -> dict[str, np.ndarray]:
     """reason -> the stream's sorted indices to skip for it (empty when it has no skip-list)."""
-    fs = filesystem_for(_normalize(root), storage_options)
+    fs = filesystem_for(normalize_root(root), storage_options)
     folder = stream_folder(root, source, tier, width, height)
     fs.invalidate_cache()
     out: dict[str, np.ndarray] = {}
