@@ -146,7 +146,7 @@ def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Seq
     writer = MDSShardWriter(columns, local, HASHES, SIZE_LIMIT)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}
     for row in rows:
-        _check_jpeg(row)
+        check_jpeg(row)
         sample = {c: row[c] for c in columns if c != "image"}
         sample["image"] = row["jpeg"]
         writer.write(sample)
@@ -164,7 +164,8 @@ def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Seq
     return ChunkSummary(name, stored, len(writer.shards), sum(s["raw_data"]["bytes"] for s in writer.shards))
 
 
-def _check_jpeg(row: dict) -> None:
+def check_jpeg(row: dict) -> None:
+    """Refuse a row whose `jpeg` is not encoded bytes: the shard writer would re-encode an image."""
     if not isinstance(row["jpeg"], (bytes, bytearray, memoryview)):
         raise TypeError(f"row {row['sample_id']!r}: `jpeg` must be the encoded bytes, "
                         "a PIL image would be re-encoded at quality 75")

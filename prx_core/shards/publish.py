@@ -18,7 +18,7 @@ from prx_core.shards.mds import (
     INDEX,
     MEMBER_INDEX,
     StreamKey,
-    _check_jpeg,
+    check_jpeg,
     chunk_complete,
     list_streams,
     merge_indexes,
@@ -116,7 +116,7 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
         if row["source"] != source or (row["width"], row["height"]) != key[1:]:
             raise ValueError(f"row {row.get('sample_id')!r}: source {row['source']!r} size "
                              f"{row['width']}x{row['height']} does not match {source}/{stream_name(*key)}")
-        _check_jpeg(row)
+        check_jpeg(row)
         by_stream.setdefault(key, []).append(row)
         last = key
     summaries = []
