@@ -74,6 +74,13 @@ def stream_uri(root: str, source: str, tier: int, width: int, height: int) -> st
     return join_uri(normalize_root(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
 
 
+def stream_key_of(uri: str) -> StreamKey:
+    """(tier, width, height) of a stream URI ending `<tier>/<w>x<h>`, as `list_streams` returns them."""
+    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
+    width, height = bucket.split("x")
+    return int(tier), int(width), int(height)
+
+
 def list_files(fs: fsspec.AbstractFileSystem, base: str) -> list[str]:
     """Every file under `base`, relative to it (none when it does not exist); cache bypassed."""
     fs.invalidate_cache()

@@ -37,6 +37,7 @@ from prx_core.shards.mds import (
     list_streams,
     read_chunk_record,
     read_stream_index,
+    stream_key_of,
     stream_uri,
     write_chunk,
 )
@@ -227,12 +228,7 @@ def rewrite_stream(storage: Storage, source: str, key: StreamKey, drop: np.ndarr
 
 
 def _published_keys(storage: Storage, source: str) -> set[StreamKey]:
-    keys = set()
-    for uri in list_streams(storage.root, source, storage.storage_options):
-        tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-        width, height = bucket.split("x")
-        keys.add((int(tier), int(width), int(height)))
-    return keys
+    return {stream_key_of(uri) for uri in list_streams(storage.root, source, storage.storage_options)}
 
 
 def stream_predicate(source: str, key: StreamKey) -> str:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.mds import list_streams
+from prx_core.shards.mds import list_streams, stream_key_of
 from prx_core.shards.skiplists import (
     SkipList,
     digest_index,
@@ -47,7 +47,7 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
         seen.add((skip.tier, skip.width, skip.height, skip.reason))
         by_stream.setdefault((skip.tier, skip.width, skip.height), []).append(skip)
     fs = filesystem_for(root, storage_options)
-    published = {_stream_of(uri): uri for uri in list_streams(root, source, storage_options)}
+    published = {stream_key_of(uri): uri for uri in list_streams(root, source, storage_options)}
     policy = next((s.policy_version for s in skip_lists), "manual")
     written = []
     for key in sorted(set(by_stream) | set(published)):
@@ -67,9 +67,3 @@ def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
     remove_stale_streams(fs, root, source, set(by_stream) | set(published))
     publish_source_manifest(root, source, storage_options)
     return written
-
-
-def _stream_of(uri: str) -> tuple[int, int, int]:
-    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-    width, height = bucket.split("x")
-    return int(tier), int(width), int(height)
