@@ -11,21 +11,18 @@ the tag `prx/root`; a home already holding runs of another root gets a one-line 
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import dagster as dg
 
 from prx_assets.settings import REPO
-from prx_core.store.storage import is_remote
+from prx_core.store.storage import is_remote, normalize_root
 
 ROOT_TAG = "prx/root"
 
 
-def corpus_root(root: str) -> str:
-    """The root as runs record it: an absolute local path, or the URI as given (no trailing slash)."""
-    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+corpus_root = normalize_root  # the root as runs record it (the name the CLI imports)
 
 
 def default_home(root: str) -> Path:

@@ -20,7 +20,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from prx_core.compute import wire
 from prx_core.compute.quiet import quiet_ray_start
-from prx_core.stages import entry, wire_types
+from prx_core.stages import entry
 from prx_core.stages.job import REPORT_KEY
 from prx_core.store.credentials import refuse_literal_secrets
 from prx_core.store.locks import RUN_LABEL
@@ -125,7 +125,7 @@ class RayCluster(ReusesRay, RayResource):
             context.log.warning(f"Ray job {job_id} of stage {stage}: refused {forged} report line(s) not signed with "
                                 "this run's key (printed into the job's log by something other than the stage)")
         try:
-            report = wire.open_report(messages, key, stage, wire_types.report_type(stage))
+            report = wire.open_report(messages, key, stage, entry.report_type(stage))
         except wire.WireError as exc:
             raise dg.Failure(f"Ray job {job_id}: {exc} (see its logs above)") from exc
         context.add_asset_metadata({"ray_job_id": str(job_id)})

@@ -2,8 +2,9 @@
 
 Stage reports are `prx_core` dataclasses of numbers, strings, lists and dicts. They travel as
 JSON, never as pickles: a Pipes message is a line of the job's log, and unpickling a log line
-would run whatever it names. Decoding builds only classes registered for the wire (`register`,
-listed in `prx_core.stages.wire_types`), nests at most `MAX_DEPTH` levels, and a report is
+would run whatever it names. Decoding builds only classes registered for the wire (`register`:
+each stage module lists what its stage takes and reports as its `WIRE_TYPES`, and
+`prx_core.stages.stage` what every stage carries), nests at most `MAX_DEPTH` levels, and a report is
 accepted only when it is the one message signed with the run's key (`sign_report` /
 `open_report`: HMAC-SHA256 over the stage and the payload) and of the type the stage returns.
 """
@@ -31,11 +32,18 @@ class WireError(ValueError):
 
 
 def register(cls: T) -> T:
-    """Allow dataclass `cls` on the wire (a decorator, or a call in `prx_core.stages.wire_types`)."""
+    """Allow dataclass `cls` on the wire (a decorator, or through `register_all`)."""
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise TypeError(f"only dataclasses cross the wire, not {cls!r}")
     _REGISTRY[wire_name(cls)] = cls
     return cls
+
+
+def register_all(*classes: type) -> tuple[type, ...]:
+    """Allow each of `classes` on the wire: a stage module's one reviewed list (its `WIRE_TYPES`)."""
+    for cls in classes:
+        register(cls)
+    return classes
 
 
 def wire_name(cls: type) -> str:
@@ -55,7 +63,7 @@ def encode(value: Any, depth: int = 0) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         cls = type(value)
         if _REGISTRY.get(wire_name(cls)) is not cls:
-            raise WireError(f"{wire_name(cls)} is not registered for the wire (prx_core.stages.wire_types)")
+            raise WireError(f"{wire_name(cls)} is not registered for the wire (a stage's WIRE_TYPES)")
         fields = {f.name: encode(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value) if f.init}
         return {CLASS: wire_name(cls), **fields}
     if isinstance(value, dict):

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 from PIL import Image
 
-from prx_core.image.integrity import Broken
+from prx_core.image.broken import Broken
 
 DECODE_TIMEOUT = "decode_timeout"
 # Generous: a 100 MP PNG decodes, resizes and encodes in a few seconds on one loaded core; only

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageCms, ImageFile, ImageOps, UnidentifiedImageError
 
+from prx_core.image.broken import CORRUPT, Broken
 from prx_core.image.budget import (
     DECODE_TIMEOUT,
     DEFAULT_DECODE_SECONDS,
@@ -29,7 +30,7 @@ from prx_core.image.budget import (
     attach,
     deadline_of,
 )
-from prx_core.image.integrity import CORRUPT, Broken, check_container, check_riff
+from prx_core.image.integrity import check_container, check_riff
 from prx_core.image.structure import TOO_MANY_CHUNKS, TOO_MANY_SCANS, TOO_MANY_SEGMENTS, check_structure
 
 ALLOWED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from prx_core.image.phash import _DCT, _DECIMALS, canonical_thumbnail
+from prx_core.image.phash import canonical_thumbnail, dct_coefficients
 
 RANK_KS = (8, 16, 24, 32, 40, 48, 56)
 FLAT_LEVELS = 0.5  # RMS amplitude of the AC coefficients, in grey levels, below which a picture is flat
@@ -53,7 +53,7 @@ class Fingerprint:
 def fingerprint(image: Image.Image) -> Fingerprint:
     """The pHash, match keys and signature of an upright RGB (or L) image, from one thumbnail."""
     rgb = image if image.mode == "RGB" else image.convert("RGB")
-    coeffs = np.round(_DCT @ canonical_thumbnail(rgb).astype(np.float64) @ _DCT.T, _DECIMALS).reshape(-1)
+    coeffs = dct_coefficients(canonical_thumbnail(rgb))
     bits = coeffs > np.median(coeffs)
     phash = int(np.packbits(bits).view(">u8")[0])
     signature = compute_signature(rgb)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from PIL import Image
 
+from prx_core.image.broken import Broken
 from prx_core.image.budget import DEFAULT_DECODE_SECONDS, deadline_of
 from prx_core.image.buckets import TIERS, Bucket, Drop, assign_bucket, crop_box
 from prx_core.image.decode import (
@@ -26,7 +27,6 @@ from prx_core.image.decode import (
     open_image,
     upright_size,
 )
-from prx_core.image.integrity import Broken
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
 from prx_core.image.phash import phash
 

@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING
 
 from PIL import Image
 
+from prx_core.image.broken import CORRUPT, TRUNCATED, Broken
+
 if TYPE_CHECKING:
     from prx_core.image.budget import Deadline
-
-TRUNCATED = "truncated"
-CORRUPT = "corrupt_image"
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _INFLATE_STEP = 1 << 20  # inflated bytes held at once while counting a stream
@@ -32,14 +31,6 @@ _FEED_STEP = 1 << 16  # compressed bytes handed to zlib at once (its unconsumed 
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 _TIFF_DEFLATE = (8, 32946)
-
-
-class Broken(ValueError):
-    """A container that fails its own integrity rules: `reason` is `truncated` or `corrupt_image`."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 def check_riff(data: bytes) -> None:

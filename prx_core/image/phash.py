@@ -66,12 +66,19 @@ def canonical_thumbnail(image: Image.Image) -> np.ndarray:
     return np.asarray(thumb, dtype=np.float32)
 
 
+def dct_coefficients(pixels: np.ndarray) -> np.ndarray:
+    """The rounded 8x8 low-frequency DCT coefficients of 32x32 thumbnails, flattened ((..., 32, 32)
+    -> (..., 64)): what a pHash thresholds at their median, and what `fingerprint` keys are cut from."""
+    pixels = np.asarray(pixels, dtype=np.float64)
+    return np.round(_DCT @ pixels @ _DCT.T, _DECIMALS).reshape(*pixels.shape[:-2], HASH_SIZE**2)
+
+
 def phash_batch(pixels: np.ndarray) -> np.ndarray:
     """Hash (N, 32, 32) grayscale thumbnails at once; returns (N,) uint64."""
     pixels = np.asarray(pixels, dtype=np.float64)
     if pixels.ndim != 3 or pixels.shape[1:] != (THUMB_SIZE, THUMB_SIZE):
         raise ValueError(f"expected (N, 32, 32) thumbnails, got shape {pixels.shape}")
-    coeffs = np.round(_DCT @ pixels @ _DCT.T, _DECIMALS).reshape(len(pixels), HASH_SIZE**2)
+    coeffs = dct_coefficients(pixels)
     bits = coeffs > np.median(coeffs, axis=1, keepdims=True)
     return np.packbits(bits, axis=1).view(">u8")[:, 0].astype(np.uint64)
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 import struct
 
-from prx_core.image.integrity import PNG_SIGNATURE, Broken
+from prx_core.image.broken import Broken
+from prx_core.image.integrity import PNG_SIGNATURE
 
 TOO_MANY_SCANS = "too_many_scans"
 TOO_MANY_SEGMENTS = "too_many_segments"

@@ -54,15 +54,11 @@ from prx_core.shards.mds import INDEX
 from prx_core.shards.node_cache import default_cache_dir
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.substitutes import Substitutes
-from prx_core.store.storage import is_remote
+from prx_core.store.storage import is_remote, normalize_root
 
 __all__ = ["CorpusDataset", "StreamPlan", "collate", "plan_streams"]
 
 register_encodings()  # the `bf16` text latents: streaming's reader fails on an encoding it does not know
-
-
-def _root(root: str) -> str:
-    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
 
 
 def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, storage_options: dict | None = None,
@@ -78,7 +74,7 @@ def plan_streams(root: str, tier: int, sources: Sequence[str] | None = None, sto
     debugging) reads the folders instead, as they are, and warns for each stream without its
     filter: slow at scale (every stream listed and read per rank).
     """
-    root = _root(root)
+    root = normalize_root(root)
     cache = cache_dir or default_cache_dir(root)
     if allow_unfiltered:
         plans, refused = list_plans(root, tier, sources, storage_options, cache, allow_unfiltered=True)
@@ -149,7 +145,7 @@ class CorpusDataset(StreamingDataset):
             if missing:
                 raise ValueError(f"proportions give no weight for sources {missing}")
         if manifest is None and not allow_unfiltered:
-            manifest = broadcast_from_rank0(lambda: current_name(_root(root), tier, storage_options))
+            manifest = broadcast_from_rank0(lambda: current_name(normalize_root(root), tier, storage_options))
         found, self.manifest = plan_streams(root, tier, sources, storage_options, cache_dir, allow_unfiltered,
                                             manifest)
         plans, self.left_out = usable_streams(found, proportions, streaming_kwargs)

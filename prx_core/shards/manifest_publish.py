@@ -39,7 +39,7 @@ from prx_core.shards.manifest import (
     shards_digest,
     tier_folder,
 )
-from prx_core.shards.mds import INDEX, StreamKey, _normalize, list_streams
+from prx_core.shards.mds import INDEX, StreamKey, list_streams
 from prx_core.shards.merged import assemble_source_members
 from prx_core.shards.node_cache import default_cache_dir, skip_union
 from prx_core.shards.retention import (
@@ -54,7 +54,7 @@ from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
 from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
 from prx_core.store.names import MERGED, validate_source_name
 from prx_core.store import fencing
-from prx_core.store.storage import filesystem_for, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def list_plans(root: str, tier: int | None, sources: Sequence[str] | None, stora
     folders: (plans, refused name -> why). A stream without a skip-list record for its current
     index.json is refused, or planned with the lists it has and a warning under `allow_unfiltered`;
     lists computed for another version of their stream are always refused."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     cache = cache_dir or default_cache_dir(root)
     plans, refused = [], {}
@@ -119,7 +119,7 @@ def publish_source_manifest(root: str, source: str, storage_options: dict | None
     manifests: tier -> the manifest now current. Call after the source's streams or lists change.
     The merged streams it is a member of (and `merged`: those it just left) are reassembled first,
     and the `_merged` part with them."""
-    root = _normalize(root)
+    root = normalize_root(root)
     validate_source_name(source)
     fs = filesystem_for(root, storage_options)
     tiers = write_parts(fs, root, source, storage_options)
@@ -158,7 +158,7 @@ def _fingerprints(fs: fsspec.AbstractFileSystem, folder: str) -> dict[str, tuple
 
 def assemble_tier(root: str, tier: int, storage_options: dict | None = None, now: float | None = None) -> str:
     """Concatenate the tier's parts into its manifest and make it current; returns its name."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     folder = tier_folder(root, tier)
     for _ in range(ASSEMBLE_ATTEMPTS):
@@ -237,7 +237,7 @@ def prune_manifests(fs: fsspec.AbstractFileSystem, folder: str, current: str,
 def source_in_manifests(root: str, source: str, digests: dict[str, str], storage_options: dict | None = None) -> bool:
     """Whether the current manifests hold exactly `source`'s streams (name -> index digest), none
     refused: what a `skip_lists` rerun with nothing to change must still find."""
-    root = _normalize(root)
+    root = normalize_root(root)
     found: dict[str, str] = {}
     for tier in sorted({int(name.split("/")[1]) for name in digests}):
         name = _current(root, tier, storage_options)
@@ -255,7 +255,7 @@ def prune_tier_manifests(root: str, retention_seconds: float = RETENTION_SECONDS
                          now: float | None = None) -> list[str]:
     """Every tier's manifests superseded for the retention (what `compact_corpus` runs, so they go
     also when no source publishes): the URIs removed. The current one always stays."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
     removed = []
@@ -271,7 +271,7 @@ def prune_tier_manifests(root: str, retention_seconds: float = RETENTION_SECONDS
 
 def manifest_sources(root: str, storage_options: dict | None = None) -> list[str]:
     """Every source with a published stream or a manifest part: what `publish_manifests` covers."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
     return sorted({uri.rstrip("/").rsplit("/", 3)[-3] for uri in list_streams(root, None, storage_options)}

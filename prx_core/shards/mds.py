@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, naming_full_disk, normalize_root
 
 MDS_COLUMNS: dict[str, str] = {
     "image": "jpeg", "caption": "str", "original_caption": "str", "width": "int", "height": "int",
@@ -71,11 +71,14 @@ def stream_name(tier: int, width: int, height: int) -> str:
 
 
 def stream_uri(root: str, source: str, tier: int, width: int, height: int) -> str:
-    return join_uri(_normalize(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
+    return join_uri(normalize_root(root), "mds", validate_source_name(source), *stream_name(tier, width, height).split("/"))
 
 
-def _normalize(root: str) -> str:
-    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+def stream_key_of(uri: str) -> StreamKey:
+    """(tier, width, height) of a stream URI ending `<tier>/<w>x<h>`, as `list_streams` returns them."""
+    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
+    width, height = bucket.split("x")
+    return int(tier), int(width), int(height)
 
 
 def list_files(fs: fsspec.AbstractFileSystem, base: str) -> list[str]:
@@ -150,7 +153,7 @@ def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Seq
     writer = MDSShardWriter(columns, local, HASHES, SIZE_LIMIT)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}
     for row in rows:
-        _check_jpeg(row)
+        check_jpeg(row)
         sample = {c: row[c] for c in columns if c != "image"}
         sample["image"] = row["jpeg"]
         writer.write(sample)
@@ -168,7 +171,8 @@ def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Seq
     return ChunkSummary(name, stored, len(writer.shards), sum(s["raw_data"]["bytes"] for s in writer.shards))
 
 
-def _check_jpeg(row: dict) -> None:
+def check_jpeg(row: dict) -> None:
+    """Refuse a row whose `jpeg` is not encoded bytes: the shard writer would re-encode an image."""
     if not isinstance(row["jpeg"], (bytes, bytearray, memoryview)):
         raise TypeError(f"row {row['sample_id']!r}: `jpeg` must be the encoded bytes, "
                         "a PIL image would be re-encoded at quality 75")
@@ -178,7 +182,7 @@ def list_streams(root: str, source: str | None = None, storage_options: dict | N
                  members: bool = False) -> list[str]:
     """Published stream URIs (`<tier>/<w>x<h>` folders holding index.json), staging excluded; with
     `members` also the source's streams merged into `_merged` (holding member.json)."""
-    base = join_uri(_normalize(root), "mds")
+    base = join_uri(normalize_root(root), "mds")
     fs = filesystem_for(base, storage_options)
     fs.invalidate_cache()
     prefix = fs._strip_protocol(base).rstrip("/") + "/"

@@ -44,7 +44,7 @@ class StreamReport:
 
 
 @contextmanager
-def _local_copy(uri: str, storage_options: dict | None) -> Iterator[str]:
+def local_copy(uri: str, storage_options: dict | None) -> Iterator[str]:
     """A local folder holding the stream: itself, or a temporary download of a remote one (its
     index.json and the shards that index references, chunk folders included)."""
     if not is_remote(uri):
@@ -63,7 +63,7 @@ def _local_copy(uri: str, storage_options: dict | None) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _iter_raw_rows(local: str, index: dict) -> Iterator[tuple[dict, dict[str, bytes]]]:
+def iter_raw_rows(local: str, index: dict) -> Iterator[tuple[dict, dict[str, bytes]]]:
     """(shard info, raw column bytes) per sample, located by streaming's own MDSReader."""
     from streaming.base.format import reader_from_json  # imports torch (~15 s): only where shards are read
 
@@ -91,11 +91,11 @@ def read_stream_rows(uri: str, columns: list[str] | None = None,
     from streaming.base.format.mds.encodings import mds_decode
 
     register_encodings()
-    with _local_copy(uri, storage_options) as local:
+    with local_copy(uri, storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
         out = []
-        for info, raw in _iter_raw_rows(local, index):
+        for info, raw in iter_raw_rows(local, index):
             encodings = dict(zip(info["column_names"], info["column_encodings"]))
             out.append({k: v if encodings[k] == "jpeg" else mds_decode(encodings[k], v)
                         for k, v in raw.items() if columns is None or k in columns})
@@ -132,7 +132,7 @@ def verify_shard(stream: str, info: dict, storage_options: dict | None = None, e
             report.hash_ok = False
             report.problems.append(f"{raw['basename']}: xxh64 does not match index.json")
         try:
-            for _, row in _iter_raw_rows(local, {"shards": [info]}):
+            for _, row in iter_raw_rows(local, {"shards": [info]}):
                 report.image_sha256.append(hashlib.sha256(row["image"]).hexdigest())
                 problem = check_image(row, bucket, expected_quality)
                 if problem and len(report.problems) < max_problems:

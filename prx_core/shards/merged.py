@@ -33,7 +33,6 @@ from prx_core.shards.mds import (
     INDEX,
     MEMBER_INDEX,
     StreamKey,
-    _normalize,
     chunk_complete,
     list_files,
     merge_indexes,
@@ -43,7 +42,7 @@ from prx_core.shards.retention import MEMBERS, index_chunks, note_superseded, re
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record, record_uri, write_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
 from prx_core.store.names import MERGED, validate_source_name
-from prx_core.store.storage import filesystem_for, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
 ASSEMBLE_ATTEMPTS = 5  # re-assemblies while other sources keep changing their members
 
@@ -53,7 +52,7 @@ def join_merged(root: str, source: str, key: StreamKey, chunks: Sequence[str],
     """After `publish.publish_member` wrote the member.json of `source`'s stream `key`: its own
     index.json (if it was published alone) removed, its chunks copied into the merged stream and
     the member registered there."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     uri = stream_uri(root, source, *key)
     if fs.exists(join_uri(uri, INDEX)):
@@ -79,7 +78,7 @@ def copy_chunk(fs: fsspec.AbstractFileSystem, src: str, dst: str) -> None:
 def leave_merged(root: str, source: str, keep: set[StreamKey], storage_options: dict | None = None) -> list[StreamKey]:
     """Every member stream of `source` not in `keep` stops being one (its member.json and its
     registration go; its chunks are recorded as superseded): the keys whose merged streams changed."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     left = []
     for key in sorted(set(member_keys(root, source, storage_options)) - keep):
@@ -98,7 +97,7 @@ def leave_merged(root: str, source: str, keep: set[StreamKey], storage_options: 
 
 def member_keys(root: str, source: str, storage_options: dict | None = None) -> list[StreamKey]:
     """The streams of `source` that are members (a member.json) or registered in a merged stream."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
     base = join_uri(root, "mds")
@@ -115,7 +114,7 @@ def member_keys(root: str, source: str, storage_options: dict | None = None) -> 
 
 def merged_keys(root: str, storage_options: dict | None = None) -> list[StreamKey]:
     """Every (tier, bucket) with a merged stream folder: two listings per tier, whatever the corpus."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     base = join_uri(root, "mds", MERGED)
     if not fs.exists(base):
@@ -143,7 +142,7 @@ def assemble_merged(root: str, key: StreamKey, storage_options: dict | None = No
     """Publish the merged stream of `key` from its members (or unpublish it when none is left),
     then its skip-lists; returns why its lists are pending (a member's lists are missing or stale:
     the record says so and the loader refuses the stream), None when they are current."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     merged = stream_uri(root, MERGED, *key)
     seen = _inputs(fs, root, key, merged)
@@ -233,7 +232,7 @@ def write_merged_lists(fs: fsspec.AbstractFileSystem, root: str, key: StreamKey,
 
 def merged_current(root: str, key: StreamKey, storage_options: dict | None = None) -> bool:
     """Whether the merged stream of `key` has lists for its current index (none pending)."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     try:
         record = read_record(fs, stream_folder(root, MERGED, *key))
@@ -245,7 +244,7 @@ def merged_current(root: str, key: StreamKey, storage_options: dict | None = Non
 
 def merged_sizes(root: str, keys: Iterable[StreamKey], storage_options: dict | None = None) -> dict[str, int]:
     """`_merged/<tier>/<w>x<h>` -> samples, of the merged streams of `keys` (0 when unpublished)."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     sizes = {}
     for key in sorted(set(keys)):

@@ -18,8 +18,7 @@ from prx_core.shards.mds import (
     INDEX,
     MEMBER_INDEX,
     StreamKey,
-    _check_jpeg,
-    _normalize,
+    check_jpeg,
     chunk_complete,
     list_streams,
     merge_indexes,
@@ -33,7 +32,7 @@ from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.merged import join_merged, leave_merged
 from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
 
 @dataclass
@@ -81,7 +80,7 @@ def unpublish_streams(root: str, source: str, keep: set[StreamKey], storage_opti
     """Remove the index.json of every published stream of `source` not in `keep` (a bucket that
     lost all its samples); its chunks, recorded as superseded now, stay for readers that hold the
     index until `prune_streams` removes them a retention later."""
-    fs = filesystem_for(_normalize(root), storage_options)
+    fs = filesystem_for(normalize_root(root), storage_options)
     gone = []
     for uri in list_streams(root, source, storage_options):
         tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
@@ -107,7 +106,7 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
     corpora of tests and scripts use, and the reference the distributed stage is checked against.
     `grouped` declares rows arrive stream after stream (refused otherwise)."""
     validate_source_name(source)
-    root = _normalize(root)
+    root = normalize_root(root)
     by_stream: dict[StreamKey, list[dict]] = {}
     last: StreamKey | None = None
     for row in rows:
@@ -117,7 +116,7 @@ def write_source_streams(rows: Iterable[dict], root: str, source: str, storage_o
         if row["source"] != source or (row["width"], row["height"]) != key[1:]:
             raise ValueError(f"row {row.get('sample_id')!r}: source {row['source']!r} size "
                              f"{row['width']}x{row['height']} does not match {source}/{stream_name(*key)}")
-        _check_jpeg(row)
+        check_jpeg(row)
         by_stream.setdefault(key, []).append(row)
         last = key
     summaries = []
@@ -175,7 +174,7 @@ def publish_source(root: str, source: str, chunks: Sequence[tuple[StreamKey, str
         rejected[key] = rejected.get(key, 0) + refused
         if rows:
             by_stream.setdefault(key, []).append(name)
-    fs = filesystem_for(_normalize(root), storage_options)
+    fs = filesystem_for(normalize_root(root), storage_options)
     reports = []
     for key in sorted(by_stream):
         uri = stream_uri(root, source, *key)

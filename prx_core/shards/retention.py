@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, MEMBER_INDEX, _normalize
+from prx_core.shards.mds import BUCKET_FOLDER, INDEX, MEMBER_INDEX
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def prune_streams(root: str, retention_seconds: float = RETENTION_SECONDS, stora
     leftovers, pre-chunk shards) once it has been unreferenced for `retention_seconds`, by the
     stream's supersession record. Never touches what an index references (read again right before
     each removal), so only readers older than the retention can lose their shards."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     now = time.time() if now is None else now
     report = PruneReport()

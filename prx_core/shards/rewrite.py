@@ -37,10 +37,11 @@ from prx_core.shards.mds import (
     list_streams,
     read_chunk_record,
     read_stream_index,
+    stream_key_of,
     stream_uri,
     write_chunk,
 )
-from prx_core.shards.mds_read import _iter_raw_rows, _local_copy
+from prx_core.shards.mds_read import iter_raw_rows, local_copy
 from prx_core.shards.merged import assemble_merged, leave_merged, member_keys
 from prx_core.shards.publish import publish_member, publish_stream, unpublish_streams
 from prx_core.shards.retention import read_superseded, referenced_chunks, write_superseded
@@ -136,10 +137,10 @@ def _kept_rows(storage: Storage, folder: str, stored: pa.Table, drop_local: set[
     from streaming.base.format.mds.encodings import mds_decode
 
     stored = stored.select(["content_id", "source_key", "caption_key"]).to_pylist()
-    with _local_copy(folder, storage.storage_options) as local:
+    with local_copy(folder, storage.storage_options) as local:
         with open(os.path.join(local, INDEX)) as handle:
             index = json.load(handle)
-        for position, (_, raw) in enumerate(_iter_raw_rows(local, index)):
+        for position, (_, raw) in enumerate(iter_raw_rows(local, index)):
             if position in drop_local:
                 continue
             row = {k: mds_decode(columns[k], v) if k in MDS_COLUMNS else v for k, v in raw.items()
@@ -227,12 +228,7 @@ def rewrite_stream(storage: Storage, source: str, key: StreamKey, drop: np.ndarr
 
 
 def _published_keys(storage: Storage, source: str) -> set[StreamKey]:
-    keys = set()
-    for uri in list_streams(storage.root, source, storage.storage_options):
-        tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-        width, height = bucket.split("x")
-        keys.add((int(tier), int(width), int(height)))
-    return keys
+    return {stream_key_of(uri) for uri in list_streams(storage.root, source, storage.storage_options)}
 
 
 def stream_predicate(source: str, key: StreamKey) -> str:

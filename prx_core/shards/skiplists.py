@@ -20,8 +20,8 @@ a rerun with the same policy writes identical bytes.
 
 from __future__ import annotations
 
+import hashlib
 import io
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from prx_core.shards.framed import frame, map_framed, read_header
 from prx_core.shards.skip_records import RECORD, write_record
 from prx_core.store.names import validate_source_name
-from prx_core.store.storage import filesystem_for, is_remote, join_uri, put_atomic
+from prx_core.store.storage import filesystem_for, is_remote, join_uri, normalize_root, put_atomic
 
 REASONS = ("duplicate", "text", "nsfw", "opt_out", "unlabelled")
 CREATED_BY = "prx-corpus"
@@ -148,11 +148,7 @@ def stream_folder(root: str, source: str, tier: int, width: int, height: int) ->
 def source_folder(root: str, source: str) -> str:
     """`<root>/skiplists/<source>`: the only place a source's skip-list paths start from, so a
     name that is not a catalog name (`..`, `a/b`) never becomes a path to write or delete."""
-    return join_uri(_normalize(root), "skiplists", validate_source_name(source))
-
-
-def _normalize(root: str) -> str:
-    return root if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+    return join_uri(normalize_root(root), "skiplists", validate_source_name(source))
 
 
 def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
@@ -184,62 +180,6 @@ def write_stream_lists(fs: fsspec.AbstractFileSystem, folder: str, header: dict,
     return written
 
 
-def write_skip_lists(root: str, source: str, skip_lists: Sequence[SkipList],
-                     storage_options: dict | None = None) -> list[str]:
-    """Replace all skip-lists of `source` (small corpora, tests; the stage writes stream by stream
-    on workers): validated first, then written by (tier, w, h, reason); streams absent lose theirs.
-    Every stream of the source published under `root` gets its completion record (for its current
-    index.json), whether or not it has a list: the lists given are the whole filter."""
-    from prx_core.shards.manifest_publish import publish_source_manifest
-    from prx_core.shards.mds import list_streams
-
-    root = _normalize(root)
-    validate_source_name(source)
-    seen: set[tuple[int, int, int, str]] = set()
-    by_stream: dict[tuple[int, int, int], list[SkipList]] = {}
-    for skip in skip_lists:
-        skip.validate()
-        if skip.source != source:
-            raise ValueError(f"skip-list {skip.stream} {skip.reason!r}: source is not {source!r}")
-        if (skip.tier, skip.width, skip.height, skip.reason) in seen:
-            raise ValueError(f"skip-list {skip.stream} {skip.reason!r}: given twice")
-        seen.add((skip.tier, skip.width, skip.height, skip.reason))
-        by_stream.setdefault((skip.tier, skip.width, skip.height), []).append(skip)
-    fs = filesystem_for(root, storage_options)
-    published = {_stream_of(uri): uri for uri in list_streams(root, source, storage_options)}
-    policy = next((s.policy_version for s in skip_lists), "manual")
-    written = []
-    for key in sorted(set(by_stream) | set(published)):
-        lists = {s.reason: (np.asarray(s.indices, np.int64), pa.array(s.sample_ids, pa.string()))
-                 for s in by_stream.get(key, [])}
-        header = {"source": source, "tier": key[0], "width": key[1], "height": key[2],
-                  "stream": stream_key(source, *key), "policy_version": policy}
-        if key in published:
-            index = fs.cat_file(join_uri(published[key], "index.json"))
-            header.update(stream_size=sum(int(s["samples"]) for s in json.loads(index)["shards"]),
-                          index_digest=_sha256(index))
-        if key in by_stream:
-            first = by_stream[key][0]
-            header.update(stream_size=first.stream_size, index_digest=first.index_digest,
-                          policy_version=first.policy_version)
-        written += write_stream_lists(fs, stream_folder(root, source, *key), header, lists)
-    remove_stale_streams(fs, root, source, set(by_stream) | set(published))
-    publish_source_manifest(root, source, storage_options)
-    return written
-
-
-def _stream_of(uri: str) -> tuple[int, int, int]:
-    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-    width, height = bucket.split("x")
-    return int(tier), int(width), int(height)
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
-
-
 def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
                          keep: set[tuple[int, int, int]]) -> None:
     """Delete the skip-lists of the source's streams not in `keep` (and any leftover file)."""
@@ -263,7 +203,7 @@ def remove_stale_streams(fs: fsspec.AbstractFileSystem, root: str, source: str,
 def list_skip_files(root: str, source: str | None = None, tier: int | None = None,
                     storage_options: dict | None = None) -> list[str]:
     """`.skip` URIs of one source (or all) and one tier (or all), sorted: one glob, no reads."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     fs.invalidate_cache()
     base = join_uri(root, "skiplists")
@@ -277,7 +217,7 @@ def read_skip_lists(root: str, source: str | None = None, storage_options: dict 
                     tier: int | None = None, with_sample_ids: bool = True) -> list[SkipList]:
     """All skip-lists (of one source or every source, one tier or all), validated, in a stable
     order. For audits and small corpora: this holds every index in memory."""
-    root = _normalize(root)
+    root = normalize_root(root)
     fs = filesystem_for(root, storage_options)
     out = []
     for uri in list_skip_files(root, source, tier, storage_options):
@@ -309,7 +249,7 @@ def skipped_indices(root: str, source: str, tier: int, width: int, height: int,
 def stream_skip_reasons(root: str, source: str, tier: int, width: int, height: int,
                         storage_options: dict | None = None) -> dict[str, np.ndarray]:
     """reason -> the stream's sorted indices to skip for it (empty when it has no skip-list)."""
-    fs = filesystem_for(_normalize(root), storage_options)
+    fs = filesystem_for(normalize_root(root), storage_options)
     folder = stream_folder(root, source, tier, width, height)
     fs.invalidate_cache()
     out: dict[str, np.ndarray] = {}
@@ -323,4 +263,9 @@ def index_digest(stream_uri: str, storage_options: dict | None = None) -> str:
     """What a skip-list of the stream must carry as `index_digest`: the SHA-256 of its index.json."""
     fs = filesystem_for(stream_uri, storage_options)
     fs.invalidate_cache()
-    return _sha256(fs.cat_file(join_uri(stream_uri, "index.json")))
+    return digest_index(fs.cat_file(join_uri(stream_uri, "index.json")))
+
+
+def digest_index(data: bytes) -> str:
+    """The `index_digest` of a stream whose index.json is `data`: its SHA-256."""
+    return hashlib.sha256(data).hexdigest()

@@ -34,6 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from prx_core.sources.download import describe, is_http, read_file
 from prx_core.sources.fetch_policy import FetchPolicy
 from prx_core.sources.http_fetch import Fetched, HttpClient
 from prx_core.sources.records import NOT_FETCHED, URL_NOT_ALLOWED
@@ -194,8 +195,6 @@ class FetchWindow:
 
     async def _run(self, job: Job, client: HttpClient, files: concurrent.futures.Executor, end: float | None,
                    slots: asyncio.Semaphore) -> None:
-        from prx_core.sources.download import is_http, read_file
-
         streamed = [0]
 
         def on_bytes(n: int) -> None:
@@ -251,6 +250,18 @@ class FetchWindow:
         self._thread.join(timeout=30)
 
 
+def fetch_http(urls: list[str], settings: Any, max_bytes: int) -> list[Fetched]:
+    """Fetch `urls` (http or https) with `settings` (`DownloadSettings`), in order, through a window
+    of its own (its event loop runs in a thread of its own: callable from an async Ray actor too).
+    The caller holds every body it returns: the window's byte budget counts only those not taken yet."""
+    out = []
+    with FetchWindow(settings, max_bytes) as window:
+        for job in window.submit(urls):
+            out.append(job.wait())
+            window.release(job)
+    return out
+
+
 @dataclass
 class _Pending:
     """One batch in the window: its rows, its rows' fetches by row index, how many rows went out."""
@@ -274,8 +285,6 @@ class _Pending:
     def take(self, upto: int, window: FetchWindow, finish: Callable[[pa.RecordBatch, Any], pa.RecordBatch]
              ) -> pa.RecordBatch:
         """Rows `emitted`..`upto` with their fetched bytes (or rejects), through `finish`."""
-        from prx_core.sources.download import describe
-
         start, count = self.emitted, upto - self.emitted
         for i in range(start, upto):
             job = self.jobs.pop(i, None)

@@ -54,20 +54,6 @@ class _Again:
     retry_after: float | None = None
 
 
-def fetch_http(urls: list[str], settings: Any, max_bytes: int) -> list[Fetched]:
-    """Fetch `urls` (http or https) with `settings` (`DownloadSettings`), in order, through a window
-    of its own (its event loop runs in a thread of its own: callable from an async Ray actor too).
-    The caller holds every body it returns: the window's byte budget counts only those not taken yet."""
-    from prx_core.sources.fetch_window import FetchWindow
-
-    out = []
-    with FetchWindow(settings, max_bytes) as window:
-        for job in window.submit(urls):
-            out.append(job.wait())
-            window.release(job)
-    return out
-
-
 class HttpClient:
     """One aiohttp session and its per-host semaphores, used from one event loop."""
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
@@ -121,6 +122,8 @@ BUCKETS = Stage(
     unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
     pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(BucketsReport)
 
 
 def build_buckets(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> BucketsReport:

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from prx_core.compute import wire
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle, run_on_worker
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
@@ -145,6 +146,8 @@ CAPTION_EMBEDDINGS = Stage(
     unpinned=("config", "actors", "model"),  # the embedder enters as its version, batch size and width
     pin=pin_embeddings, work=embed_units, commit=commit_embeddings, report=report_embeddings,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(CaptionEmbeddingsReport, EmbedderConfig, IndexReport, VectorIndexCoverage)
 
 
 def build_caption_embeddings(

@@ -29,6 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute import wire
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.units import ModelSpec, Unit, UnitRun
@@ -294,6 +295,8 @@ CAPTIONS = Stage(
     unpinned=("config", "actors", "appends", "fused"),
     phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_captions, report=report_captions,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(CaptionsReport, CaptionerConfig, TextLatentsConfig)
 
 
 def build_captions(

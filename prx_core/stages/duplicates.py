@@ -23,6 +23,7 @@ from typing import Any
 
 from lance import LanceDataset
 
+from prx_core.compute import wire
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
@@ -169,6 +170,8 @@ DUPLICATES = Stage(
     phases=("reduce", "delete"), partition="corpus",
     pin=pin_duplicates, work=regroup, commit=commit_duplicates, report=report_duplicates,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(DuplicatesReport)
 
 
 def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.shards.verify import VerifyReport, verify_streams
 from prx_core.stages.buckets import BUCKETS
@@ -152,6 +153,18 @@ GROUPS = dataclasses.replace(  # `duplicates` as the asset runs it: the groups, 
 STAGES: dict[str, Stage] = {stage.name: stage for stage in (INGEST, BUCKETS, PHASHES, PUBLISH, SKIP_LISTS, GROUPS,
                                                              CAPTIONS, CAPTION_LABELS, CAPTION_EMBEDDINGS,
                                                              TEXT_LATENTS, EXPLORER)}
+# the classes the wrapped stages add on the wire, nested ones included (each stage module registers its own)
+WIRE_TYPES = wire.register_all(Progress, IngestReport, KeyResolution, FragmentHealth, PublishReport, StreamCount,
+                               VerifyReport, GroupsReport, KeeperCheck)
+
+
+def report_type(name: str) -> type:
+    """The class stage `name` reports (its declaration's `report_type`): the only report accepted."""
+    if name not in STAGES:
+        raise ValueError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return STAGES[name].report_type
+
+
 def run_stage(name: str, kwargs: dict[str, Any], log: Callable[[str], None]) -> Any:
     """Run stage `name` with `kwargs` (storage, source, settings); every `Progress` among them
     reports through `log`."""

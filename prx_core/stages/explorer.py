@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
@@ -216,6 +217,8 @@ EXPLORER = Stage(
     pin=pin_tables, work=explore_units, commit=commit_explorer, report=report_explorer,
     reusable=lambda report: True, volatile=("samples", *JOINED),
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(ExplorerReport)
 
 
 def build_explorer(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> ExplorerReport:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 
 from prx_core.compute import wire
-from prx_core.stages import wire_types
-from prx_core.stages.entry import run_stage
+from prx_core.stages.entry import report_type, run_stage
 from prx_core.store.locks import RUN_LABEL
 
 REPORT, REPORT_KEY = wire.REPORT, "report_key"
@@ -29,7 +28,7 @@ def main() -> None:
 
     with open_dagster_pipes() as pipes:
         stage, key = pipes.get_extra("stage"), pipes.get_extra(REPORT_KEY)
-        wire_types.report_type(stage)  # an unknown stage fails before Ray starts
+        report_type(stage)  # an unknown stage fails before Ray starts
         kwargs = wire.decode(pipes.get_extra("kwargs"))
         RUN_LABEL.set(pipes.get_extra("run_label"))  # partition locks name the Dagster run, not this pid
         if not ray.is_initialized():  # the job's driver: RAY_ADDRESS names the cluster it was submitted to

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute import wire
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
@@ -166,6 +167,8 @@ CAPTION_LABELS = Stage(
     unpinned=("config", "actors", "appends", "model"),  # the labeller enters as its version and batch size
     phases=("units", "prepare"), pin=pin_labels, work=label_units, commit=commit_appends, report=report_labels,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(LabelsReport, LabelerConfig)
 
 
 def build_labels(

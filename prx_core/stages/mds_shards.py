@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.shuffle import hash_values
@@ -265,6 +266,8 @@ MDS_SHARDS = Stage(
                 UnitSize("chunk_rows", "Target rows per MDS chunk: one worker task and one sub-folder of a stream.")),
     pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(MdsReport, StreamReport)
 
 
 def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,

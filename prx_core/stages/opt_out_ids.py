@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_core.shards.mds import StreamKey, list_streams, read_chunk_record
+from prx_core.shards.mds import StreamKey, list_streams, read_chunk_record, stream_key_of
 from prx_core.shards.rewrite import stream_chunks
 from prx_core.sources.catalog import NAME_PATTERN, validate_source_name
 from prx_core.store import lance_io
@@ -143,7 +143,7 @@ def match_source(storage: Storage, spool: Spool, source: str, batch_ids: int = B
     pass; returns the match and the arrays of ids found in `samples` (one per pass), for deletes."""
     validate_source_name(source)
     match, found_batches = SourceMatch(source), []
-    streams = [(_key_of(uri), uri) for uri in list_streams(storage.root, source, storage.storage_options, members=True)]
+    streams = [(stream_key_of(uri), uri) for uri in list_streams(storage.root, source, storage.storage_options, members=True)]
     for ids in spool.ids(source, batch_ids):
         match.requested += len(ids)
         found = _in_samples(storage, source, ids)
@@ -183,9 +183,3 @@ def _match_stream(storage: Storage, uri: str, key: StreamKey, ids: pa.Array, mat
             hits.positions.append(where.astype(np.int64) + offset)
             hits.ids.append(stored.take(pa.array(where)))
         offset += count
-
-
-def _key_of(uri: str) -> StreamKey:
-    tier, bucket = uri.rstrip("/").rsplit("/", 2)[-2:]
-    width, height = bucket.split("x")
-    return int(tier), int(width), int(height)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle, chunk, take_rows
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
@@ -120,6 +121,8 @@ PHASHES = Stage(
                                       "are decoded)."),),
     pin=pin_samples, work=phash_units, commit=commit_phashes, report=report_phashes,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(PhashesReport)
 
 
 def build_phashes(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> PhashesReport:

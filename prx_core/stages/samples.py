@@ -30,6 +30,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute import wire
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
@@ -37,7 +38,7 @@ from prx_core.compute.shuffle import KeyCounts, count_keys
 from prx_core.compute.units import UNIT_BEGAN, UNIT_SECONDS, Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_chars
-from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import fragment_sizes, read_fragment
@@ -249,6 +250,8 @@ SAMPLES = Stage(
     pin=pin_source, work=ingest_units, commit=commit_samples, report=report_samples,
     reusable=lambda report: report.rows > 0,  # the listing and settings as last committed: nothing to re-ingest
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(SamplesReport, SourceSpec, JoinSpec, DownloadSettings)
 
 
 def build_samples(spec: SourceSpec, storage: Storage, progress: Throttle | None = None,

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.manifest_publish import publish_source_manifest, source_in_manifests
@@ -292,6 +293,8 @@ SKIP_LISTS = Stage(
     # labels and opt-outs are what its last lists were computed from reruns as a no-op
     reusable=lambda report: True, volatile=("duplicates",), present=lists_in_place,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(SkipPolicy, SkipReport, StreamSkips)
 
 
 def build_skip_lists(source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.unit_results import condense_report
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
@@ -27,6 +28,9 @@ from prx_core.store.locks import partition_lock
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import Storage
 
+# Every stage takes a Storage and reports its units: on the wire for all of them (prx_core.compute.wire);
+# each stage module registers the rest of what it carries as its own WIRE_TYPES.
+WIRE_TYPES = wire.register_all(Storage, UnitResults)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from prx_core.compute import wire
 from prx_core.compute.actors import ModelHost
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
@@ -114,6 +115,8 @@ TEXT_LATENTS = Stage(
     unpinned=("config", "actors", "gpus", "model"),  # the encoder enters as its version, batch size and max_tokens
     pin=pin_latents, work=encode_units, commit=commit_appends, report=report_latents,
 )
+# the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
+WIRE_TYPES = wire.register_all(TextLatentsReport, TextLatentsConfig)
 
 
 def build_text_latents(source: str, storage: Storage, captioner_version: str, config: TextLatentsConfig, *,

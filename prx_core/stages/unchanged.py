@@ -53,9 +53,8 @@ def last_commit(storage: Storage, asset: str, partition: str) -> str | None:
 
 def committed_report(storage: Storage, asset: str, partition: str, digest: str, report_type: type) -> Any | None:
     """The report of the last committed run of `digest`, its units all skipped, if every table it
-    wrote is still at that version or later; None when there is work to do."""
-    from prx_core.stages import wire_types  # noqa: F401  (registers the report classes for decoding)
-
+    wrote is still at that version or later; None when there is work to do. The module that declared
+    the stage registered `report_type` and what it nests for decoding (its `WIRE_TYPES`)."""
     fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
     fs.invalidate_cache()
     if not fs.exists(uri):

@@ -35,6 +35,13 @@ def join_uri(base: str, *parts: str) -> str:
     return os.path.normpath(os.path.join(base, *parts))
 
 
+def normalize_root(root: str) -> str:
+    """A corpus root as every writer, reader and run records it: an absolute local path (`~`
+    expanded), or the URI as given less a trailing slash. One rule, so two spellings of the same
+    root name the same streams, manifests and Dagster home."""
+    return root.rstrip("/") if is_remote(root) else os.path.abspath(os.path.expanduser(root))
+
+
 def filesystem_for(uri: str, storage_options: dict[str, Any] | None = None) -> fsspec.AbstractFileSystem:
     """The fsspec filesystem that serves `uri` (local files, or s3:// through s3fs). `{env: NAME}`
     references are resolved here, in the process that does the I/O; without credentials in the

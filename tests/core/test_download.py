@@ -310,7 +310,7 @@ def test_download_settings_come_from_the_catalog_and_wrong_ones_name_the_field(t
 def test_a_fetch_from_inside_a_running_event_loop_runs_its_own(server: PhotoServer, photos: dict[str, bytes]) -> None:
     import asyncio
 
-    from prx_core.sources.http_fetch import fetch_http
+    from prx_core.sources.fetch_window import fetch_http
 
     async def caller() -> list:  # as an async Ray actor would call it
         return fetch_http([server.url("/photo/coffee/in-loop")], FAST, CAP)

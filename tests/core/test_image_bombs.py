@@ -22,7 +22,8 @@ from prx_core.image import budget, imaging
 from prx_core.image import decode as decode_module
 from prx_core.image.decode import Decoded, Rejection, decode_image
 from prx_core.image.imaging import Processed, process_image
-from prx_core.image.integrity import Broken, Inflater
+from prx_core.image.broken import Broken
+from prx_core.image.integrity import Inflater
 from prx_core.image.structure import MAX_JPEG_MARKERS, MAX_JPEG_SCANS, MAX_PNG_CHUNKS
 from prx_core.sources.ingest import ImageFacts, inspect_image
 from image_bombs import (

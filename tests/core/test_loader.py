@@ -30,7 +30,8 @@ from prx_core.shards.manifest import MissingManifest
 from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.substitutes import Substitutes
 from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import SkipList, index_digest, write_skip_lists
+from prx_core.shards.skiplists import SkipList, index_digest
+from prx_core.shards.skiplists_publish import write_skip_lists
 
 REPO = Path(__file__).resolve().parents[2]
 # (source, tier, w, h, count): counts of the main streams are multiples of 8 (two ranks x batch 4)

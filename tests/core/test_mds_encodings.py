@@ -33,7 +33,7 @@ from prx_core.shards.encodings import (
     register_encodings,
 )
 from prx_core.shards.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, read_chunk_record, write_chunk
-from prx_core.shards.mds_read import _iter_raw_rows, decode_int, open_jpeg, read_stream_rows, verify_shard, verify_stream
+from prx_core.shards.mds_read import decode_int, iter_raw_rows, open_jpeg, read_stream_rows, verify_shard, verify_stream
 from prx_core.shards.publish import publish_stream
 from prx_core.shards.rewrite import rewrite_chunk
 from prx_core.store.storage import Storage
@@ -342,4 +342,4 @@ def test_rewrite_chunk_keeps_latents_and_masks_bit_for_bit(tmp_path) -> None:
 def read_raw(folder: str) -> list[dict]:
     """A chunk's samples as raw column bytes, `sample_id` decoded."""
     index = json.loads(Path(folder, "index.json").read_text())
-    return [{**raw, "sample_id": raw["sample_id"].decode()} for _, raw in _iter_raw_rows(folder, index)]
+    return [{**raw, "sample_id": raw["sample_id"].decode()} for _, raw in iter_raw_rows(folder, index)]

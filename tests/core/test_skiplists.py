@@ -21,8 +21,8 @@ from prx_core.shards.skiplists import (
     read_skip_lists,
     skiplist_uri,
     skipped_indices,
-    write_skip_lists,
 )
+from prx_core.shards.skiplists_publish import write_skip_lists
 
 
 def skip(reason: str, indices: list[int], source: str = "alpha", bucket: tuple[int, int, int] = (512, 512, 512),

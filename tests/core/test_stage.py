@@ -13,7 +13,7 @@ from test_row_stages import make_samples
 
 from prx_core.compute import unit_results, wire
 from prx_core.compute.unit_results import UnitResults, read_detail
-from prx_core.stages import wire_types
+from prx_core.stages import entry
 from prx_core.stages.buckets import BUCKETS, build_buckets
 from prx_core.stages.stage import required, run_partition
 from prx_core.store.storage import Storage
@@ -70,7 +70,7 @@ def test_a_report_of_25000_units_stays_small_on_the_wire(storage: Storage) -> No
     condensed = replace(report, units=whole.condensed("s3://bucket/detail.jsonl.gz"))
     line = json.dumps(wire.sign_report("key", "buckets", condensed))
     assert len(line) < 16 << 10
-    back = wire.open_report([json.loads(line)], "key", "buckets", wire_types.report_type("buckets"))
+    back = wire.open_report([json.loads(line)], "key", "buckets", entry.report_type("buckets"))
     assert back.units.total("rows") == sum(s["rows"] for s in many) and back.units.units == 25_000
     assert back.units.counts("dropped")["below_floor"] == sum(s["dropped"].get("below_floor", 0) for s in many)
 

@@ -11,7 +11,6 @@ import pytest
 from prx_core.compute import wire
 from prx_core.compute.unit_results import UnitResults
 from prx_core.shards.verify import VerifyReport
-from prx_core.stages import wire_types  # noqa: F401  (registers the report classes)
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import STAGES, PublishReport
 from prx_core.stages.mds_shards import MdsReport

@@ -4,7 +4,9 @@ the stage's type, signed with its per-run key."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import importlib
 import inspect
 import json
 import types
@@ -23,7 +25,7 @@ from prx_core.models.caption_base import CaptionerConfig
 from prx_core.shards.publish import StreamReport
 from prx_core.shards.verify import VerifyReport
 from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
-from prx_core.stages import entry, wire_types
+from prx_core.stages import entry
 from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamCount
 from prx_core.stages.mds_shards import MdsReport
 from prx_core.stages.sample_keys import KeyResolution
@@ -163,6 +165,44 @@ def test_every_dataclass_a_stage_carries_is_registered_and_nothing_else() -> Non
     assert sorted(set(wire.registered()) - set(reachable)) == []  # no class registered "just in case"
 
 
+def loaded_with(module: str) -> set[str]:
+    """The prx_core.stages modules that importing `module` runs: its module-level imports of
+    stages, transitively (a lazy import inside a function registers nothing at import time)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse(Path(importlib.import_module(name).__file__).read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("prx_core.stages"):
+                todo += [f"{node.module}.{a.name}" if node.module == "prx_core.stages" else node.module
+                         for a in node.names]
+    return seen
+
+
+def test_each_stage_module_registers_what_its_stage_carries() -> None:
+    """A stage's report is decoded (a reused run's, `prx_core.stages.unchanged`) wherever its module
+    was imported, entry or not: the module, with the stage modules it imports, registers every
+    class its declared stages take and report."""
+    from prx_core.compute.units import ModelSpec
+
+    missing = {}
+    for module in sorted(loaded_with("prx_core.stages.entry")):
+        declared = [v for v in vars(importlib.import_module(module)).values()
+                    if isinstance(v, Stage) and v.name in entry.STAGES]
+        found: dict[str, type] = {}
+        for stage in declared:
+            for hint in [*stage.setting_types().values(), stage.report_type]:
+                dataclasses_in(hint, found)
+        listed = {wire.wire_name(c) for m in loaded_with(module)
+                  for c in getattr(importlib.import_module(m), "WIRE_TYPES", ())}
+        if gaps := sorted(set(found) - listed - {wire.wire_name(ModelSpec)}):
+            missing[module] = gaps
+    assert missing == {}
+
+
 def example(hint: Any) -> Any:
     """A value of `hint` with every field filled (nested dataclasses, containers, optionals)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -184,7 +224,7 @@ def example(hint: Any) -> Any:
 
 @pytest.mark.parametrize("stage", sorted(entry.STAGES))
 def test_every_stage_report_roundtrips_and_opens_signed(stage: str) -> None:
-    report_type = wire_types.report_type(stage)
+    report_type = entry.report_type(stage)
     report = example(report_type)
     assert roundtrip(report) == report
     message = json.loads(json.dumps(wire.sign_report("run-key", stage, report)))  # as the log line carries it
@@ -308,7 +348,7 @@ def ray_job(monkeypatch: pytest.MonkeyPatch) -> Any:
     from prx_core.stages import job
     from prx_resources.ray import RayCluster
 
-    report = example(wire_types.report_type("buckets"))
+    report = example(entry.report_type("buckets"))
     monkeypatch.setattr(dagster_ray.core.pipes, "PipesRayJobClient", FakeJobClient)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True}])
