@@ -66,7 +66,7 @@ def _pipeline_groups(base: Path, rule: str) -> dict[str, dict[str, Any]]:
     config = base / f"config-{rule}.yaml"
     config.write_text(json.dumps({"skip_policy": {"duplicates_rule": rule}}))
     env = {**os.environ, "LANCE_LOG": "error"}
-    command = [sys.executable, "-m", "prx_assets.cli", "build", "--sources", str(catalog), "--root", str(root),
+    command = [sys.executable, "-m", "prx_cli", "build", "--sources", str(catalog), "--root", str(root),
                "--select", STAGES, "--config", str(config)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -198,13 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
 
-    from prx_assets import cli_build, cli_labels, cli_ops, cli_plan, cli_preview, cli_sources  # a module per group
+    from prx_cli import cmd_build, cmd_labels, cmd_ops, cmd_plan, cmd_preview, cmd_sources  # a module per group
 
-    cli_build.add_parser(sub)
-    cli_sources.add_parser(sub)
-    cli_plan.add_parser(sub)
-    cli_preview.add_parser(sub)
-    cli_labels.add_parser(sub)
+    cmd_build.add_parser(sub)
+    cmd_sources.add_parser(sub)
+    cmd_plan.add_parser(sub)
+    cmd_preview.add_parser(sub)
+    cmd_labels.add_parser(sub)
 
     browse = sub.add_parser("browse", help="read-only web explorer: caption search, neighbours, filters, plots")
     browse.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
@@ -280,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("bench-explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")
-    cli_ops.add_parser(sub)  # opt-out, rewrite-stream, manifest
+    cmd_ops.add_parser(sub)  # opt-out, rewrite-stream, manifest
     return parser
 
 
