@@ -1,4 +1,4 @@
-"""`prx-corpus bench-dedup`: deduplication measured through the pipeline on labelled real photos.
+"""`prx-bench dedup`: deduplication measured through the pipeline on labelled real photos.
 
 The labelled set (benchmarks.dedup_set) is written as one `imagefolder` source and built with
 `prx-corpus build --select raw_source,samples,buckets,phashes,duplicates`, once per rule (the
