@@ -80,7 +80,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     from prx_cli.stale import stale_plan
     from prx_core.compute.quiet import start_ray
     from prx_core.store.storage import Storage
-    from prx_core.shards.summary import corpus_summary, format_summary
+    from prx_core.ops.summary import corpus_summary, format_summary
 
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home, settings.root)
