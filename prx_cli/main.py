@@ -1,5 +1,5 @@
 """The `prx-corpus` command line: doctor, demo-sources, build, sources, plan, preview, eval-labels, browse,
-opt-out, rewrite-stream, manifest (the benchmarks are `prx-bench`, benchmarks.cli).
+opt-out, rewrite-stream, manifest, compact (the benchmarks are `prx-bench`, benchmarks.cli).
 
 Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
 """
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
     demo.set_defaults(func=_cmd_demo_sources)
 
-    from prx_cli import cmd_build, cmd_labels, cmd_ops, cmd_plan, cmd_preview, cmd_sources  # a module per group
+    from prx_cli import cmd_build, cmd_compact, cmd_labels, cmd_ops, cmd_plan, cmd_preview, cmd_sources  # a module per group
 
     cmd_build.add_parser(sub)
     cmd_sources.add_parser(sub)
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     browse.set_defaults(func=_cmd_browse)
 
     cmd_ops.add_parser(sub)  # opt-out, rewrite-stream, manifest
+    cmd_compact.add_parser(sub)
     return parser
 
 
