@@ -39,12 +39,12 @@ demo: setup
 # `dagster dev`, not `dg dev`: dg (dagster-dg-cli) is not a dependency. Its one warning, "Function `dev_command`
 # is superseded ... Use 'dg dev' instead", is filtered out; it runs in DEMO_HOME (made as `prx-corpus build`
 # makes it, for a UI before any build), with the code location of workspace.yaml given as -m/-d: from the
-# checkout it would warn that the checkout's dagster.yaml is not DAGSTER_HOME's. prx_assets.dev_ui runs it so that
+# checkout it would warn that the checkout's dagster.yaml is not DAGSTER_HOME's. prx_cli.dev_ui runs it so that
 # Ctrl-C stops it within 15 s and nothing it started (code servers, runs, their Ray) outlives it.
 ui: setup
 	@mkdir -p $(UI_HOME) && { test -f $(UI_HOME)/dagster.yaml || cp dagster.yaml $(UI_HOME)/; }
 	cd $(UI_HOME) && $(UI_ENV) PYTHONWARNINGS='ignore:Function `dev_command` is superseded:FutureWarning' \
-	  $(abspath $(BIN))/python -m prx_assets.dev_ui -m prx_assets.definitions -d $(CURDIR) -h 127.0.0.1 -p $(UI_PORT)
+	  $(abspath $(BIN))/python -m prx_cli.dev_ui -m prx_assets.definitions -d $(CURDIR) -h 127.0.0.1 -p $(UI_PORT)
 
 browse: setup
 	$(BIN)/prx-corpus browse --root $(DEMO)/corpus

@@ -1,4 +1,4 @@
-"""`prx-corpus bench-dedup`: deduplication measured through the pipeline on labelled real photos.
+"""`prx-bench dedup`: deduplication measured through the pipeline on labelled real photos.
 
 The labelled set (benchmarks.dedup_set) is written as one `imagefolder` source and built with
 `prx-corpus build --select raw_source,samples,buckets,phashes,duplicates`, once per rule (the
@@ -66,7 +66,7 @@ def _pipeline_groups(base: Path, rule: str) -> dict[str, dict[str, Any]]:
     config = base / f"config-{rule}.yaml"
     config.write_text(json.dumps({"skip_policy": {"duplicates_rule": rule}}))
     env = {**os.environ, "LANCE_LOG": "error"}
-    command = [sys.executable, "-m", "prx_assets.cli", "build", "--sources", str(catalog), "--root", str(root),
+    command = [sys.executable, "-m", "prx_cli", "build", "--sources", str(catalog), "--root", str(root),
                "--select", STAGES, "--config", str(config)]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

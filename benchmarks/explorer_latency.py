@@ -158,8 +158,8 @@ def run(rows: Sequence[int], base_dir: str, *, quick: bool = False, fragment_row
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The options of `prx-corpus bench-explorer`, also `python -m benchmarks.explorer_latency`."""
-    parser = argparse.ArgumentParser(prog="prx-corpus bench-explorer", description=__doc__.split("\n\n")[0])
+    """The options of `prx-bench explorer`, also `python -m benchmarks.explorer_latency`."""
+    parser = argparse.ArgumentParser(prog="prx-bench explorer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", default=None,
                         help="comma-separated table sizes (default 100000,1000000; 100000 with --quick)")
     parser.add_argument("--quick", action="store_true", help="20 timed queries per class instead of 50")

@@ -1,5 +1,5 @@
 """The training loader at PRX scale: a synthetic 1B-sample tier read by one node of 8 ranks x 8
-dataloader workers (`prx-corpus bench-loader --scale`).
+dataloader workers (`prx-bench loader --scale`).
 
 What the loader itself holds per node and how long it takes to start, with ~4,000 streams, ~1.4M
 shards and 5% of the samples skipped. Streaming's own structures (its shard list and epoch plan,

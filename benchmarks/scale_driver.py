@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
     "duplicates": ("prx_core.stages.duplicates",), "duplicates_incremental": ("prx_core.stages.duplicates",),
     "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
-    "compact_corpus": ("prx_core.upkeep.compaction", "prx_core.shards.publish"),
+    "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.publish"),
 }
 
 
@@ -174,22 +174,15 @@ def model_stage(stage: str, source: str, storage: Any, captioner: str, job: dict
 
 
 def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
-    """What the compact_corpus job does: per table compaction and index catch-up on a worker, then pruning."""
-    from prx_core.compute.parallel import run_on_worker
-    from prx_core.shards.retention import prune_streams
+    """What the compact_corpus job does (prx_core.ops.compaction): per table compaction and index catch-up on
+    a worker, then pruning."""
+    from prx_core.ops.compaction import maintain_corpus
     from prx_core.store import lance_io
-    from prx_core.store.schemas import TABLES
-    from prx_core.upkeep.compaction import maintain_table
 
-    options, fragments = storage.lance_storage_options(), {}
-    for table in TABLES:
-        uri = storage.lance_uri(table)
-        if lance_io.table_exists(uri, options):
-            report, _ = run_on_worker(maintain_table, uri, table, options, (), num_cpus=0)
-            fragments[table] = [report.fragments_before, report.fragments_after]
-    pruned = prune_streams(storage.root, storage_options=storage.storage_options)
-    rows = lance_io.require_table(storage.lance_uri("samples"), options).count_rows()
-    return rows, None, {"fragments_before_after": fragments, "chunks_pruned": len(pruned.removed)}
+    done = maintain_corpus(storage)
+    fragments = {t.table: [t.compaction.fragments_before, t.compaction.fragments_after] for t in done.tables}
+    rows = lance_io.require_table(storage.lance_uri("samples"), storage.lance_storage_options()).count_rows()
+    return rows, None, {"fragments_before_after": fragments, "chunks_pruned": len(done.streams.removed)}
 
 
 def units_summary(results: Any) -> dict[str, Any]:

@@ -15,13 +15,8 @@ from pydantic import Field
 
 from prx_assets.common import SOURCES
 from prx_assets.settings import CPU_STAGES, GPU_CHAIN, PER_SOURCE, THEN_TAG, Settings, SettingsError, load_settings
-from prx_core.compute.parallel import run_on_worker
-from prx_core.shards.manifest_publish import prune_tier_manifests
-from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
-from prx_core.store import lance_io
-from prx_core.store.retention import pinned_versions
-from prx_core.store.schemas import TABLES
-from prx_core.upkeep.compaction import maintain_table
+from prx_core.ops.compaction import TableMaintenance, maintain_corpus
+from prx_core.shards.retention import RETENTION_SECONDS
 from prx_resources import CatalogResource, StorageResource
 
 # In one process: every step reuses the run's Ray (embedded, or its connection to the cluster) instead
@@ -146,22 +141,16 @@ class CompactConfig(dg.Config):
                    "segments; then remove MDS chunks no published index has referenced for the retention, and "
                    "tier manifests superseded for the retention")
 def compact_tables(context: dg.OpExecutionContext, storage: StorageResource, ray: RayResource, config: CompactConfig) -> None:
-    store = storage.storage()
-    options = store.lance_storage_options()
-    pins = pinned_versions(store)  # versions uncommitted stage attempts read: never cleaned up
-    for table in TABLES:
-        uri = store.lance_uri(table)
-        if not lance_io.table_exists(uri, options):
-            continue
-        report, indexes = run_on_worker(maintain_table, uri, table, options, pins.get(table, ()), num_cpus=0)
-        context.log.info(f"{table}: {report}; indexes: {indexes}")
-        if table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
-            context.log_event(dg.AssetObservation(asset_key=table, metadata=dict(report.__dict__)))
-    pruned = prune_streams(store.root, config.mds_retention_hours * 3600, store.storage_options)
-    context.log.info(f"mds: {pruned.streams} streams, {len(pruned.removed)} superseded chunks removed, "
-                     f"{pruned.kept_recent} kept within the retention")
-    manifests = prune_tier_manifests(store.root, config.mds_retention_hours * 3600, store.storage_options)
-    context.log.info(f"manifests: {len(manifests)} superseded tier manifests removed")
+    """prx_core.ops.compaction on the run's Ray; each table logged, and observed when it is an asset's."""
+
+    def observe(done: TableMaintenance) -> None:
+        context.log.info(done.line())
+        if done.table in PER_SOURCE + ["duplicates"]:  # rejects, mds_index, source_embeddings are tables, not assets
+            context.log_event(dg.AssetObservation(asset_key=done.table, metadata=dict(done.compaction.__dict__)))
+
+    result = maintain_corpus(storage.storage(), config.mds_retention_hours * 3600, on_table=observe)
+    for line in result.pruned_lines():
+        context.log.info(line)
 
 
 @dg.job(description="Compact every Lance table and clean old versions safely.")

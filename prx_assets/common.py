@@ -74,7 +74,7 @@ def catalog_source(context: dg.AssetExecutionContext, catalog: Any) -> SourceSpe
 
 def link_build_report(context: dg.AssetExecutionContext) -> None:
     """A run launched by `prx-corpus build` names the report the build saves (`prx/build_report`,
-    prx_assets.build_report): the materialization links to it."""
+    prx_cli.build_report): the materialization links to it."""
     uri = context.run.tags.get("prx/build_report")
     if uri:
         output = context.assets_def.get_output_name_for_asset_key(context.asset_key)

@@ -2,7 +2,7 @@
 size, then rows, MDS streams and bytes, storage, GPU-hours, core-hours and wall time.
 
 Rates that a sample of 1,000 images cannot measure are constants, each from a measurement: the
-per-row costs of the stages beyond their image work (bench-scale at 100,000 rows,
+per-row costs of the stages beyond their image work (prx-bench scale at 100,000 rows,
 docs/benchmarks.md: `samples` 3.5 core-ms per image of which the validating decode measured
 here is ~2.7, `mds_shards` 9.0 of which the render is ~6.5, the other stages whole), a VLM's
 captions per second per GPU (the source team's 20 images/s per H200, `caption_rate`), the share of

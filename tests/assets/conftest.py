@@ -1,6 +1,6 @@
 """Shared state of the asset tests: one local Ray, one corpus built once from the demo sources.
 
-The whole graph is materialized ONCE per session (`corpus`) through `prx_assets.build.run_build`
+The whole graph is materialized ONCE per session (`corpus`) through `prx_cli.build.run_build`
 on an ephemeral Dagster instance, with the real local resources of `build_resources` (Lance on
 disk under a temporary root, the embedded Ray reusing the session's Ray). Most tests only read
 what it produced; the few that materialize again work on a copy of the corpus (`copy_corpus`)
@@ -21,7 +21,7 @@ import dagster as dg
 import pyarrow as pa
 import pytest
 
-from prx_assets.build import QUIET_LOGS, BuildOutcome, run_build
+from prx_cli.build import QUIET_LOGS, BuildOutcome, run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 from prx_assets.settings import Settings

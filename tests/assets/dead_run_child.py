@@ -10,7 +10,7 @@ import dagster as dg
 sys.path.insert(0, str(Path(__file__).parent))
 from test_build_outcome import DEPS, stand_ins  # noqa: E402
 
-from prx_assets.build import run_build  # noqa: E402
+from prx_cli.build import run_build  # noqa: E402
 from prx_assets.common import SOURCES  # noqa: E402
 from prx_core.compute.faults import pause_point  # noqa: E402
 

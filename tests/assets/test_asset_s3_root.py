@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import yaml
 from conftest import make_settings
 
-from prx_assets.build import run_build
+from prx_cli.build import run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
 from prx_core.shards.mds import list_streams

@@ -5,7 +5,7 @@ failed global `duplicates` skips every `skip_lists`, and the other sources go on
 
 import dagster as dg
 
-from prx_assets.build import failure_lines, run_build
+from prx_cli.build import failure_lines, run_build
 from prx_assets.common import SOURCES
 from prx_assets.settings import ALL_ASSETS, PER_SOURCE
 

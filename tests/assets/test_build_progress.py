@@ -10,8 +10,8 @@ import shutil
 
 import pytest
 
-from prx_assets.build_console import LiveHandler
-from prx_assets.build_progress import STATUS, LiveStatus, StageProgress, parse_progress, render
+from prx_cli.build_console import LiveHandler
+from prx_cli.build_progress import STATUS, LiveStatus, StageProgress, parse_progress, render
 from prx_core.compute.parallel import Throttle
 
 
@@ -73,7 +73,7 @@ def test_the_console_handler_routes_progress_to_the_status_line(monkeypatch: pyt
 
 
 def test_warnings_say_what_each_source_has_then_why_and_the_fix_once() -> None:
-    from prx_assets.build_report import warning_lines
+    from prx_cli.build_report import warning_lines
     from prx_assets.mds_shards import small_streams_text
 
     warnings = [f"mds_shards_stream_sizes[{s}]: {small_streams_text(['512/448x576'], n, 256, 'warn')}"

@@ -13,7 +13,7 @@ import time
 import dagster as dg
 from test_build_outcome import DEPS, stand_ins
 
-from prx_assets.build import failure_lines, run_build
+from prx_cli.build import failure_lines, run_build
 from prx_assets.common import SOURCES
 from prx_assets.settings import PER_SOURCE
 

@@ -21,8 +21,8 @@ import dagster as dg
 import pytest
 from dead_run_child import assets
 
-from prx_assets import dead_runs
-from prx_assets.build import run_build
+from prx_cli import dead_runs
+from prx_cli.build import run_build
 from prx_assets.settings import REPO
 
 CHILD = Path(__file__).with_name("dead_run_child.py")

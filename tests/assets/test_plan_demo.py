@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import SOURCES, Corpus
 
-from prx_assets.cli import main
+from prx_cli.main import main
 from prx_core.stages.plan import sample_source
 from prx_core.stages.plan_estimates import Models, estimate
 from prx_core.store.partitions import source_predicate

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from prx_assets.cli import main
+from prx_cli.main import main
 
 ROWS = 12
 IMAGE = pa.struct([("bytes", pa.binary()), ("path", pa.string())])

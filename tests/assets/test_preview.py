@@ -18,7 +18,7 @@ import yaml
 from conftest import transformers_config
 from PIL import Image
 
-from prx_assets.cli import main
+from prx_cli.main import main
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.stages.preview import TABLE
 

@@ -24,7 +24,7 @@ from conftest import image_folder_source, make_settings
 from dagster._serdes import serialize_value
 from starlette.testclient import TestClient
 
-from prx_assets.build import run_build
+from prx_cli.build import run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
 from prx_assets.settings import SettingsError, load_settings

@@ -1,4 +1,4 @@
-"""What `build --stale` chooses and why (prx_assets.stale), on stand-ins of the corpus graph: the
+"""What `build --stale` chooses and why (prx_cli.stale), on stand-ins of the corpus graph: the
 same asset names, dependencies and partitioning, with a real Dagster instance and data versions
 given by the test, so each cause (never materialized, code version, upstream data version, an
 upstream rebuilt in the same plan) is set up exactly. No Ray, a few seconds."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from prx_assets.stale import Choice, choice_lines, stale_choices
+from prx_cli.stale import Choice, choice_lines, stale_choices
 
 PARTITIONS = dg.DynamicPartitionsDefinition(name="sources")
 DEPS = {"raw_source": [], "samples": ["raw_source"], "buckets": ["samples"], "phashes": ["samples"],

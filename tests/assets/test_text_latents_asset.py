@@ -175,7 +175,7 @@ def test_fused_is_refused_when_one_model_cannot_serve(corpus: Corpus, tiny_vlm: 
 def test_the_plan_sizes_the_latents_within_10_percent_of_the_build(encoded, corpus: Corpus, tiny_vlm: Path) -> None:
     """`prx-corpus plan` with text_latents configured: the MDS bytes (latents and masks included) and
     the `text_latents` table's latent bytes against what the build wrote."""
-    from prx_assets.cli_plan import plan_models
+    from prx_cli.cmd_plan import plan_models
     from prx_assets.settings import Settings
     from prx_core.stages.plan import sample_source
     from prx_core.stages.plan_estimates import estimate

@@ -1,4 +1,4 @@
-"""`prx-corpus bench-dedup` on a few pictures, as an operator runs it: the labelled real photos
+"""`prx-bench dedup` on a few pictures, as an operator runs it: the labelled real photos
 through `prx-corpus build` (samples, phashes, duplicates), scored against the labels and against
 imagehash. The whole set's figures are in docs/benchmarks.md; here every copy of every picture must
 be found, no group may join two pictures, and every keeper must be one of its group's best copies."""
@@ -13,13 +13,13 @@ from pathlib import Path
 
 from benchmarks.dedup_set import DUPLICATE_KINDS
 
-CLI = str(Path(sys.executable).with_name("prx-corpus"))
+CLI = str(Path(sys.executable).with_name("prx-bench"))
 
 
 def test_a_small_dedup_benchmark_finds_every_copy_and_merges_nothing(tmp_path: Path) -> None:
     out = tmp_path / "dedup.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    done = subprocess.run([CLI, "bench-dedup", "--pictures", "10", "--rules", "keys", "--workdir", str(tmp_path / "w"),
+    done = subprocess.run([CLI, "dedup", "--pictures", "10", "--rules", "keys", "--workdir", str(tmp_path / "w"),
                            "--json", str(out)], capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())

@@ -1,6 +1,6 @@
 """The bounded-driver rule for joins: `samples` of a joined source (images, captions and 512-d CLIP
 vectors in three tables, the vectors written by lancedb) at two sizes, each driver in a process of
-its own (benchmarks.scale_driver, as `bench-scale` runs it), and its peak RSS compared.
+its own (benchmarks.scale_driver, as `prx-bench scale` runs it), and its peak RSS compared.
 
 The larger source holds 8,000 more rows than the smaller one (~23 MB more in its three tables,
 most of it CLIP vectors), so a driver that loaded a joined table, or the source, would grow by

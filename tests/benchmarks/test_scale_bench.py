@@ -21,7 +21,7 @@ from PIL import Image
 
 from benchmarks.scale import format_table, synthetic_source, targets
 
-CLI = str(Path(sys.executable).with_name("prx-corpus"))  # its own process, as an operator runs it: the
+CLI = str(Path(sys.executable).with_name("prx-bench"))  # its own process, as an operator runs it: the
 # benchmark starts its own Ray, which a Ray left running in this test process would refuse
 
 STAGES = ["samples", "buckets", "phashes", "captions", "captions_model", "caption_labels", "caption_embeddings",
@@ -40,7 +40,7 @@ TABLE_OF = {"captions_model": "captions", "caption_labels": "caption_labels", "c
 
 def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -> None:
     out, cache = tmp_path / "scale.json", tmp_path / "cache"
-    args = ["bench-scale", "--rows", f"{SMALL},{LARGE}", "--unit-rows", str(UNIT), "--stages", ",".join(STAGES),
+    args = ["scale", "--rows", f"{SMALL},{LARGE}", "--unit-rows", str(UNIT), "--stages", ",".join(STAGES),
             "--resume", "buckets", "--reuse-ray", "--cache", str(cache), "--json", str(out)]
     done = subprocess.run([CLI, *args], capture_output=True, text=True, timeout=1800, env=os.environ.copy())
     assert done.returncode == 0, done.stderr[-3000:]

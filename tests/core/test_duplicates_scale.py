@@ -1,7 +1,7 @@
 """`duplicates` at PRX sizes, from its planning functions (no data): at a billion rows the driver holds
 a bounded number of object references, the largest task sorts about a GiB of key entries, and the
 work grows linearly with the rows. What each layer holds at run time on real rows is measured by
-bench-scale (the driver's peak RSS, tests/benchmarks/test_scale_bench.py); the candidates a key
+`prx-bench scale` (the driver's peak RSS, tests/benchmarks/test_scale_bench.py); the candidates a key
 meets by chance among real photos are in docs/benchmarks.md."""
 
 from __future__ import annotations

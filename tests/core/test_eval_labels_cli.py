@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_labels_llm import ScriptedServer
 
-from prx_assets.cli import main
+from prx_cli.main import main
 
 CAPTIONS = [
     ("A photograph of a red bicycle leaning against a brick wall beside a blue front door in the sun", "visual"),

@@ -40,7 +40,8 @@ def test_definitions_and_stage_jobs_load_without_torch() -> None:
 # The floors of prx_core, lowest first: a package imports only packages on floors below its own.
 # The store is the ground (Lance, paths, locks, the name rule); compute runs work on Ray; upkeep
 # (compaction, batched appends) and models use compute; sources and shards read and write data;
-# stages put them together; the demo writes sources for the stages; ops (the doctor) checks all of them.
+# stages put them together; the demo writes sources for the stages; ops (the doctor, the build summary, whole-corpus
+# compaction) reads and maintains all of them.
 FLOORS = {"image": 0, "store": 0, "compute": 1, "upkeep": 2, "models": 2, "sources": 3, "shards": 3, "stages": 4,
           "demo": 5, "ops": 5}
 IMPORT = re.compile(r"^\s*(?:from|import)\s+prx_core\.([a-z_]+)", re.MULTILINE)

@@ -371,7 +371,7 @@ def test_s3_root_reads_the_same_sequence(corpus, s3_endpoint, tmp_path, monkeypa
 
 
 def test_loader_benchmark_smoke_run() -> None:
-    """`prx-corpus bench-loader`'s code path on a tiny corpus (a smoke run, not a timing assertion)."""
+    """`prx-bench loader`'s code path on a tiny corpus (a smoke run, not a timing assertion)."""
     from benchmarks.loader import format_table, run
 
     r = run(samples=300, decode_samples=64, repeats=1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from prx_assets.cli import main
+from prx_cli.main import main
 from prx_core.sources.catalog import parse_catalog
 from prx_core.sources.preflight import check_source
 

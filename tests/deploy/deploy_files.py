@@ -168,7 +168,7 @@ def code_env_vars() -> set[str]:
     """Environment variables the pipeline's code reads (os.environ / getenv)."""
     pattern = re.compile(r"""(?:environ(?:\.get)?[\[(]|getenv\()\s*["']([A-Z][A-Z0-9_]+)["']""")
     names: set[str] = set()
-    for pkg in ("prx_core", "prx_assets", "prx_resources"):
+    for pkg in ("prx_core", "prx_assets", "prx_cli", "prx_resources"):
         for path in (REPO / pkg).rglob("*.py"):
             names |= set(pattern.findall(path.read_text()))
     return names

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prx_assets.cli import build_parser
+from prx_cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "deploy" / "slurm" / "prx-build.sbatch"

@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 from test_build import cli_env, run_cli
 
-from prx_assets.homes import corpus_root, default_home
+from prx_cli.homes import corpus_root, default_home
 from prx_assets.settings import REPO
 from prx_core.demo.photos import load_skimage_photos
 

@@ -216,10 +216,10 @@ def test_the_daemon_reruns_nothing_after_a_materialization_that_changed_no_data(
 
 def test_make_ui_stops_on_ctrl_c_leaving_nothing_behind(ui: UI, page: Page) -> None:
     """Last in the module: one Ctrl-C (SIGINT to make's process group, as a terminal sends it) stops
-    `make ui` within prx_assets.dev_ui's grace, and no process of dagster dev's session (code servers,
+    `make ui` within prx_cli.dev_ui's grace, and no process of dagster dev's session (code servers,
     run workers, their Ray) is left; before, dagster dev could wait 60 s per service and its code
     servers outlived it by their heartbeat timeout."""
-    from prx_assets.dev_ui import GRACE_S, session_pids
+    from prx_cli.dev_ui import GRACE_S, session_pids
 
     port = ui.url.rsplit(":", 1)[1]
     dev = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).startswith(f"{REPO}/.venv/bin/")

@@ -11,7 +11,7 @@ its own misleading error: inside a run Dagster does not execute a failed step's 
 later run of a source whose chain failed (its `skip_lists`; every `skip_lists` after a failed
 `duplicates`; `duplicates` when no source's `phashes` was written) is not started. The other
 sources go on. The runs' console log keeps progress and
-warnings; their failure events and tracebacks are left to the summary (`prx_assets.build_console`)
+warnings; their failure events and tracebacks are left to the summary (`prx_cli.build_console`)
 unless `verbose`.
 
 The first Ctrl-C (SIGINT) stops the build: Dagster interrupts the step it is in (its work units
@@ -34,8 +34,8 @@ from typing import Any
 
 import dagster as dg
 
-from prx_assets.build_console import build_console, logger_config
-from prx_assets.dead_runs import PoolWait, process_tags, reconcile_runs
+from prx_cli.build_console import build_console, logger_config
+from prx_cli.dead_runs import PoolWait, process_tags, reconcile_runs
 from prx_assets.common import sync_partitions
 from prx_assets.settings import ALL_ASSETS, PER_SOURCE, REPO, validate_request
 from prx_core.compute.interrupts import SigintWatch
@@ -77,9 +77,9 @@ class BuildOutcome:
 
 
 def prepare_instance(home: str | None, root: str | None = None, echo: Any = print) -> dg.DagsterInstance:
-    """The instance under `home`, else DAGSTER_HOME, else the root's own home (prx_assets.homes:
+    """The instance under `home`, else DAGSTER_HOME, else the root's own home (prx_cli.homes:
     `<root>/_state/dagster`), created with the repo's dagster.yaml; warns when it holds runs of another root."""
-    from prx_assets.homes import default_home, warn_other_roots
+    from prx_cli.homes import default_home, warn_other_roots
     from prx_assets.settings import DEFAULT_ROOT
 
     root = root or os.environ.get("PRX_ROOT") or str(DEFAULT_ROOT)
@@ -94,15 +94,15 @@ def prepare_instance(home: str | None, root: str | None = None, echo: Any = prin
 
 
 def run_tags(defs: dg.Definitions) -> dict[str, str]:
-    """Every build run's tags: who launched it, the corpus root it built (`prx/root`, prx_assets.homes),
-    and its process (`prx/process_*`: how a later build knows the run died with it, prx_assets.dead_runs)."""
-    from prx_assets.homes import root_tags
+    """Every build run's tags: who launched it, the corpus root it built (`prx/root`, prx_cli.homes),
+    and its process (`prx/process_*`: how a later build knows the run died with it, prx_cli.dead_runs)."""
+    from prx_cli.homes import root_tags
 
     storage = (defs.resources or {}).get("storage")  # stand-in definitions (tests) have none
-    from prx_assets.build_report import report_tags
+    from prx_cli.build_report import report_tags
 
     return {"prx/launched_by": "prx-corpus build", **(root_tags(storage.root) if storage is not None else {}),
-            **process_tags(), **report_tags()}  # and the report it writes (prx_assets.build_report)
+            **process_tags(), **report_tags()}  # and the report it writes (prx_cli.build_report)
 
 
 def run_build(defs: dg.Definitions, instance: dg.DagsterInstance, catalog_names: list[str],

@@ -1,5 +1,6 @@
 """Per-source counts read from the corpus tables themselves (not from run logs), so the
-summary is true whatever was rebuilt and however."""
+summary is true whatever was rebuilt and however. What `prx-corpus build` prints at its end: an
+operator's view across every table, hence here, above the shards and sources it reads."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any
 
 from prx_core.models.caption_keys import source_caption_key
 from prx_core.shards.skiplists import read_skip_lists
+from prx_core.sources.records import TAKEN_DOWN
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
-TAKEN_DOWN = "taken_down"  # the reject reason of prx_core.sources.records (a package on the same floor)
 COLUMNS = ["source", "samples", "rejects", "bucketed", "text", "nsfw", "duplicates", "streams", "in_mds", "skipped"]
 
 

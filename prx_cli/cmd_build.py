@@ -1,5 +1,5 @@
 """`prx-corpus build`: a preflight, then the corpus materialized through the Dagster definitions
-(prx_assets.build), a per-source summary, and one line per failure. Exit 0 ok, 1 a failed run or
+(prx_cli.build), a per-source summary, and one line per failure. Exit 0 ok, 1 a failed run or
 blocking check, 2 a bad request or a preflight problem, 130 interrupted (rerun to resume)."""
 
 from __future__ import annotations
@@ -75,20 +75,20 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     import ray
 
-    from prx_assets.build import caption_lines, failure_lines, prepare_instance, run_build, sync_sources
+    from prx_cli.build import caption_lines, failure_lines, prepare_instance, run_build, sync_sources
     from prx_assets.definitions import build_definitions
-    from prx_assets.stale import stale_plan
+    from prx_cli.stale import stale_plan
     from prx_core.compute.quiet import start_ray
     from prx_core.store.storage import Storage
-    from prx_core.shards.summary import corpus_summary, format_summary
+    from prx_core.ops.summary import corpus_summary, format_summary
 
     defs = build_definitions(settings)
     instance = prepare_instance(args.dagster_home, settings.root)
     print(f"corpus root {settings.root}\ncatalog {settings.sources} ({', '.join(catalog.names)})\n"
           f"dagster home {os.environ['DAGSTER_HOME']}", flush=True)
     sync_sources(instance, catalog)
-    from prx_assets.build_progress import STATUS
-    from prx_assets.build_report import REPORT_ENV, new_report_uri, save_build_report, warning_lines
+    from prx_cli.build_progress import STATUS
+    from prx_cli.build_report import REPORT_ENV, new_report_uri, save_build_report, warning_lines
 
     store = Storage(settings.root, settings.section("storage").get("storage_options") or {})
     report_uri = os.environ[REPORT_ENV] = new_report_uri(store)  # every run's tag, so its materializations link it

@@ -1,6 +1,8 @@
-"""The `prx-corpus` command line: doctor, demo-sources, build, sources, browse, opt-out, rewrite-stream and the benchmarks.
+"""`prx-bench` (also `python -m benchmarks`): the performance suite's commands, results in docs/benchmarks.md.
 
-Imports are lazy per command: `doctor` and `demo-sources` never load dagster or Ray.
+Its own entry point, not subcommands of `prx-corpus`: the product (prx_cli and below) never imports
+this package, so a deployed image runs without the benchmarks' synthetic corpora, peers and stand-ins
+being part of what it loads. Imports are lazy per command, as in prx_cli.main.
 """
 
 from __future__ import annotations
@@ -9,69 +11,6 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
-
-
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    from prx_core.ops.doctor import FAIL, run_doctor
-
-    checks = run_doctor(args.root, with_ray=not args.no_ray)
-    for check in checks:
-        print(check.line(), flush=True)
-    failed = [c for c in checks if c.status == FAIL]
-    print(f"\n{len(checks)} checks: {len(failed)} FAIL, {sum(c.status == 'WARN' for c in checks)} WARN")
-    return 1 if failed else 0
-
-
-def _cmd_demo_sources(args: argparse.Namespace) -> int:
-    from prx_core.demo import build_demo_sources
-
-    started = time.time()
-    print(f"writing demo sources to {args.dir} ...", flush=True)
-    manifest = build_demo_sources(args.dir, use_wallpapers=not args.no_wallpapers)
-    print(f"{len(manifest.samples)} samples in {time.time() - started:.1f} s")
-    for source, count in sorted(manifest.by_source().items()):
-        print(f"  {source:<14} {count:>4} samples")
-    planted = ", ".join(f"{k} {v}" for k, v in sorted(manifest.kinds().items()) if k != "photo")
-    print(f"planted: {planted}")
-    print(f"catalog: {manifest.root}/sources.yaml   manifest: {manifest.root}/manifest.json")
-    return 0
-
-
-def _cmd_browse(args: argparse.Namespace) -> int:
-    import ipaddress
-    import os
-
-    from prx_assets.settings import SettingsError, load_settings
-    from prx_core.store import lance_io
-    from prx_core.store.storage import Storage
-
-    if args.config:
-        os.environ["PRX_CONFIG"] = os.path.abspath(args.config)
-    storage = Storage(args.root, load_settings().section("storage").get("storage_options") or {})
-    if not lance_io.table_exists(storage.lance_uri("samples"), storage.lance_storage_options()):
-        raise SettingsError(f"no corpus at {storage.root}: its samples table does not exist (run prx-corpus build first)")
-    try:
-        loopback = ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        loopback = args.host == "localhost"
-    if not loopback:
-        print(f"warning: serving on {args.host}, reachable from the network (read-only, no authentication)",
-              file=sys.stderr)
-
-    import uvicorn
-
-    from prx_explorer.app import create_app
-    from prx_explorer.disk_cache import DiskThumbnails
-
-    thumbnails = DiskThumbnails(args.thumb_cache, args.thumb_cache_mb << 20) if args.thumb_cache_mb > 0 else None
-    try:
-        app = create_app(storage, allowed_hosts=[args.host, *args.allow_host], thumbnails=thumbnails)
-    except ValueError as exc:  # a malformed --allow-host
-        raise SettingsError(f"--allow-host: {exc}") from exc
-    print(f"explorer for {storage.root} on http://{args.host}:{args.port}/", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
-    return 0
 
 
 def _report(results: dict, table: str, started: float, json_path: str | None) -> int:
@@ -88,7 +27,7 @@ def _report(results: dict, table: str, started: float, json_path: str | None) ->
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
+def _cmd_image_path(args: argparse.Namespace) -> int:
     from benchmarks.image_path import format_table, run
 
     started = time.time()
@@ -97,7 +36,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
-def _cmd_bench_loader(args: argparse.Namespace) -> int:
+def _cmd_loader(args: argparse.Namespace) -> int:
     import logging
     import os
 
@@ -107,7 +46,7 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
     logging.getLogger("streaming.base.batching.per_stream").setLevel(logging.ERROR)
     os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
     if args.scale:
-        return _bench_loader_scale(args)
+        return _loader_scale(args)
     from benchmarks.loader import format_table, run
 
     started = time.time()
@@ -117,7 +56,7 @@ def _cmd_bench_loader(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
-def _bench_loader_scale(args: argparse.Namespace) -> int:
+def _loader_scale(args: argparse.Namespace) -> int:
     import os
 
     from benchmarks.loader_scale import format_table, run
@@ -131,7 +70,7 @@ def _bench_loader_scale(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
-def _cmd_bench_scale(args: argparse.Namespace) -> int:
+def _cmd_scale(args: argparse.Namespace) -> int:
     import os
 
     from benchmarks.scale import format_table, run, select
@@ -144,7 +83,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     try:
         select(stages, resume)
     except ValueError as exc:
-        print(f"prx-corpus bench-scale: error: {exc}", file=sys.stderr)
+        print(f"prx-bench scale: error: {exc}", file=sys.stderr)
         return 2
     started = time.time()
     print(f"scale benchmark: the CPU graph (source captions) at {', '.join(map(str, sizes))} rows, then a resume "
@@ -155,7 +94,7 @@ def _cmd_bench_scale(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
-def _cmd_bench_dedup(args: argparse.Namespace) -> int:
+def _cmd_dedup(args: argparse.Namespace) -> int:
     import os
 
     from benchmarks.dedup import format_table, run
@@ -169,7 +108,7 @@ def _cmd_bench_dedup(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
-def _cmd_bench_download(args: argparse.Namespace) -> int:
+def _cmd_download(args: argparse.Namespace) -> int:
     import os
 
     from benchmarks.download import format_table, run
@@ -183,50 +122,15 @@ def _cmd_bench_download(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from prx_core.ops.doctor import default_root
-
-    parser = argparse.ArgumentParser(prog="prx-corpus", description=__doc__)
+    parser = argparse.ArgumentParser(prog="prx-bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    doctor = sub.add_parser("doctor", help="check versions, pillow-simd/AVX2, codecs, Ray, vLLM and storage")
-    doctor.add_argument("--root", default=default_root(), help="corpus root URI to probe (default: $PRX_ROOT or ./.prx/corpus)")
-    doctor.add_argument("--no-ray", action="store_true", help="skip starting an embedded Ray")
-    doctor.set_defaults(func=_cmd_doctor)
-
-    demo = sub.add_parser("demo-sources", help="write the demo sources and their sources.yaml catalog")
-    demo.add_argument("dir", help="output folder (replaced whole)")
-    demo.add_argument("--no-wallpapers", action="store_true", help="use only scikit-image's photos")
-    demo.set_defaults(func=_cmd_demo_sources)
-
-    from prx_assets import cli_build, cli_labels, cli_ops, cli_plan, cli_preview, cli_sources  # a module per group
-
-    cli_build.add_parser(sub)
-    cli_sources.add_parser(sub)
-    cli_plan.add_parser(sub)
-    cli_preview.add_parser(sub)
-    cli_labels.add_parser(sub)
-
-    browse = sub.add_parser("browse", help="read-only web explorer: caption search, neighbours, filters, plots")
-    browse.add_argument("--root", required=True, help="corpus root: a folder or s3://bucket/prefix")
-    browse.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)")
-    browse.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    browse.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="also answer requests whose Host is NAME (repeatable; *.domain or *); localhost, "
-                             "127.0.0.1, ::1 and --host always are: other Hosts get 400 (DNS rebinding)")
-    browse.add_argument("--config", help="YAML whose storage.storage_options reach an object store")
-    browse.add_argument("--thumb-cache", default=str(Path.home() / ".cache" / "prx-corpus" / "thumbnails"), metavar="DIR",
-                        help="rendered thumbnails kept here across restarts, keyed by image content (shareable "
-                             "between roots; default ~/.cache/prx-corpus/thumbnails)")
-    browse.add_argument("--thumb-cache-mb", type=int, default=1024, metavar="MB",
-                        help="bound of that folder; least recently used thumbnails go first (default 1024; 0: no disk cache)")
-    browse.set_defaults(func=_cmd_browse)
-
-    bench = sub.add_parser("bench", help="image-path benchmark: naive vs process_image vs floor (one core)")
+    bench = sub.add_parser("image-path", help="image-path benchmark: naive vs process_image vs floor (one core)")
     bench.add_argument("--quick", action="store_true", help="200 images instead of 400 (under 3 minutes)")
     bench.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    bench.set_defaults(func=_cmd_bench)
+    bench.set_defaults(func=_cmd_image_path)
 
-    bench_loader = sub.add_parser("bench-loader", help="training loader throughput, no skip-lists vs 10%% skipped (one core)")
+    bench_loader = sub.add_parser("loader", help="training loader throughput, no skip-lists vs 10%% skipped (one core)")
     bench_loader.add_argument("--samples", type=int, default=4000, help="corpus size (default 4000)")
     bench_loader.add_argument("--repeats", type=int, default=5, help="alternated runs per loader (default 5)")
     bench_loader.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -238,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_loader.add_argument("--ranks", type=int, default=8, help="--scale: ranks of the node (default 8)")
     bench_loader.add_argument("--workers", type=int, default=8, help="--scale: dataloader workers per rank (default 8)")
     bench_loader.add_argument("--cache", help="--scale: where the synthetic tier is kept (default ~/.cache/prx-bench)")
-    bench_loader.set_defaults(func=_cmd_bench_loader)
-    scale = sub.add_parser("bench-scale", help="the CPU graph at 10k and 100k rows: rows/s, peak RSS, Lance versions; "
+    bench_loader.set_defaults(func=_cmd_loader)
+    scale = sub.add_parser("scale", help="the CPU graph at 10k and 100k rows: rows/s, peak RSS, Lance versions; "
                                                "resume after SIGKILL")
     scale.add_argument("--rows", default="10000,100000", help="comma-separated sizes (default 10000,100000)")
     scale.add_argument("--unit-rows", type=int, default=5000,
@@ -259,8 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--reuse-ray", action="store_true",
                        help="one Ray cluster for every stage (faster; by default a fresh one per stage)")
     scale.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    scale.set_defaults(func=_cmd_bench_scale)
-    bench_dedup = sub.add_parser("bench-dedup", help="deduplication through the pipeline on labelled real photos: "
+    scale.set_defaults(func=_cmd_scale)
+    bench_dedup = sub.add_parser("dedup", help="deduplication through the pipeline on labelled real photos: "
                                                      "recall per kind of copy, merges of different pictures, keepers; "
                                                      "imagehash as the peer")
     bench_dedup.add_argument("--pictures", type=int, help="use only the first N pictures (default: all, ~130)")
@@ -268,44 +172,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench_dedup.add_argument("--keep", action="store_true", help="keep the temporary folder")
     bench_dedup.add_argument("--rules", default="keys,phash", help="duplicates rules to build with (default: keys,phash)")
     bench_dedup.add_argument("--json", help="also write the results as JSON to this file")
-    bench_dedup.set_defaults(func=_cmd_bench_dedup)
-    bench_download = sub.add_parser("bench-download", help="samples stage images/s: a URL table fetched from a "
+    bench_dedup.set_defaults(func=_cmd_dedup)
+    bench_download = sub.add_parser("download", help="samples stage images/s: a URL table fetched from a "
                                                            "loopback server vs the same bytes in parquet")
     bench_download.add_argument("--images", type=int, default=6000, help="rows of each source (default 6000)")
     bench_download.add_argument("--files", type=int, default=12, help="parquet files (work units) of each (default 12)")
     bench_download.add_argument("--cpus", type=int, help="CPUs of the benchmark's Ray (default: up to 4 cores)")
     bench_download.add_argument("--workdir", help="where the sources and corpora are kept (default: a temporary folder)")
     bench_download.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    bench_download.set_defaults(func=_cmd_bench_download)
+    bench_download.set_defaults(func=_cmd_download)
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
-    sub.add_parser("bench-explorer", add_help=False,
+    sub.add_parser("explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")
-    cli_ops.add_parser(sub)  # opt-out, rewrite-stream, manifest
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from prx_core.sources.catalog import CatalogError
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench-explorer"]:
+    if argv[:1] == ["explorer"]:
         from benchmarks.explorer_latency import main as bench_explorer
 
         return bench_explorer(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except CatalogError as exc:  # and its SettingsError: --source, --select, --config
-        print(f"prx-corpus: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
 
 
 def run() -> None:
-    """The `prx-corpus` console script: `main`, then an exit without interpreter finalization
-    (prx_core.compute.exits: Arrow threads still finishing at exit aborted finished builds)."""
+    """The `prx-bench` console script: `main`, then an exit without interpreter finalization
+    (prx_core.compute.exits: Arrow threads still finishing at exit aborted finished runs)."""
     from prx_core.compute.exits import exit_now
 
     exit_now(main())

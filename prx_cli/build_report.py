@@ -25,7 +25,7 @@ from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
 REPORT_TAG = "prx/build_report"
-REPORT_ENV = "PRX_BUILD_REPORT"  # set by `prx-corpus build` for its runs' tags (prx_assets.build.run_tags)
+REPORT_ENV = "PRX_BUILD_REPORT"  # set by `prx-corpus build` for its runs' tags (prx_cli.build.run_tags)
 FOLDER = ("_reports", "builds")
 TOP_REASONS = 12
 HINTS = {  # rejects of the stages after ingest: what they mean for a source, beside source_causes' fixes
@@ -194,7 +194,7 @@ def save_build_report(uri: str, storage: Storage, instance: Any, outcome: Any, s
                       started: float, catalog: Any, sources: list[str], explorer_url: str | None) -> str:
     """Gathers what the build did (its outcome, the corpus as its tables now read, the instance's
     run records) and writes the report to `uri`; returns it."""
-    from prx_assets.build import failure_lines
+    from prx_cli.build import failure_lines
 
     problems = (failure_lines(outcome) + [f"FAIL blocking check {label}" for label in outcome.failed_blocking]
                 + [f"FAIL {label}" for label in outcome.failed_runs] + warning_lines(outcome.warnings))

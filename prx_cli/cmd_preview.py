@@ -33,7 +33,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run_preview(args: argparse.Namespace) -> int:
-    from prx_assets.cli_plan import preflight_sources
+    from prx_cli.cmd_plan import preflight_sources
     from prx_assets.settings import SettingsError, load_settings
     from prx_core.sources.catalog import load_catalog
     from prx_core.stages.plan_estimates import CAPTION_RATE

@@ -7,7 +7,7 @@ heartbeat timeout (30-45 s) and a run's embedded Ray with them. Here `dagster de
 of its own, so the terminal's Ctrl-C reaches only this wrapper, which forwards one SIGINT (Dagster's
 own clean shutdown: runs are marked interrupted, their recorded work units stay recorded), waits
 `GRACE_S`, then kills every process of that session, by id; a second Ctrl-C kills them at once.
-`python -m prx_assets.dev_ui <dagster dev arguments>`.
+`python -m prx_cli.dev_ui <dagster dev arguments>`.
 """
 
 from __future__ import annotations

@@ -37,9 +37,9 @@ def sync_sources(args: argparse.Namespace) -> int:
     if args.config and not os.path.isfile(args.config):
         raise SettingsError(f"--config: {args.config} is not a file")
 
-    from prx_assets.build import prepare_instance
+    from prx_cli.build import prepare_instance
     from prx_assets.common import sync_partitions
-    from prx_assets.homes import corpus_root
+    from prx_cli.homes import corpus_root
 
     instance = prepare_instance(args.dagster_home, args.root)
     home = os.environ["DAGSTER_HOME"]

@@ -3,7 +3,7 @@
 Dagster's console logger prints every failed step with its stack trace, then the run's failure
 with the same trace again, then one "Dependencies ... Not executing." line per downstream step;
 a wrong uri made 206 lines of it. The build prints each failure's cause in one line itself
-(`prx_assets.build`), so its runs use this logger: Dagster's own console logger with a filter
+(`prx_cli.build`), so its runs use this logger: Dagster's own console logger with a filter
 that drops those failure events and keeps any other error to its first line. The runs' Dagster
 logs (the instance, the UI) keep everything; `--verbose` prints it all here too.
 """
@@ -38,7 +38,7 @@ class QuietFailures(logging.Filter):
 
 
 class LiveHandler(logging.Handler):
-    """Progress lines to the terminal's status line (`prx_assets.build_progress`); every other record
+    """Progress lines to the terminal's status line (`prx_cli.build_progress`); every other record
     through Dagster's own handler, above it."""
 
     def __init__(self, inner: logging.Handler) -> None:
@@ -46,7 +46,7 @@ class LiveHandler(logging.Handler):
         self.inner = inner
 
     def handle(self, record: logging.LogRecord) -> bool:
-        from prx_assets.build_progress import STATUS, parse_progress
+        from prx_cli.build_progress import STATUS, parse_progress
 
         meta: dict[str, Any] = getattr(record, "dagster_meta", None) or {}
         progress = parse_progress(str(meta.get("orig_message") or record.getMessage()))
@@ -79,6 +79,6 @@ def build_console(init_context: dg.InitLoggerContext) -> logging.Logger:
 
 def logger_config(verbose: bool) -> dict[str, Any]:
     """The run config section selecting this logger (live progress in a terminal, unless verbose)."""
-    from prx_assets.build_progress import live
+    from prx_cli.build_progress import live
 
     return {"loggers": {LOGGER: {"config": {"log_level": "INFO", "verbose": verbose, "live": not verbose and live()}}}}
