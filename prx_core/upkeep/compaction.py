@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -40,7 +39,6 @@ Key = tuple[object, ...]
 
 
 TARGET_BYTES = 64 << 30  # what one ingest unit writes (samples.UNIT_BYTES): under Lance's 90 GiB file cap
-KEY_READERS = 16  # fragments whose partition keys are read at once when planning
 GROUP_SECONDS = 2 * 3600  # time limit of one group's rewrite: a stuck one is left for the next night
 
 
@@ -74,10 +72,7 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, 
     alone. Its fragments are cut into groups of at most one target fragment (rows and bytes), each
     one rewrite task, so no task rewrites a whole partition."""
     metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
-    # 2-3 small reads per fragment, ~1,000 fragments per table at 1B rows: in parallel, as object
-    # storage wants (Lance reads release the GIL), not one round trip after another
-    with ThreadPoolExecutor(max_workers=KEY_READERS) as pool:
-        keys_of = dict(zip(metas, pool.map(lambda i: fragment_keys(ds, i, columns), metas)))
+    keys_of = {i: fragment_keys(ds, i, columns) for i in metas}
     pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
     shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
     for fragment_id, keys in keys_of.items():
