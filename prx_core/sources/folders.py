@@ -66,9 +66,12 @@ def folder_leaf_keys(names: Iterable[str]) -> dict[str, str]:
     return keys
 
 
-def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None,
+                names: tuple[str | None, str | None] | None = None) -> Iterator[pa.RecordBatch]:
     """Image files of one folder with sidecar `<stem>.txt` (or `.caption`) captions; key = the
-    folder's path relative to the source root, then `folder_leaf_keys`."""
+    folder's path relative to the source root, then `folder_leaf_keys`. With `names` (lo, hi),
+    only the image files named from `lo` up to `hi` (excluded; None: open), a `samples` unit's
+    part of a big folder: keys and captions still come from the whole listing."""
     fs = filesystem_for(spec.uri, storage_options)
     remote = is_remote(spec.uri)
     rel = relative_folder(spec.uri, folder)
@@ -83,7 +86,10 @@ def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] |
     fs.invalidate_cache(folder)  # a worker's s3fs would keep every folder it ever read
     keys = folder_leaf_keys(entries)
     captions = FolderCaptions(fs, remote, spec.uri, spec.caption_column, rel, entries, set(keys))
+    lo, hi = names or (None, None)
     for name, leaf in keys.items():
+        if (lo is not None and name < lo) or (hi is not None and name >= hi):
+            continue
         key = posixpath.join(rel, leaf) if rel else leaf
         if not is_utf8(key):
             row = refused(printable_name(key), BAD_NAME, "file or folder name is not UTF-8")
