@@ -83,16 +83,20 @@ class FetchWindow:
         self._start()
         with self._changed:
             self.queued += len(jobs)
-        for job in jobs:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+        self._loop.call_soon_threadsafe(self._enqueue, jobs)  # one wake-up of the loop per batch, not per URL
         return jobs
 
-    def release(self, job: Job) -> None:
-        """The consumer emitted this job's row: its bytes no longer count."""
+    def _enqueue(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._queue.put_nowait(job)
+
+    def release(self, jobs: list[Job]) -> None:
+        """The consumer emitted these jobs' rows: their bytes no longer count."""
         with self._changed:
-            self.held -= job.size
-            job.size = 0
-        if self._loop is not None and not self._closed.is_set():
+            for job in jobs:
+                self.held -= job.size
+                job.size = 0
+        if jobs and self._loop is not None and not self._closed.is_set():
             self._loop.call_soon_threadsafe(self._budget.set)
 
     def over_budget(self) -> bool:
@@ -277,6 +281,7 @@ class _Pending:
         from prx_core.sources.download import describe
 
         start, count = self.emitted, upto - self.emitted
+        taken = []
         for i in range(start, upto):
             job = self.jobs.pop(i, None)
             if job is None:
@@ -286,7 +291,8 @@ class _Pending:
                 self.rows.images[i] = outcome.data
             else:
                 self.rows.refuse(i, outcome.reason, describe(outcome.cause, self.rows.urls[i]))
-            window.release(job)
+            taken.append(job)
+        window.release(taken)
         self.emitted = upto
         out = finish(self.batch.slice(start, count), self.rows.slice(start, count))
         for i in range(start, upto):

@@ -64,7 +64,7 @@ def fetch_http(urls: list[str], settings: Any, max_bytes: int) -> list[Fetched]:
     with FetchWindow(settings, max_bytes) as window:
         for job in window.submit(urls):
             out.append(job.wait())
-            window.release(job)
+            window.release([job])
     return out
 
 

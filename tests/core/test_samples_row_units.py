@@ -37,7 +37,7 @@ root, spec, point = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3])), 
 ray.init(address=sys.argv[2], log_to_driver=False, runtime_env={"env_vars": {"PRX_PAUSE_AT": point}})
 report = build_samples(spec, Storage(root), unit_rows=int(sys.argv[5]), unit_seconds=float(sys.argv[6]))
 print(json.dumps({"rows": report.rows, "rejected": report.rejected, "reasons": report.reasons,
-                  "failed": report.units.failed(), "units": len(report.units.summaries)}))
+                  "failed": report.units.failed(), "units": report.units.units}))
 """
 
 
@@ -49,13 +49,14 @@ def server():
 
 
 def url_for(server, i: int) -> str:
-    """1 row in 100 a real image, 9 a 404, the rest a private address the source may not reach
-    (refused before any request): every row must end as a sample or a reject with its reason."""
+    """1 row in 100 a real image, 4 a 404, 15 a private address the source may not reach (refused
+    before any request), the rest no URL at all (refused as it is read: a 2-core test has no time
+    for 200k requests): every row must end as a sample or a reject with its reason."""
     if i % 100 == 0:
         return server.url(f"/photo/tiny/{i}")
-    if i % 100 < 10:
+    if i % 100 < 5:
         return server.url(f"/missing/{i}")
-    return f"http://10.0.0.1/images/{i}.jpg"
+    return f"http://10.0.0.1/images/{i}.jpg" if i % 100 < 20 else ""
 
 
 def url_table(folder: Path, server, rows: int, row_group: int) -> SourceSpec:
@@ -75,7 +76,7 @@ def partition_keys(root: str, table: str) -> list[str]:
 
 def test_a_200k_url_table_is_many_units_and_every_row_a_sample_or_a_reject(tmp_path: Path, server,
                                                                            ray_cluster) -> None:
-    spec = url_table(tmp_path / "laion", server, ROWS, row_group=25_000)
+    spec = url_table(tmp_path / "laion", server, ROWS, row_group=20_000)
     assert len(group_fragments(fragment_sizes(spec), UNIT_BYTES)) == 1  # by bytes: one unit of 200k fetches
     default = plan_units(spec, None, UNIT_BYTES, UNIT_ROWS, UNIT_FILES)
     assert len(default.units) == 2 and {u.rows for u in default.units} == {UNIT_ROWS}
@@ -84,9 +85,9 @@ def test_a_200k_url_table_is_many_units_and_every_row_a_sample_or_a_reject(tmp_p
 
     root = str(tmp_path / "corpus")
     report = build_samples(spec, Storage(root), unit_rows=10_000)
-    assert len(report.units.summaries) == 20 and report.units.failed() == []
+    assert report.units.units == 20 and report.units.failed() == []
     assert report.rows + report.rejected == ROWS
-    assert report.reasons == {"download_error": 18_000, "url_not_allowed": 180_000}, report.reasons
+    assert report.reasons == {"download_error": 168_000, "url_not_allowed": 30_000}, report.reasons
     samples, rejects = partition_keys(root, "samples"), partition_keys(root, "rejects")
     assert len(samples) == 2_000 and len(samples) + len(rejects) == ROWS
     assert set(samples) | set(rejects) == {f"urls:{i}" for i in range(ROWS)}  # default keys: the cut is invisible
@@ -109,7 +110,7 @@ def test_a_unit_that_keeps_failing_costs_only_its_own_rows(tmp_path: Path, serve
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["units"] == 10 and report["failed"] == ["u000003"], report
-    assert report["rows"] + report["rejected"] == rows and report["reasons"]["unreadable_fragment"] == 2_000
+    assert report["rows"] + report["rejected"] == rows and report["reasons"]["unreadable_fragment"] == 2_000, report
     samples, rejects = partition_keys(root, "samples"), partition_keys(root, "rejects")
     assert len(samples) == 180 and set(samples) | set(rejects) == {f"urls:{i}" for i in range(rows)}
     lost = lance.dataset(Storage(root).lance_uri("rejects")).to_table(
@@ -148,7 +149,7 @@ def test_parts_of_a_folder_and_a_table_read_every_row_once(tmp_path: Path, ray_c
             for b in read_fragment(spec, f, None, None, u.spec.get("part")) for r in b.to_pylist()]
     assert sorted(keys) == sorted(["b", *(f"a/{i:04d}" for i in range(230))])
     report = build_samples(spec, Storage(str(tmp_path / "corpus")), unit_files=50)
-    assert (report.rows, report.rejected, len(report.units.summaries)) == (231, 0, 6)
+    assert (report.rows, report.rejected, report.units.units) == (231, 0, 6)
 
     table = tmp_path / "table"
     table.mkdir()
