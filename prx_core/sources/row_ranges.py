@@ -11,7 +11,7 @@ numbered from the file's start, so a default key (`<file>:<row>`) never depends 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -104,7 +104,7 @@ def covering(groups: list[int], start: int, stop: int) -> tuple[list[int], int]:
     return picked, start if first is None else first
 
 
-def clip(batches: Iterator[pa.RecordBatch], first: int, start: int, stop: int) -> Iterator[pa.RecordBatch]:
+def clip(batches: Iterable[pa.RecordBatch], first: int, start: int, stop: int) -> Iterator[pa.RecordBatch]:
     """The rows [start, stop) of `batches`, whose first row is file row `first`."""
     row = first
     for batch in batches:

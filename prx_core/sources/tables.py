@@ -217,7 +217,7 @@ def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | 
         meta = parquet.metadata
         groups, first = covering([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], *rows)
         check_row_groups(spec, meta, columns, path, groups)
-        batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, row_groups=groups) if groups else iter(())
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, row_groups=groups) if groups else ()
         yield from _batches(spec, clip(batches, first, *rows), where, first_row=rows[0])
 
 

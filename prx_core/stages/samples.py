@@ -1,7 +1,9 @@
 """Stage `samples`: ingest one source into the unified table, refusals into `rejects`.
 
 The source's files (parquet files, tar shards, image folders, Lance fragments) are grouped into
-units of about `unit_bytes`; one Ray task per unit reads them, validates every image and writes
+units of about `unit_bytes`, cut again where bytes mislead: a URL table into row ranges of at most
+`unit_rows` rows, an image folder into ranges of at most `unit_files` files
+(`prx_core.stages.samples_units`). One Ray task per unit reads them, validates every image and writes
 the accepted rows straight into uncommitted Lance fragments of up to a million rows (so a fresh
 table needs no compaction of its image bytes) and its refusals into `rejects` fragments. The
 driver holds one summary per unit and swaps the source's rows in one commit, so a crash at any
@@ -9,7 +11,8 @@ point leaves the previous version whole, and a rerun resumes from the recorded u
 
 A fragment that cannot be read is one `unreadable_fragment` reject (with the rows read before);
 a unit that keeps failing (a worker killed out of memory, a hang past `unit_seconds`) becomes
-one such reject per fragment of the unit, carrying the error, and the rest of the source goes on.
+one such reject per fragment of the unit (per row of a default-keyed row range), carrying the
+error, and the rest of the source goes on (`prx_core.stages.samples_losses`).
 A source that yields no sample fails its run with one line saying why (`SourceRefused`, built by
 `prx_core.stages.source_causes`), unless the run says `allow_empty`. When every sample was refused,
 the rejects are committed first (they are what the operator inspects) and the partition then holds
@@ -42,9 +45,10 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import read_fragment
 from prx_core.sources.row_ranges import range_label
-from prx_core.sources.tables import ReadGuard, table_key_prefix
+from prx_core.sources.tables import ReadGuard
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
 from prx_core.stages.report import StageReport
+from prx_core.stages.samples_losses import UNREADABLE_FRAGMENT, lost_unit, unreadable_fragment
 from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, group_fragments, plan_units
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
@@ -53,7 +57,6 @@ from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
-    reject_row,
     rejects_predicate,
     source_predicate,
     unit_outputs,
@@ -62,7 +65,6 @@ from prx_core.store.partitions import (
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_table
 
-UNREADABLE_FRAGMENT = "unreadable_fragment"
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
 FETCH_SHARE = 0.8  # of a unit's time limit spent fetching URLs at most; the rest decodes, writes and records
 
@@ -146,43 +148,14 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
     }
 
 
-def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception | str) -> pa.Table:
-    """One reject row standing for the unreadable rest of a source fragment (a corrupt parquet
-    file or tar shard, or a unit that kept failing): the run goes on, and the loss is visible
-    with its cause."""
-    name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."
-    cause = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    message = cause[:300] + f" (after {rows_read} rows)"
-    row = reject_row(f"{source}/{name}", source, name, None, "samples", UNREADABLE_FRAGMENT, message)
-    return pa.Table.from_pylist([row], schema=schemas.REJECTS)
-
-
 def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
     """On the driver, for a unit that kept failing: its fragments as `unreadable_fragment` rejects
     (nothing of it is kept: what its attempts wrote is never committed); a unit's row range of a
     table with default keys as one such reject per row, so every row of the source is accounted for."""
-    source, part = run.manifest.partition, unit.spec.get("part")
-    spec = SourceSpec.from_dict(run.manifest.params["spec"])
-    if part and isinstance(part[0], int) and not spec.key_column:
-        refused = lost_rows(spec, unit.spec["fragments"][0], part, message)
-    else:
-        refused = pa.concat_tables([unreadable_fragment(source, range_label(f, part), 0, message)
-                                    for f in unit.spec["fragments"]])
+    refused = lost_unit(SourceSpec.from_dict(run.manifest.params["spec"]), unit.spec, message)
     return {"rows": 0, "bytes": 0, "rejected": refused.num_rows, "reasons": {UNREADABLE_FRAGMENT: refused.num_rows},
             "source_fragments": len(unit.spec["fragments"]), "examples": examples_by_reason(refused),
             **unit_outputs(run.storage, "samples", [], write_rejects(run.storage, refused))}
-
-
-def lost_rows(spec: SourceSpec, fragment: str, rows: list[int], message: str) -> pa.Table:
-    """One `unreadable_fragment` reject per row of a table file's range, under the key its reader
-    gives it (`<file>:<row>`, `fragment<id>:<row>` for Lance)."""
-    stem = f"fragment{fragment}" if spec.format == "lance" else table_key_prefix(spec.uri, fragment)
-    keys = [f"{stem}:{row}" for row in range(*rows)]
-    cause = f"{message[:300]} (rows {rows[0]}-{rows[1]} of {fragment[-120:]})"
-    n = len(keys)
-    return schemas.table_of({"sample_id": [schemas.sample_id(spec.name, k) for k in keys], "source": [spec.name] * n,
-                             "source_key": keys, "stage": ["samples"] * n, "reason": [UNREADABLE_FRAGMENT] * n,
-                             "message": [cause] * n}, schemas.REJECTS)
 
 
 def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
@@ -267,8 +240,8 @@ SAMPLES = Stage(
 def build_samples(spec: SourceSpec, storage: Storage, progress: Throttle | None = None,
                   **settings: Any) -> SamplesReport:
     """Ingest `spec` (`run_partition` of SAMPLES): its rows in `samples` and its `samples`-stage rows
-    in `rejects` replaced; settings max_pixels, unit_bytes, max_caption_chars, unit_seconds (a unit
-    running longer is cancelled, its fragments become rejects) and allow_empty.
+    in `rejects` replaced; settings max_pixels, unit_bytes, unit_rows, unit_files, max_caption_chars,
+    unit_seconds (a unit running longer is cancelled, its fragments become rejects) and allow_empty.
 
     Unless `allow_empty`, a source that yields no sample raises `SourceRefused` (one line: why and
     the fix). Every sample refused: the rejects are committed, then it raises (the partition holds

@@ -153,10 +153,36 @@ def test_parts_of_a_folder_and_a_table_read_every_row_once(tmp_path: Path, ray_c
 
     table = tmp_path / "table"
     table.mkdir()
-    pq.write_table(pa.table({"image": [image] * 1_000, "n": list(range(1_000))}), table / "t.parquet", row_group_size=300)
+    pq.write_table(pa.table({"image": [image] * 1_000, "n": list(range(1_000))}), table / "t.parquet",
+                   row_group_size=300)
     whole = SourceSpec("t", "parquet", str(table), image_column="image")
     path = str(table / "t.parquet")
     ranges = [(0, 300), (300, 450), (450, 1_000), (999, 1_000)]
     got = {a: [r["source_key"] for b in read_fragment(whole, path, None, None, (a, z)) for r in b.to_pylist()]
            for a, z in ranges}
     assert all(got[a] == [f"t:{i}" for i in range(a, z)] for a, z in ranges)
+
+
+def test_a_big_folder_on_s3_is_read_in_name_ranges_many_files_at_once(s3_endpoint: dict, tmp_path: Path) -> None:
+    """On an object store each unit reads its range `REMOTE_READS` files at a time; rows stay in
+    name order and every file is read once."""
+    import boto3
+    import s3fs
+
+    image = jpeg(np.random.default_rng(2).integers(0, 255, (20, 20, 3), dtype=np.uint8))
+    root = tmp_path / "flat"
+    root.mkdir()
+    for i in range(120):
+        (root / f"{i:04d}.jpg").write_bytes(image)
+    (root / "0042.txt").write_text("caption 42")
+    boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket="flat")
+    s3fs.S3FileSystem(**s3_endpoint["storage_options"]).put(str(root), "flat/photos", recursive=True)
+    spec, options = SourceSpec("flat", "imagefolder", "s3://flat/photos"), s3_endpoint["storage_options"]
+    plan = plan_units(spec, options, UNIT_BYTES, UNIT_ROWS, 50)
+    assert [(u.rows, u.spec["part"]) for u in plan.units] == [(50, [None, "0050.jpg"]), (50, ["0050.jpg", "0100.jpg"]),
+                                                             (20, ["0100.jpg", None])]
+    rows = [r for u in plan.units for b in read_fragment(spec, u.spec["fragments"][0], options, None, u.spec["part"])
+            for r in b.to_pylist()]
+    assert [r["source_key"] for r in rows] == [f"{i:04d}" for i in range(120)]
+    assert all(r["image"] == image for r in rows) and rows[42]["caption"] == "caption 42"
