@@ -49,7 +49,7 @@ from prx_core.sources.tables import ReadGuard
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
 from prx_core.stages.report import StageReport
 from prx_core.stages.samples_losses import UNREADABLE_FRAGMENT, lost_unit, unreadable_fragment
-from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, group_fragments, plan_units
+from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, plan_units
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.stages.takedowns import taken_down_keys
