@@ -17,6 +17,8 @@ from prx_core.stages.entry import STAGES
 FIELDS: dict[str, tuple[str, str]] = {  # resource field -> (stage, its setting)
     "samples_bytes": ("samples", "unit_bytes"),
     "samples_seconds": ("samples", "unit_seconds"),
+    "samples_rows": ("samples", "unit_rows"),
+    "samples_files": ("samples", "unit_files"),
     "buckets_rows": ("buckets", "unit_rows"),
     "phashes_rows": ("phashes", "unit_rows"),
     "captions_rows": ("captions", "unit_rows"),
@@ -45,6 +47,8 @@ class UnitsResource(dg.ConfigurableResource):
 
     samples_bytes: int = unit_field("samples_bytes")
     samples_seconds: float = unit_field("samples_seconds")
+    samples_rows: int = unit_field("samples_rows")
+    samples_files: int = unit_field("samples_files")
     buckets_rows: int = unit_field("buckets_rows")
     phashes_rows: int = unit_field("phashes_rows")
     captions_rows: int = unit_field("captions_rows")

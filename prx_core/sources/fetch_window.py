@@ -84,16 +84,20 @@ class FetchWindow:
         self._start()
         with self._changed:
             self.queued += len(jobs)
-        for job in jobs:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, job)
+        self._loop.call_soon_threadsafe(self._enqueue, jobs)  # one wake-up of the loop per batch, not per URL
         return jobs
 
-    def release(self, job: Job) -> None:
-        """The consumer emitted this job's row: its bytes no longer count."""
+    def _enqueue(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self._queue.put_nowait(job)
+
+    def release(self, jobs: list[Job]) -> None:
+        """The consumer emitted these jobs' rows: their bytes no longer count."""
         with self._changed:
-            self.held -= job.size
-            job.size = 0
-        if self._loop is not None and not self._closed.is_set():
+            for job in jobs:
+                self.held -= job.size
+                job.size = 0
+        if jobs and self._loop is not None and not self._closed.is_set():
             self._loop.call_soon_threadsafe(self._budget.set)
 
     def over_budget(self) -> bool:
@@ -258,7 +262,7 @@ def fetch_http(urls: list[str], settings: Any, max_bytes: int) -> list[Fetched]:
     with FetchWindow(settings, max_bytes) as window:
         for job in window.submit(urls):
             out.append(job.wait())
-            window.release(job)
+            window.release([job])
     return out
 
 
@@ -286,6 +290,7 @@ class _Pending:
              ) -> pa.RecordBatch:
         """Rows `emitted`..`upto` with their fetched bytes (or rejects), through `finish`."""
         start, count = self.emitted, upto - self.emitted
+        taken = []
         for i in range(start, upto):
             job = self.jobs.pop(i, None)
             if job is None:
@@ -295,7 +300,8 @@ class _Pending:
                 self.rows.images[i] = outcome.data
             else:
                 self.rows.refuse(i, outcome.reason, describe(outcome.cause, self.rows.urls[i]))
-            window.release(job)
+            taken.append(job)
+        window.release(taken)
         self.emitted = upto
         out = finish(self.batch.slice(start, count), self.rows.slice(start, count))
         for i in range(start, upto):

@@ -39,16 +39,18 @@ class FolderEntry:
     digest: str  # of its files' names and sizes: changes when any of them does
     link: bool = False  # a symbolically linked directory, not walked: a fragment of its own (one reject)
     image_files: int = 0  # its image files: the source's records (raw_source's row count)
+    cuts: tuple[str, ...] = ()  # every `cut_every`-th image file's name (sorted): where `samples` may cut it
 
 
 def walk_folders(uri: str, storage_options: dict[str, Any] | None, batch: int = WALK_BATCH,
-                 threads: int = WALK_THREADS) -> list[FolderEntry]:
-    """Every folder under `uri` (itself included), sorted by path."""
+                 threads: int = WALK_THREADS, cut_every: int = 0) -> list[FolderEntry]:
+    """Every folder under `uri` (itself included), sorted by path; with `cut_every`, each folder
+    of more image files names every `cut_every`-th of them (`FolderEntry.cuts`)."""
     out: list[FolderEntry] = []
     level = [uri]
     while level:
         below: list[str] = []
-        for entries, subfolders in list_level(uri, storage_options, chunk(level, batch), threads):
+        for entries, subfolders in list_level(uri, storage_options, chunk(level, batch), threads, cut_every):
             out.extend(entries)
             below.extend(subfolders)
         level = sorted(below)
@@ -56,36 +58,38 @@ def walk_folders(uri: str, storage_options: dict[str, Any] | None, batch: int = 
 
 
 def list_level(uri: str, storage_options: dict[str, Any] | None, batches: list[list[str]],
-               threads: int) -> Iterator[tuple[list[FolderEntry], list[str]]]:
+               threads: int, cut_every: int = 0) -> Iterator[tuple[list[FolderEntry], list[str]]]:
     """`list_batch` over `batches`, on the Ray cluster when one is up, else on threads."""
     if on_cluster() and len(batches) > 1:
-        calls = [(uri, storage_options, folders) for folders in batches]
+        calls = [(uri, storage_options, folders, cut_every) for folders in batches]
         for _, result in imap_tasks(list_batch, calls, num_cpus=WALK_CPUS):
             yield result
         return
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(batches)))) as pool:
-        yield from pool.map(lambda folders: list_batch(uri, storage_options, folders), batches)
+        yield from pool.map(lambda folders: list_batch(uri, storage_options, folders, cut_every), batches)
 
 
-def list_batch(uri: str, storage_options: dict[str, Any] | None,
-               folders: list[str]) -> tuple[list[FolderEntry], list[str]]:
+def list_batch(uri: str, storage_options: dict[str, Any] | None, folders: list[str],
+               cut_every: int = 0) -> tuple[list[FolderEntry], list[str]]:
     """List `folders` (a worker's share of one level): their entries, and the folders below them."""
     fs = filesystem_for(uri, storage_options)
     prefix = uri.split("://", 1)[0] + "://" if is_remote(uri) else ""
     entries: list[FolderEntry] = []
     below: list[str] = []
     for folder in folders:
-        entry, subfolders, links = list_one(fs, prefix, folder)
+        entry, subfolders, links = list_one(fs, prefix, folder, cut_every)
         entries.append(entry)
         entries.extend(links)
         below.extend(subfolders)
     return entries, below
 
 
-def list_one(fs: Any, prefix: str, folder: str) -> tuple[FolderEntry, list[str], list[FolderEntry]]:
+def list_one(fs: Any, prefix: str, folder: str,
+             cut_every: int = 0) -> tuple[FolderEntry, list[str], list[FolderEntry]]:
     """One folder's listing reduced to its entry, its subfolders and its linked directories."""
     digest = hashlib.sha256()
     images = files = size = count = 0
+    cuts: list[str] = []
     subfolders: list[str] = []
     links: list[FolderEntry] = []
     listing = fs.ls(folder, detail=True)
@@ -103,9 +107,12 @@ def list_one(fs: Any, prefix: str, folder: str) -> tuple[FolderEntry, list[str],
         bytes_ = int(info.get("size") or 0)
         files, size = files + 1, size + bytes_
         images += (bytes_ or 1) if is_image else 0
+        if is_image and cut_every and count and count % cut_every == 0:
+            cuts.append(name.rsplit("/", 1)[-1])
         count += is_image
         digest.update(printable_name(f"{name.rsplit('/', 1)[-1]}\t{bytes_}\n").encode())
-    return FolderEntry(folder, images, files, size, digest.hexdigest()[:16], image_files=count), subfolders, links
+    entry = FolderEntry(folder, images, files, size, digest.hexdigest()[:16], image_files=count, cuts=tuple(cuts))
+    return entry, subfolders, links
 
 
 def fragments_of(entries: list[FolderEntry]) -> list[tuple[str, int]]:

@@ -44,6 +44,7 @@ from prx_core.sources.records import (
 from prx_core.store.storage import filesystem_for, is_remote
 
 Refusal = tuple[str, str]
+REMOTE_READS = 16  # files of a remote folder read at once by one unit
 
 
 def extension(name: str) -> str:
@@ -66,9 +67,12 @@ def folder_leaf_keys(names: Iterable[str]) -> dict[str, str]:
     return keys
 
 
-def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None) -> Iterator[pa.RecordBatch]:
+def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] | None,
+                names: tuple[str | None, str | None] | None = None) -> Iterator[pa.RecordBatch]:
     """Image files of one folder with sidecar `<stem>.txt` (or `.caption`) captions; key = the
-    folder's path relative to the source root, then `folder_leaf_keys`."""
+    folder's path relative to the source root, then `folder_leaf_keys`. With `names` (lo, hi),
+    only the image files named from `lo` up to `hi` (excluded; None: open), a `samples` unit's
+    part of a big folder: keys and captions still come from the whole listing."""
     fs = filesystem_for(spec.uri, storage_options)
     remote = is_remote(spec.uri)
     rel = relative_folder(spec.uri, folder)
@@ -83,14 +87,34 @@ def read_folder(spec: SourceSpec, folder: str, storage_options: dict[str, Any] |
     fs.invalidate_cache(folder)  # a worker's s3fs would keep every folder it ever read
     keys = folder_leaf_keys(entries)
     captions = FolderCaptions(fs, remote, spec.uri, spec.caption_column, rel, entries, set(keys))
-    for name, leaf in keys.items():
+    lo, hi = names or (None, None)
+    wanted = [(name, leaf) for name, leaf in keys.items()
+              if (lo is None or name >= lo) and (hi is None or name < hi)]
+
+    def read_one(item: tuple[str, str]) -> dict[str, Any]:
+        name, leaf = item
         key = posixpath.join(rel, leaf) if rel else leaf
         if not is_utf8(key):
-            row = refused(printable_name(key), BAD_NAME, "file or folder name is not UTF-8")
-        else:
-            row = read_sample(fs, remote, spec, key, entries, name, captions)
+            return refused(printable_name(key), BAD_NAME, "file or folder name is not UTF-8")
+        return read_sample(fs, remote, spec, key, entries, name, captions)
+
+    for row in in_order(read_one, wanted, REMOTE_READS if remote else 1):
         yield from batches.add(row)
     yield from batches.flush()
+
+
+def in_order(read: Callable[[Any], dict[str, Any]], items: list[Any], threads: int) -> Iterator[dict[str, Any]]:
+    """`read` of each item, in order; with `threads` > 1, that many at once (an object store's
+    GETs wait on the network: one after another, a folder of 100k files is hours), holding at
+    most `threads` results: bounded by `threads` x the source's `max_image_bytes`."""
+    if threads <= 1:
+        yield from map(read, items)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, "prx-folder-read") as pool:
+        for at in range(0, len(items), threads):
+            yield from pool.map(read, items[at:at + threads])
 
 
 def read_sample(fs: Any, remote: bool, spec: SourceSpec, key: str, entries: dict[str, dict[str, Any]],

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.sources.catalog import CatalogError, SourceSpec
-from prx_core.sources.folder_walk import fingerprint_lines, fragments_of, list_folders, walk_folders
+from prx_core.sources.folder_walk import FolderEntry, fingerprint_lines, fragments_of, walk_folders
 from prx_core.sources.folders import read_folder, relative_folder
 from prx_core.sources.hf_datasets import is_data_file, read_huggingface
 from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
@@ -29,7 +29,7 @@ from prx_core.sources.tars import is_shard, read_webdataset
 from prx_core.store.storage import filesystem_for, is_remote
 
 __all__ = ["RECORD_SCHEMA", "IMAGE_EXTENSIONS", "CAPTION_EXTENSIONS", "BATCH_ROWS", "list_fragments",
-           "fragment_sizes", "read_fragment", "read_source", "observe_source", "table_key_prefix"]
+           "fragment_sizes", "folder_entries", "read_fragment", "read_source", "observe_source", "table_key_prefix"]
 
 
 def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -49,6 +49,8 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
         dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         return [(str(f.fragment_id), sum(int(d.file_size_bytes or 0) for d in f.metadata.files))
                 for f in sorted(dataset.get_fragments(), key=lambda f: f.fragment_id)]
+    if spec.format == "imagefolder":
+        return fragments_of(folder_entries(spec, storage_options))
     fs = filesystem_for(spec.uri, storage_options)
     if not fs.exists(spec.uri):  # an empty listing would otherwise ingest nothing, silently
         raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
@@ -58,26 +60,39 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
         return _data_sizes(spec, fs, is_shard, ".tar shard")
     if spec.format == "huggingface":
         return _data_sizes(spec, fs, is_data_file, ".arrow or .parquet file")
-    if spec.format == "imagefolder":
-        return list_folders(spec.uri, storage_options)
     raise ValueError(f"unknown source format {spec.format!r}")
 
 
+def folder_entries(spec: SourceSpec, storage_options: dict[str, Any] | None = None,
+                   cut_every: int = 0) -> list[FolderEntry]:
+    """An image folder's walk, one record per folder (`prx_core.sources.folder_walk`); with
+    `cut_every`, where each folder of more image files may be cut (the `samples` planner's)."""
+    if not filesystem_for(spec.uri, storage_options).exists(spec.uri):
+        raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")
+    return walk_folders(spec.uri, storage_options, cut_every=cut_every)
+
+
 def read_fragment(
-    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None, guard: ReadGuard | None = None
+    spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None = None, guard: ReadGuard | None = None,
+    part: tuple[Any, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Stream one fragment as record batches of `RECORD_SCHEMA`. A fragment id that is not under
-    the source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's rows
+    """Stream one fragment as record batches of `RECORD_SCHEMA`, or the `part` of it a `samples`
+    unit reads: rows [start, stop) of a parquet file or Lance fragment, image files named from
+    `lo` up to `hi` (excluded; None: open) of a folder. A fragment id that is not under the
+    source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's rows
     `guard` names as taken down are refused before any fetch; its URLs not fetched by the guard's
     deadline are `not_fetched` rejects."""
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
+    ranged = {} if part is None else {"names" if spec.format == "imagefolder" else "rows": tuple(part)}
+    if part is not None and spec.format not in ("parquet", "lance", "imagefolder"):
+        raise ValueError(f"source {spec.name!r}: a {spec.format} fragment is read whole, not in parts")
     tables = {"parquet": read_parquet, "lance": read_lance, "huggingface": read_huggingface}
     if spec.format in tables:
-        yield from tables[spec.format](spec, fragment, storage_options, guard)
+        yield from tables[spec.format](spec, fragment, storage_options, guard, **ranged)
         return
     files = {"webdataset": read_webdataset, "imagefolder": read_folder}
-    yield from files[spec.format](spec, fragment, storage_options)
+    yield from files[spec.format](spec, fragment, storage_options, **ranged)
 
 
 def read_source(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:

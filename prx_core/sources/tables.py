@@ -31,10 +31,9 @@ from prx_core.sources.records import (
     TAKEN_DOWN_MESSAGE,
     SeenKeys,
 )
+from prx_core.sources.row_ranges import check_row_groups, clip, covering
 from prx_core.store.storage import filesystem_for, is_remote, lance_storage_options
 
-ROW_GROUP_MAX_BYTES = 4 << 30  # what one parquet row group may decode to in an ingest worker
-OTHER_COLUMNS_BYTES_PER_ROW = 1 << 20  # key, embedding and metadata columns of one row
 IMG2DATASET_ERROR = "error_message"  # the column img2dataset writes beside a row it could not fetch
 
 
@@ -203,33 +202,23 @@ def _check_sizes(spec: SourceSpec, rows: Rows) -> None:
 
 
 def read_parquet(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
-                 guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
+                 guard: ReadGuard | None = None, rows: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """A parquet file, or its rows [start, stop) (`rows`: a `samples` unit's range of a URL table,
+    `prx_core.sources.row_ranges`): only the row groups covering them are read."""
     fs = filesystem_for(path, storage_options)
     where = TableFile(table_key_prefix(spec.uri, path), path, storage_options, guard=guard or ReadGuard())
     with fs.open(path, "rb") as handle:
         parquet = pq.ParquetFile(handle)
         columns = _present(spec, parquet.schema_arrow.names, path, where)
-        check_row_groups(spec, parquet.metadata, columns, path)
-        yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where)
-
-
-def check_row_groups(spec: SourceSpec, metadata: pq.FileMetaData, columns: list[str], path: str) -> None:
-    """Refuse, from the footer and before decoding anything, a file whose row group would decode to
-    more than its rows may hold under the source's limits, or more than ROW_GROUP_MAX_BYTES (pyarrow
-    decodes a row group's columns whole: a 19 KiB zstd file can ask for gigabytes). The file then
-    becomes one `unreadable_fragment` reject naming the row group."""
-    wanted = {c.split(".", 1)[0] for c in columns}
-    per_row = spec.max_image_bytes + spec.max_caption_bytes + OTHER_COLUMNS_BYTES_PER_ROW
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
-                   if group.column(c).path_in_schema.split(".", 1)[0] in wanted)
-        allowed = min(group.num_rows * per_row, ROW_GROUP_MAX_BYTES)
-        if size > allowed:
-            raise ValueError(f"{path}: row group {g} would decode to {size} bytes for {group.num_rows} rows, over the "
-                             f"{allowed} its rows may hold (max_image_bytes + max_caption_bytes per row, at most "
-                             f"{ROW_GROUP_MAX_BYTES} per row group): refused before decoding; rewrite the file with "
-                             "smaller row groups if its images are legitimate")
+        if rows is None:
+            check_row_groups(spec, parquet.metadata, columns, path)
+            yield from _batches(spec, parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns), where)
+            return
+        meta = parquet.metadata
+        groups, first = covering([meta.row_group(g).num_rows for g in range(meta.num_row_groups)], *rows)
+        check_row_groups(spec, meta, columns, path, groups)
+        batches = parquet.iter_batches(batch_size=BATCH_ROWS, columns=columns, row_groups=groups) if groups else ()
+        yield from _batches(spec, clip(batches, first, *rows), where, first_row=rows[0])
 
 
 def read_arrow(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
@@ -259,22 +248,26 @@ def arrow_batches(handle: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
 
 
 def read_lance(spec: SourceSpec, fragment: str, storage_options: dict[str, Any] | None,
-               guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
+               guard: ReadGuard | None = None, rows: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """A Lance fragment, or its rows [start, stop) (a `samples` unit's range of a URL table)."""
     import lance
 
     dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
     where = TableFile(f"fragment{fragment}", spec.uri, storage_options, guard=guard or ReadGuard())
     columns = _present(spec, dataset.schema.names, spec.uri, where)
-    batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS)
-    yield from _batches(spec, batches, where)
+    ranged = {} if rows is None else {"offset": rows[0], "limit": rows[1] - rows[0]}
+    batches = dataset.get_fragment(int(fragment)).to_batches(columns=columns, batch_size=BATCH_ROWS, **ranged)
+    yield from _batches(spec, batches, where, first_row=rows[0] if rows else 0)
 
 
-def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile) -> Iterator[pa.RecordBatch]:
-    """The file's batches on `RECORD_SCHEMA`, in order, their URLs fetched in one sliding window."""
+def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFile,
+             first_row: int = 0) -> Iterator[pa.RecordBatch]:
+    """The file's batches on `RECORD_SCHEMA`, in order, their URLs fetched in one sliding window;
+    rows are numbered from `first_row` (a range's first row in its file)."""
     from prx_core.sources.fetch_window import FetchWindow
 
     def prepared() -> Iterator[tuple[pa.RecordBatch, Rows]]:
-        row, seen = 0, SeenKeys()
+        row, seen = first_row, SeenKeys()
         for batch in batches:
             yield batch, prepare(spec, batch, where, row, seen)
             row += batch.num_rows

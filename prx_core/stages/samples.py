@@ -1,7 +1,9 @@
 """Stage `samples`: ingest one source into the unified table, refusals into `rejects`.
 
 The source's files (parquet files, tar shards, image folders, Lance fragments) are grouped into
-units of about `unit_bytes`; one Ray task per unit reads them, validates every image and writes
+units of about `unit_bytes`, cut again where bytes mislead: a URL table into row ranges of at most
+`unit_rows` rows, an image folder into ranges of at most `unit_files` files
+(`prx_core.stages.samples_units`). One Ray task per unit reads them, validates every image and writes
 the accepted rows straight into uncommitted Lance fragments of up to a million rows (so a fresh
 table needs no compaction of its image bytes) and its refusals into `rejects` fragments. The
 driver holds one summary per unit and swaps the source's rows in one commit, so a crash at any
@@ -9,7 +11,8 @@ point leaves the previous version whole, and a rerun resumes from the recorded u
 
 A fragment that cannot be read is one `unreadable_fragment` reject (with the rows read before);
 a unit that keeps failing (a worker killed out of memory, a hang past `unit_seconds`) becomes
-one such reject per fragment of the unit, carrying the error, and the rest of the source goes on.
+one such reject per fragment of the unit (per row of a default-keyed row range), carrying the
+error, and the rest of the source goes on (`prx_core.stages.samples_losses`).
 A source that yields no sample fails its run with one line saying why (`SourceRefused`, built by
 `prx_core.stages.source_causes`), unless the run says `allow_empty`. When every sample was refused,
 the rejects are committed first (they are what the operator inspects) and the partition then holds
@@ -41,10 +44,13 @@ from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS, check_max_ch
 from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.joins import Joiner
-from prx_core.sources.readers import fragment_sizes, read_fragment
+from prx_core.sources.readers import read_fragment
+from prx_core.sources.row_ranges import range_label
 from prx_core.sources.tables import ReadGuard
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
 from prx_core.stages.report import StageReport
+from prx_core.stages.samples_losses import UNREADABLE_FRAGMENT, lost_unit, unreadable_fragment
+from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, plan_units
 from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.stages.takedowns import taken_down_keys
@@ -52,7 +58,6 @@ from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
-    reject_row,
     rejects_predicate,
     source_predicate,
     unit_outputs,
@@ -61,8 +66,6 @@ from prx_core.store.partitions import (
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_table
 
-UNREADABLE_FRAGMENT = "unreadable_fragment"
-UNIT_BYTES = 64 << 30  # ~1M images of 64 KB: one unit, one Lance fragment, ~an hour of one core
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
 FETCH_SHARE = 0.8  # of a unit's time limit spent fetching URLs at most; the rest decodes, writes and records
 
@@ -98,23 +101,6 @@ class SamplesReport(StageReport):
         return (self.rows + self.rejected) / max(self.seconds, 1e-9)
 
 
-def group_fragments(sizes: list[tuple[str, int]], unit_bytes: int) -> list[Unit]:
-    """Consecutive source fragments grouped into units of about `unit_bytes` (a bigger fragment is
-    a unit of its own): the same listing always gives the same units."""
-    units: list[Unit] = []
-    group: list[str] = []
-    size = 0
-    for fragment, nbytes in sizes:
-        if group and size + nbytes > unit_bytes:
-            units.append(Unit(f"u{len(units):06d}", 0, {"fragments": group}))
-            group, size = [], 0
-        group.append(fragment)
-        size += nbytes
-    if group:
-        units.append(Unit(f"u{len(units):06d}", 0, {"fragments": group}))
-    return units
-
-
 def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> dict[str, Any]:
     """Ray task: read a group of source fragments, write its samples and rejects as Lance fragments
     (no commit). A corrupt file becomes one reject row for what could not be read. URLs stop being
@@ -130,12 +116,15 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
     rejects: list[pa.Table] = []
     counts: Counter[str] = Counter()
 
+    part = tuple(unit.spec["part"]) if unit.spec.get("part") else None  # a range of its one fragment
+
     def accepted() -> Iterator[pa.RecordBatch]:
+        pause_point(f"samples:unit:{unit.id}")  # fault tests: a hang
         for fragment in unit.spec["fragments"]:
             read = 0
             pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
-                for batch in read_fragment(spec, fragment, storage.storage_options, guard):
+                for batch in read_fragment(spec, fragment, storage.storage_options, guard, part):
                     samples, refused = ingest_batch(spec.name, joiner.join(batch), params["max_pixels"],
                                                     params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts,
                                                     guard.taken_down)
@@ -144,7 +133,7 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
                     counts.update(rows=samples.num_rows, bytes=int(pc.sum(samples["num_bytes"]).as_py() or 0))
                     yield from samples.to_batches()
             except Exception as exc:  # keep what was read, record the rest as lost
-                rejects.append(unreadable_fragment(spec.name, fragment, read, exc))
+                rejects.append(unreadable_fragment(spec.name, range_label(fragment, part), read, exc))
 
     uri = storage.lance_uri("samples")
     reader = pa.RecordBatchReader.from_batches(schemas.SAMPLES, accepted())
@@ -160,22 +149,11 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
     }
 
 
-def unreadable_fragment(source: str, fragment: str, rows_read: int, exc: Exception | str) -> pa.Table:
-    """One reject row standing for the unreadable rest of a source fragment (a corrupt parquet
-    file or tar shard, or a unit that kept failing): the run goes on, and the loss is visible
-    with its cause."""
-    name = fragment if len(fragment) < 200 else f"{fragment[:180]}..."
-    cause = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-    message = cause[:300] + f" (after {rows_read} rows)"
-    row = reject_row(f"{source}/{name}", source, name, None, "samples", UNREADABLE_FRAGMENT, message)
-    return pa.Table.from_pylist([row], schema=schemas.REJECTS)
-
-
 def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
     """On the driver, for a unit that kept failing: its fragments as `unreadable_fragment` rejects
-    (nothing of it is kept: what its attempts wrote is never committed)."""
-    source = run.manifest.partition
-    refused = pa.concat_tables([unreadable_fragment(source, f, 0, message) for f in unit.spec["fragments"]])
+    (nothing of it is kept: what its attempts wrote is never committed); a unit's row range of a
+    table with default keys as one such reject per row, so every row of the source is accounted for."""
+    refused = lost_unit(SourceSpec.from_dict(run.manifest.params["spec"]), unit.spec, message)
     return {"rows": 0, "bytes": 0, "rejected": refused.num_rows, "reasons": {UNREADABLE_FRAGMENT: refused.num_rows},
             "source_fragments": len(unit.spec["fragments"]), "examples": examples_by_reason(refused),
             **unit_outputs(run.storage, "samples", [], write_rejects(run.storage, refused))}
@@ -196,8 +174,10 @@ def pin_source(run: StageRun) -> dict[str, str]:
         joins = stage_joins(spec, run.storage, run.progress)
     except JoinStagingError as exc:  # one line: the source, the table, the fix
         raise SourceRefused(str(exc)) from exc
-    sizes = fragment_sizes(spec, run.storage.storage_options)
-    run.state["units"], run.state["listed"] = group_fragments(sizes, run["unit_bytes"]), len(sizes)
+    plan = plan_units(spec, run.storage.storage_options, run["unit_bytes"], run["unit_rows"], run["unit_files"])
+    sizes = plan.sizes
+    run.state["units"], run.state["listed"] = plan.units, len(sizes)
+    run.params.update(plan.pinned)  # unit_rows, unit_files: in the manifest only where they cut a unit
     run.params["spec"] = spec.to_dict()  # what the workers read (the manifest is JSON)
     if joins:
         run.params["joins"] = joins
@@ -238,15 +218,21 @@ def report_samples(run: StageRun) -> SamplesReport:
 SAMPLES = Stage(
     "samples", reads=("raw_source",), writes=("samples", "rejects"), code_version="2", report_type=SamplesReport,
     settings={"spec": required(SourceSpec), "max_pixels": DEFAULT_MAX_PIXELS, "unit_bytes": UNIT_BYTES,
-              "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS, "unit_seconds": UNIT_SECONDS, "allow_empty": False},
+              "unit_rows": UNIT_ROWS, "unit_files": UNIT_FILES, "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS,
+              "unit_seconds": UNIT_SECONDS, "allow_empty": False},
     unit_sizes=(
         UnitSize("unit_bytes", "Source bytes per ingest unit; one unit writes ~one Lance fragment, so this sets "
                                "fragment size (~1M rows at 64 KB per image)."),
+        UnitSize("unit_rows", "URLs per ingest unit of a URL table (url_column; parquet or Lance): a unit of more "
+                              "is cut into row ranges (at row groups where they fall inside), so fetching one "
+                              "unit (~1 h at 30 images/s) stays far under unit_seconds."),
+        UnitSize("unit_files", "Image files per ingest unit of an image folder: a unit of more is cut into "
+                               "ranges of file names (a big folder into several units)."),
         UnitSize("unit_seconds", "Time limit of one ingest unit, retries included: a unit still running (a hang, "
                                  "a worker killed out of memory again and again) is cancelled and its source files "
                                  "become unreadable_fragment rejects."),
     ),
-    unpinned=("unit_seconds", "allow_empty"),
+    unpinned=("unit_seconds", "allow_empty", "unit_rows", "unit_files"),  # the last two: pinned where they cut
     pin=pin_source, work=ingest_units, commit=commit_samples, report=report_samples,
     reusable=lambda report: report.rows > 0,  # the listing and settings as last committed: nothing to re-ingest
 )
@@ -257,8 +243,8 @@ WIRE_TYPES = wire.register_all(SamplesReport, SourceSpec, JoinSpec, DownloadSett
 def build_samples(spec: SourceSpec, storage: Storage, progress: Throttle | None = None,
                   **settings: Any) -> SamplesReport:
     """Ingest `spec` (`run_partition` of SAMPLES): its rows in `samples` and its `samples`-stage rows
-    in `rejects` replaced; settings max_pixels, unit_bytes, max_caption_chars, unit_seconds (a unit
-    running longer is cancelled, its fragments become rejects) and allow_empty.
+    in `rejects` replaced; settings max_pixels, unit_bytes, unit_rows, unit_files, max_caption_chars,
+    unit_seconds (a unit running longer is cancelled, its fragments become rejects) and allow_empty.
 
     Unless `allow_empty`, a source that yields no sample raises `SourceRefused` (one line: why and
     the fix). Every sample refused: the rejects are committed, then it raises (the partition holds

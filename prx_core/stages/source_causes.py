@@ -33,7 +33,7 @@ HINTS: dict[str, str] = {
                       "(each reject's message has the HTTP status or error)",
     "download_timeout": "every fetch timed out: check the workers' network, or raise `download` timeouts",
     "not_fetched": "the ingest unit's time for fetching ran out before these URLs were fetched: raise "
-                   "`units.samples_seconds`, make units smaller (`units.samples_bytes`) or fetch more at once "
+                   "`units.samples_seconds`, make units smaller (`units.samples_rows`) or fetch more at once "
                    "(`download.concurrency`); a re-ingest fetches them again",
     "opted_out": "every server opted out of AI use (X-Robots-Tag noai/noimageai): these images are not taken",
     "url_not_allowed": "the URLs point at addresses, objects or files this source may not reach (non-public "
@@ -55,7 +55,8 @@ HINTS: dict[str, str] = {
 }
 # an unreadable_fragment whose unit ran past its time limit: no format problem
 TIME_LIMIT_HINT = ("the ingest unit ran past its time limit and was cancelled: raise `units.samples_seconds` or make "
-                   "units smaller (`units.samples_bytes`)")
+                   "units smaller (`units.samples_bytes`; a URL table's `units.samples_rows`, an image folder's "
+                   "`units.samples_files`)")
 # where a source's images are files (not a table column), these reasons mean something else
 FILE_FORMATS = ("imagefolder", "webdataset")
 FILE_HINTS: dict[str, str] = {

@@ -22,4 +22,4 @@ def test_a_configured_size_reaches_its_stage_only() -> None:
     assert units.settings("buckets") == {"unit_rows": 7}
     assert units.settings("mds_shards") == {"route_rows": STAGES["mds_shards"].settings["route_rows"], "chunk_rows": 11}
     assert units.settings("phashes") == {"unit_rows": STAGES["phashes"].settings["unit_rows"]}
-    assert set(units.settings("samples")) == {"unit_bytes", "unit_seconds"}
+    assert set(units.settings("samples")) == {"unit_bytes", "unit_seconds", "unit_rows", "unit_files"}

@@ -21,7 +21,8 @@ from prx_core.sources.catalog import DownloadSettings, SourceSpec
 from prx_core.sources.download import url_metadata_columns
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.sources.robots import opt_out
-from prx_core.stages.samples import build_samples, group_fragments
+from prx_core.stages.samples import build_samples
+from prx_core.stages.samples_units import group_fragments
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
