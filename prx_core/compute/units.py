@@ -11,10 +11,14 @@ completion, a small JSON summary, under the corpus root:
                                                         scratch/          intermediate files
 
 An attempt is identified by its `Manifest` (asset, partition, pinned input versions, code
-version). Opening the same manifest again (a rerun, a Dagster retry) skips every recorded unit;
+version) without its `volatile` inputs: versions of shared tables that every other partition's
+runs move, whose content for this partition other pinned inputs digest. Opening a manifest of the
+same identity again (a rerun, a Dagster retry, a rerun after other sources moved the shared tables)
+skips every recorded unit, and the attempt goes on reading the volatile versions it first pinned;
 opening another one starts over and deletes the earlier attempts with their uncommitted outputs
-(what their records list under `outputs`). The driver holds one summary per unit, never rows;
-after its single commit it calls `UnitRun.finish()`, which forgets the attempt.
+(what their records list under `outputs`) but those `spare` says a reader may hold (a chunk a
+published index names). The driver holds one summary per unit, never rows; after its single
+commit it calls `UnitRun.finish()`, which forgets the attempt.
 Anchor: LanceDB Geneva checkpoints each batch of a backfill and skips finished ones on resume.
 """
 
@@ -52,6 +56,9 @@ class Manifest:
     inputs: Mapping[str, Any]  # pinned input versions (Lance versions, a source fingerprint)
     code_version: str
     params: Mapping[str, Any] = field(default_factory=dict)  # unit sizes and other knobs that shape units
+    # inputs the identity leaves out: shared tables' versions that other partitions' runs move, whose
+    # content for this partition other inputs digest (a partition signature, the source's own runs)
+    volatile: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for what, name in (("asset", self.asset), ("partition", self.partition)):
@@ -59,8 +66,12 @@ class Manifest:
                 raise ValueError(f"{what} {name!r} must match [a-z0-9_]+")
 
     def digest(self) -> str:
-        payload = json.dumps(asdict(self), sort_keys=True, default=str)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        """The attempt's identity: everything but the volatile inputs (and without a volatile input,
+        the digest manifests always had: attempts and reuse records made before stay valid)."""
+        payload = asdict(self)
+        del payload["volatile"]
+        payload["inputs"] = {k: v for k, v in self.inputs.items() if k not in self.volatile}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -92,17 +103,24 @@ class UnitRun:
                                 "scratch", *parts)
 
     @classmethod
-    def open(cls, storage: Storage, manifest: Manifest) -> UnitRun:
-        """Resume the attempt of `manifest`, or start one after removing every other attempt of
-        the same (asset, partition) together with its uncommitted outputs."""
+    def open(cls, storage: Storage, manifest: Manifest, spare: Callable[[str], bool] | None = None) -> UnitRun:
+        """Resume the attempt of `manifest`'s identity, or start one after removing every other
+        attempt of the same (asset, partition) together with its uncommitted outputs, but those
+        `spare(uri)` keeps (outputs a published reader may reference: retention removes them later).
+
+        A resumed attempt keeps the volatile versions it first pinned (its returned manifest holds
+        them): every unit of one attempt reads one snapshot of each shared table, so units done
+        before a crash and units done after it join the same rows, and the versions retention
+        keeps for the attempt (`run.json`) are the ones it reads."""
         fs = storage.filesystem()
         base = storage.uri(RUNS, manifest.asset, manifest.partition)
         state = storage.uri(RUNS, manifest.asset, manifest.partition, manifest.digest(), "run.json")
         fs.invalidate_cache()
         if fs.exists(state):
-            return cls(storage, manifest, json.loads(fs.cat_file(state))["token"])
+            record = json.loads(fs.cat_file(state))
+            return cls(storage, resumed(manifest, record["manifest"].get("inputs", {})), record["token"])
         for other in _children(fs, base):
-            _discard(fs, other)
+            _discard(fs, other, spare)
         run = cls(storage, manifest, uuid.uuid4().hex[:12])
         payload = {"manifest": asdict(manifest), "token": run.token, "started": time.time()}
         put_atomic(fs, state, json.dumps(payload, sort_keys=True, default=str).encode())
@@ -162,6 +180,13 @@ class UnitRun:
         fs = self.storage.filesystem()
         put_atomic(fs, _join(self.uri, COMMITTED), b"")
         fs.rm(self.uri, recursive=True)
+
+
+def resumed(manifest: Manifest, pinned: Mapping[str, Any]) -> Manifest:
+    """`manifest` with the volatile inputs the resumed attempt pinned (`pinned`, from its run.json):
+    the rest of its inputs are equal by identity."""
+    kept = {k: pinned[k] for k in manifest.volatile if k in pinned and k in manifest.inputs}
+    return replace(manifest, inputs={**manifest.inputs, **kept}) if kept else manifest
 
 
 UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
@@ -302,9 +327,9 @@ def discard_attempt(fs: Any, attempt: str) -> None:
     _discard(fs, attempt)
 
 
-def _discard(fs: Any, attempt: str) -> None:
-    """Remove an abandoned attempt: its uncommitted outputs (listed by its records), then itself.
-    A committed attempt's outputs are live: only its folder goes."""
+def _discard(fs: Any, attempt: str, spare: Callable[[str], bool] | None = None) -> None:
+    """Remove an abandoned attempt: its uncommitted outputs (listed by its records) but those
+    `spare` keeps, then itself. A committed attempt's outputs are live: only its folder goes."""
     if not fs.exists(_join(attempt, COMMITTED)):
         for path in _children(fs, _join(attempt, "done")):
             try:
@@ -312,6 +337,6 @@ def _discard(fs: Any, attempt: str) -> None:
             except (ValueError, OSError):
                 continue
             for uri in outputs:
-                if fs.exists(uri):
+                if fs.exists(uri) and not (spare is not None and spare(uri)):
                     fs.rm(uri, recursive=True)
     fs.rm(attempt, recursive=True)
