@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prx_core.compute.actors import ModelHost, imap_actors
+from prx_core.compute.attempts import discard, join_path, list_children, stem
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
 from prx_core.compute.unit_results import UnitResults
@@ -119,8 +120,8 @@ class UnitRun:
         if fs.exists(state):
             record = json.loads(fs.cat_file(state))
             return cls(storage, resumed(manifest, record["manifest"].get("inputs", {})), record["token"])
-        for other in _children(fs, base):
-            _discard(fs, other, spare)
+        for other in list_children(fs, base):
+            discard(fs, other, spare)
         run = cls(storage, manifest, uuid.uuid4().hex[:12])
         payload = {"manifest": asdict(manifest), "token": run.token, "started": time.time()}
         put_atomic(fs, state, json.dumps(payload, sort_keys=True, default=str).encode())
@@ -133,22 +134,22 @@ class UnitRun:
         manifest discards those attempts)."""
         fs = storage.filesystem()
         summaries: list[dict[str, Any]] = []
-        for attempt in _children(fs, storage.uri(RUNS, asset, partition)):
-            if fs.exists(_join(attempt, COMMITTED)):
+        for attempt in list_children(fs, storage.uri(RUNS, asset, partition)):
+            if fs.exists(join_path(attempt, COMMITTED)):
                 continue
-            paths = [p for p in _children(fs, _join(attempt, "done")) if p.endswith(".json")]
+            paths = [p for p in list_children(fs, join_path(attempt, "done")) if p.endswith(".json")]
             summaries += [json.loads(data) for data in (fs.cat(paths) if paths else {}).values()]
         return summaries
 
     def record(self, unit_id: str, summary: Mapping[str, Any]) -> None:
-        put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
+        put_atomic(self.storage.filesystem(), join_path(self.uri, "done", f"{unit_id}.json"),
                    json.dumps(summary, sort_keys=True).encode())
 
     def mark_started(self, unit_id: str) -> float:
         """A marker: which units were running when a run died (the work a resume redoes). It holds
         when the unit first began in this pass (wall clock), which it returns: a unit Ray retries
         keeps counting its time limit from there, as the driver does."""
-        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        fs, marker = self.storage.filesystem(), join_path(self.uri, "started", unit_id)
         try:
             found = json.loads(fs.cat_file(marker))
             if found["pass"] == self.pass_id:
@@ -161,24 +162,24 @@ class UnitRun:
 
     def has_started(self, unit_id: str) -> bool:
         """Whether a worker began the unit (in this attempt or a run of it that died)."""
-        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        fs, marker = self.storage.filesystem(), join_path(self.uri, "started", unit_id)
         fs.invalidate_cache(marker)  # s3fs caches listings: a marker written since must be seen
         return fs.exists(marker)
 
     def started(self) -> set[str]:
-        return {_stem(p) for p in _children(self.storage.filesystem(), _join(self.uri, "started"))}
+        return {stem(p) for p in list_children(self.storage.filesystem(), join_path(self.uri, "started"))}
 
     def completed(self) -> dict[str, dict[str, Any]]:
         """Summaries of the recorded units, by unit id (one listing and one read per unit)."""
         fs = self.storage.filesystem()
-        paths = [p for p in _children(fs, _join(self.uri, "done")) if p.endswith(".json")]
+        paths = [p for p in list_children(fs, join_path(self.uri, "done")) if p.endswith(".json")]
         blobs = fs.cat(paths) if paths else {}
-        return {_stem(path): json.loads(data) for path, data in blobs.items()}
+        return {stem(path): json.loads(data) for path, data in blobs.items()}
 
     def finish(self) -> None:
         """After the commit: mark the attempt committed (its outputs are live now), then forget it."""
         fs = self.storage.filesystem()
-        put_atomic(fs, _join(self.uri, COMMITTED), b"")
+        put_atomic(fs, join_path(self.uri, COMMITTED), b"")
         fs.rm(self.uri, recursive=True)
 
 
@@ -304,39 +305,3 @@ def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHos
                    node=ray.get_runtime_context().get_node_id())
     run.record(unit.id, summary)
     return summary
-
-
-def _join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
-
-
-def _stem(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json")
-
-
-def _children(fs: Any, folder: str) -> list[str]:
-    fs.invalidate_cache()
-    if not fs.exists(folder):
-        return []
-    return sorted(fs.ls(folder, detail=False))
-
-
-def discard_attempt(fs: Any, attempt: str) -> None:
-    """Remove an abandoned attempt folder and its uncommitted outputs (a takedown's purge: only
-    with the attempt's partition lock held, so that no run is using it)."""
-    _discard(fs, attempt)
-
-
-def _discard(fs: Any, attempt: str, spare: Callable[[str], bool] | None = None) -> None:
-    """Remove an abandoned attempt: its uncommitted outputs (listed by its records) but those
-    `spare` keeps, then itself. A committed attempt's outputs are live: only its folder goes."""
-    if not fs.exists(_join(attempt, COMMITTED)):
-        for path in _children(fs, _join(attempt, "done")):
-            try:
-                outputs = json.loads(fs.cat_file(path)).get("outputs", [])
-            except (ValueError, OSError):
-                continue
-            for uri in outputs:
-                if fs.exists(uri) and not (spare is not None and spare(uri)):
-                    fs.rm(uri, recursive=True)
-    fs.rm(attempt, recursive=True)
