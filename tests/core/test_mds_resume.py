@@ -118,6 +118,7 @@ def test_a_crashed_run_resumes_after_another_source_moves_the_shared_tables(tmp_
     report = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=2)
     units = report.units[phase]
     redone = begun - set(recorded)  # begun before the crash, not recorded: run again
+    print(f"{phase}: {units.units} units, {units.skipped} skipped, {units.ran} ran, {len(redone)} redone")
     assert units.skipped == len(recorded) > 0 and units.ran == units.units - len(recorded)
     assert len(redone) <= 1  # at most one unit per worker (the ray_cluster has one CPU)
     for earlier in ("route", "chunks", "index")[:("route", "chunks", "index").index(phase)]:
