@@ -11,10 +11,14 @@ completion, a small JSON summary, under the corpus root:
                                                         scratch/          intermediate files
 
 An attempt is identified by its `Manifest` (asset, partition, pinned input versions, code
-version). Opening the same manifest again (a rerun, a Dagster retry) skips every recorded unit;
+version) without its `volatile` inputs: versions of shared tables that every other partition's
+runs move, whose content for this partition other pinned inputs digest. Opening a manifest of the
+same identity again (a rerun, a Dagster retry, a rerun after other sources moved the shared tables)
+skips every recorded unit, and the attempt goes on reading the volatile versions it first pinned;
 opening another one starts over and deletes the earlier attempts with their uncommitted outputs
-(what their records list under `outputs`). The driver holds one summary per unit, never rows;
-after its single commit it calls `UnitRun.finish()`, which forgets the attempt.
+(what their records list under `outputs`) but those `spare` says a reader may hold (a chunk a
+published index names). The driver holds one summary per unit, never rows; after its single
+commit it calls `UnitRun.finish()`, which forgets the attempt.
 Anchor: LanceDB Geneva checkpoints each batch of a backfill and skips finished ones on resume.
 """
 
@@ -31,6 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from prx_core.compute.actors import ModelHost, imap_actors
+from prx_core.compute.attempts import discard, join_path, list_children, stem
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import TaskFailed, Throttle, imap_tasks
 from prx_core.compute.unit_results import UnitResults
@@ -52,6 +57,9 @@ class Manifest:
     inputs: Mapping[str, Any]  # pinned input versions (Lance versions, a source fingerprint)
     code_version: str
     params: Mapping[str, Any] = field(default_factory=dict)  # unit sizes and other knobs that shape units
+    # inputs the identity leaves out: shared tables' versions that other partitions' runs move, whose
+    # content for this partition other inputs digest (a partition signature, the source's own runs)
+    volatile: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for what, name in (("asset", self.asset), ("partition", self.partition)):
@@ -59,8 +67,12 @@ class Manifest:
                 raise ValueError(f"{what} {name!r} must match [a-z0-9_]+")
 
     def digest(self) -> str:
-        payload = json.dumps(asdict(self), sort_keys=True, default=str)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        """The attempt's identity: everything but the volatile inputs (and without a volatile input,
+        the digest manifests always had: attempts and reuse records made before stay valid)."""
+        payload = asdict(self)
+        del payload["volatile"]
+        payload["inputs"] = {k: v for k, v in self.inputs.items() if k not in self.volatile}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -92,17 +104,24 @@ class UnitRun:
                                 "scratch", *parts)
 
     @classmethod
-    def open(cls, storage: Storage, manifest: Manifest) -> UnitRun:
-        """Resume the attempt of `manifest`, or start one after removing every other attempt of
-        the same (asset, partition) together with its uncommitted outputs."""
+    def open(cls, storage: Storage, manifest: Manifest, spare: Callable[[str], bool] | None = None) -> UnitRun:
+        """Resume the attempt of `manifest`'s identity, or start one after removing every other
+        attempt of the same (asset, partition) together with its uncommitted outputs, but those
+        `spare(uri)` keeps (outputs a published reader may reference: retention removes them later).
+
+        A resumed attempt keeps the volatile versions it first pinned (its returned manifest holds
+        them): every unit of one attempt reads one snapshot of each shared table, so units done
+        before a crash and units done after it join the same rows, and the versions retention
+        keeps for the attempt (`run.json`) are the ones it reads."""
         fs = storage.filesystem()
         base = storage.uri(RUNS, manifest.asset, manifest.partition)
         state = storage.uri(RUNS, manifest.asset, manifest.partition, manifest.digest(), "run.json")
         fs.invalidate_cache()
         if fs.exists(state):
-            return cls(storage, manifest, json.loads(fs.cat_file(state))["token"])
-        for other in _children(fs, base):
-            _discard(fs, other)
+            record = json.loads(fs.cat_file(state))
+            return cls(storage, resumed(manifest, record["manifest"].get("inputs", {})), record["token"])
+        for other in list_children(fs, base):
+            discard(fs, other, spare)
         run = cls(storage, manifest, uuid.uuid4().hex[:12])
         payload = {"manifest": asdict(manifest), "token": run.token, "started": time.time()}
         put_atomic(fs, state, json.dumps(payload, sort_keys=True, default=str).encode())
@@ -115,22 +134,22 @@ class UnitRun:
         manifest discards those attempts)."""
         fs = storage.filesystem()
         summaries: list[dict[str, Any]] = []
-        for attempt in _children(fs, storage.uri(RUNS, asset, partition)):
-            if fs.exists(_join(attempt, COMMITTED)):
+        for attempt in list_children(fs, storage.uri(RUNS, asset, partition)):
+            if fs.exists(join_path(attempt, COMMITTED)):
                 continue
-            paths = [p for p in _children(fs, _join(attempt, "done")) if p.endswith(".json")]
+            paths = [p for p in list_children(fs, join_path(attempt, "done")) if p.endswith(".json")]
             summaries += [json.loads(data) for data in (fs.cat(paths) if paths else {}).values()]
         return summaries
 
     def record(self, unit_id: str, summary: Mapping[str, Any]) -> None:
-        put_atomic(self.storage.filesystem(), _join(self.uri, "done", f"{unit_id}.json"),
+        put_atomic(self.storage.filesystem(), join_path(self.uri, "done", f"{unit_id}.json"),
                    json.dumps(summary, sort_keys=True).encode())
 
     def mark_started(self, unit_id: str) -> float:
         """A marker: which units were running when a run died (the work a resume redoes). It holds
         when the unit first began in this pass (wall clock), which it returns: a unit Ray retries
         keeps counting its time limit from there, as the driver does."""
-        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        fs, marker = self.storage.filesystem(), join_path(self.uri, "started", unit_id)
         try:
             found = json.loads(fs.cat_file(marker))
             if found["pass"] == self.pass_id:
@@ -143,25 +162,32 @@ class UnitRun:
 
     def has_started(self, unit_id: str) -> bool:
         """Whether a worker began the unit (in this attempt or a run of it that died)."""
-        fs, marker = self.storage.filesystem(), _join(self.uri, "started", unit_id)
+        fs, marker = self.storage.filesystem(), join_path(self.uri, "started", unit_id)
         fs.invalidate_cache(marker)  # s3fs caches listings: a marker written since must be seen
         return fs.exists(marker)
 
     def started(self) -> set[str]:
-        return {_stem(p) for p in _children(self.storage.filesystem(), _join(self.uri, "started"))}
+        return {stem(p) for p in list_children(self.storage.filesystem(), join_path(self.uri, "started"))}
 
     def completed(self) -> dict[str, dict[str, Any]]:
         """Summaries of the recorded units, by unit id (one listing and one read per unit)."""
         fs = self.storage.filesystem()
-        paths = [p for p in _children(fs, _join(self.uri, "done")) if p.endswith(".json")]
+        paths = [p for p in list_children(fs, join_path(self.uri, "done")) if p.endswith(".json")]
         blobs = fs.cat(paths) if paths else {}
-        return {_stem(path): json.loads(data) for path, data in blobs.items()}
+        return {stem(path): json.loads(data) for path, data in blobs.items()}
 
     def finish(self) -> None:
         """After the commit: mark the attempt committed (its outputs are live now), then forget it."""
         fs = self.storage.filesystem()
-        put_atomic(fs, _join(self.uri, COMMITTED), b"")
+        put_atomic(fs, join_path(self.uri, COMMITTED), b"")
         fs.rm(self.uri, recursive=True)
+
+
+def resumed(manifest: Manifest, pinned: Mapping[str, Any]) -> Manifest:
+    """`manifest` with the volatile inputs the resumed attempt pinned (`pinned`, from its run.json):
+    the rest of its inputs are equal by identity."""
+    kept = {k: pinned[k] for k in manifest.volatile if k in pinned and k in manifest.inputs}
+    return replace(manifest, inputs={**manifest.inputs, **kept}) if kept else manifest
 
 
 UnitFn = Callable[[Unit, UnitRun], dict[str, Any]]
@@ -279,39 +305,3 @@ def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHos
                    node=ray.get_runtime_context().get_node_id())
     run.record(unit.id, summary)
     return summary
-
-
-def _join(base: str, *parts: str) -> str:
-    return "/".join([base.rstrip("/"), *parts])
-
-
-def _stem(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[-1].removesuffix(".json")
-
-
-def _children(fs: Any, folder: str) -> list[str]:
-    fs.invalidate_cache()
-    if not fs.exists(folder):
-        return []
-    return sorted(fs.ls(folder, detail=False))
-
-
-def discard_attempt(fs: Any, attempt: str) -> None:
-    """Remove an abandoned attempt folder and its uncommitted outputs (a takedown's purge: only
-    with the attempt's partition lock held, so that no run is using it)."""
-    _discard(fs, attempt)
-
-
-def _discard(fs: Any, attempt: str) -> None:
-    """Remove an abandoned attempt: its uncommitted outputs (listed by its records), then itself.
-    A committed attempt's outputs are live: only its folder goes."""
-    if not fs.exists(_join(attempt, COMMITTED)):
-        for path in _children(fs, _join(attempt, "done")):
-            try:
-                outputs = json.loads(fs.cat_file(path)).get("outputs", [])
-            except (ValueError, OSError):
-                continue
-            for uri in outputs:
-                if fs.exists(uri):
-                    fs.rm(uri, recursive=True)
-    fs.rm(attempt, recursive=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import fsspec
@@ -48,6 +48,24 @@ def referenced_chunks(fs: fsspec.AbstractFileSystem, stream: str,
         if fs.exists(path):
             names |= index_chunks(json.loads(fs.cat_file(path)))
     return names
+
+
+def named_by_index(storage_options: dict | None = None) -> Callable[[str], bool]:
+    """`named(uri)`: whether the chunk folder at `uri` is named by its stream's published index.json
+    (or member.json): what discarding an abandoned attempt must keep, since a reader may hold that
+    index; it goes by `prune_streams` a retention after an index without it is published. Each
+    stream's index is read once, when first asked (the partition lock keeps it as it is)."""
+    names: dict[str, set[str]] = {}
+
+    def named(uri: str) -> bool:
+        stream, _, name = uri.rstrip("/").rpartition("/")
+        if stream not in names:
+            fs = filesystem_for(stream, storage_options)
+            fs.invalidate_cache()
+            names[stream] = referenced_chunks(fs, stream)
+        return name in names[stream]
+
+    return named
 
 
 def read_superseded(fs: fsspec.AbstractFileSystem, stream: str) -> dict[str, float]:

@@ -89,14 +89,17 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     }
 
 
-def pin_samples(run: StageRun) -> dict[str, int]:
-    """The `samples` version the units read, planned into row ranges of the partition."""
+def pin_samples(run: StageRun) -> dict[str, int | str | None]:
+    """The `samples` version the units read, planned into row ranges of the partition, and the
+    partition's fragments (`source_part`): other sources' ingest moves the version (volatile), and a
+    rerun resumes across it while the source's own rows are the same fragments."""
     options = run.storage.lance_storage_options()
     samples_uri = run.storage.lance_uri("samples")
     if not lance_io.table_exists(samples_uri, options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
     version, run.state["units"] = plan_row_units(samples_uri, source_predicate(run.partition), run["unit_rows"], options)
-    return {"samples": version}
+    return {"samples": version, "source_part": lance_io.partition_signature(  # `samples` is volatile: this pins
+        run.storage.lance_uri("samples"), source_predicate(run.partition), run.storage.lance_storage_options(), version)}
 
 
 def bucket_units(run: StageRun) -> None:
@@ -121,6 +124,7 @@ BUCKETS = Stage(
     settings={"max_tier": TIERS[-1], "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
     pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,
+    volatile=("samples",),  # moved by other sources' ingest: `source_part` pins this source's rows
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(BucketsReport)

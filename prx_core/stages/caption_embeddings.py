@@ -24,6 +24,7 @@ from prx_core.compute.parallel import Throttle, run_on_worker
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.embeddings import EmbedBatch, EmbedderConfig
 from prx_core.stages.contents import (
+    CONTENT_VOLATILE,
     UNIT_ROWS,
     captioned_pending,
     commit_appends,
@@ -145,6 +146,7 @@ CAPTION_EMBEDDINGS = Stage(
                                       "loses little."),),
     unpinned=("config", "actors", "model"),  # the embedder enters as its version, batch size and width
     pin=pin_embeddings, work=embed_units, commit=commit_embeddings, report=report_embeddings,
+    volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(CaptionEmbeddingsReport, EmbedderConfig, IndexReport, VectorIndexCoverage)

@@ -39,6 +39,7 @@ from prx_core.models.captioning import CaptionBatch, no_source_captions_message
 from prx_core.models.fused import FusedCaptionBatch, check_fusable
 from prx_core.models.text_latents import TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
+    CONTENT_VOLATILE,
     FAILED_EXAMPLES,
     UNIT_ROWS,
     commit_appends,
@@ -294,6 +295,7 @@ CAPTIONS = Stage(
     # the captioner (and a fused encoder) enter as versions; actors and appends shape no output
     unpinned=("config", "actors", "appends", "fused"),
     phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_captions, report=report_captions,
+    volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(CaptionsReport, CaptionerConfig, TextLatentsConfig)

@@ -32,6 +32,7 @@ from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
 
 UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
+CONTENT_VOLATILE = ("samples", "buckets")  # pinned inputs other sources move: out of the attempt's identity
 FAILED_EXAMPLES = 100  # offending contents a stage reports (per unit and in all) for its coverage check
 T = TypeVar("T")
 
@@ -204,8 +205,18 @@ def model_batches(host: ModelHost, rows: pa.Table, batch_size: int) -> tuple[lis
 def pin_contents(run: StageRun, appends: BatchedAppend) -> dict[str, int]:
     """A content stage's `pin`: the pinned `samples` and `buckets` versions, its units planned
     (`run.state["units"]`); first appends what recorded units of earlier attempts wrote and no
-    commit took, since opening this attempt discards them (`run.state["appends"]` goes on)."""
+    commit took, since opening this attempt discards them (`run.state["appends"]` goes on).
+
+    Both versions are `volatile` (CONTENT_VOLATILE): every other source's ingest moves them, and a
+    crashed run resumes its attempt across those commits. What identifies it instead is the
+    source's part of each (`source_reads`, in the params: a digest of its fragments, which other
+    sources' commits leave as they were), so its units read the same rows at the same addresses
+    whichever version they pinned; the resumed attempt reads on the versions it first pinned."""
     inputs, run.state["units"] = plan_content_units(run.storage, run.partition, run["unit_rows"])
+    options = run.storage.lance_storage_options()
+    run.params["source_reads"] = {
+        t: lance_io.partition_signature(run.storage.lance_uri(t), source_predicate(run.partition), options, v)
+        for t, v in inputs.items()}
     run.state["appends"] = appends
     appends.commit_recorded(UnitRun.recorded(run.storage, run.stage.name, run.partition))
     return inputs

@@ -27,6 +27,7 @@ from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
 from prx_core.stages.contents import (
+    CONTENT_VOLATILE,
     FAILED_EXAMPLES,
     UNIT_ROWS,
     captioned_pending,
@@ -166,6 +167,7 @@ CAPTION_LABELS = Stage(
                                       "loses little."),),
     unpinned=("config", "actors", "appends", "model"),  # the labeller enters as its version and batch size
     phases=("units", "prepare"), pin=pin_labels, work=label_units, commit=commit_appends, report=report_labels,
+    volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(LabelsReport, LabelerConfig)

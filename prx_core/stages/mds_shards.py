@@ -36,9 +36,11 @@ from prx_core.image.buckets import TIERS, Bucket, assign_buckets
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.shards.mds import StreamKey, read_chunk_record, stream_name, stream_uri
 from prx_core.shards.publish import StreamReport, publish_source
+from prx_core.shards.retention import named_by_index
 from prx_core.stages.mds_chunks import ROUTE_SCHEMA, chunk_unit
 from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
 from prx_core.store.storage import Storage, join_uri
@@ -193,22 +195,41 @@ def drop_message(source: str, key: StreamKey, samples: int, minimum: int) -> str
             f"nodes ({minimum}): not published (training.small_streams: drop)")
 
 
-def pin_inputs(run: StageRun) -> dict[str, int]:
-    """The `samples` version the route units read (planned into row ranges) and the `captions`
-    version the chunks join; refused while there are no captions yet."""
+def pin_inputs(run: StageRun) -> dict[str, Any]:
+    """The `samples` version the route units read (planned into row ranges), the `captions` (and
+    `text_latents`) version the chunks join, and what the source reads of them (`source_reads`);
+    refused while there are no captions yet. The versions are `volatile`: every other source's
+    ingest and captions move them, so a rerun after a crash resumes its attempt on the versions it
+    first pinned (prx_core.compute.units) unless what this source reads changed: its `samples`
+    partition (`partition_signature`: the same fragments, so the same rows at the same addresses
+    the route files hold) or its own runs of the content-keyed stages (`last_commit`)."""
     storage, options = run.storage, run.storage.lance_storage_options()
     if not lance_io.table_exists(storage.lance_uri("captions"), options):
         raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
     version, run.state["route"] = plan_row_units(storage.lance_uri("samples"), source_predicate(run.partition),
                                                  run["route_rows"], options)
     run.params["sample_every"] = max(1, run["chunk_rows"] // SAMPLES_PER_CHUNK)
-    inputs = {"samples": version, "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
+    inputs: dict[str, Any] = {"samples": version,
+                              "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
     if run["latents"]:  # the samples carry text latents: the version the chunks read them from
         if not lance_io.table_exists(storage.lance_uri("text_latents"), options):
             raise RuntimeError("text_latents is configured but its table does not exist: materialize `text_latents` "
                                "before `mds_shards`")
         inputs["text_latents"] = lance_io.table_version(storage.lance_uri("text_latents"), options)
-    return inputs
+    return {**inputs, "source_reads": source_reads(storage, run.partition, version, bool(run["latents"]))}
+
+
+def source_reads(storage: Storage, source: str, samples: int, latents: bool) -> dict[str, str | None]:
+    """What the source's streams read of the shared tables: its `samples` fragments, and its own
+    last `captions` (which writes fused latents too) and `text_latents` runs, which made every
+    caption and latent of its contents; another source's runs append only other contents (or the
+    same content's identical caption), so they leave this as it was."""
+    reads = {"samples": lance_io.partition_signature(storage.lance_uri("samples"), source_predicate(source),
+                                                     storage.lance_storage_options(), samples),
+             "captions": last_commit(storage, "captions", source)}
+    if latents:
+        reads["text_latents"] = last_commit(storage, "text_latents", source)
+    return reads
 
 
 def write_streams(run: StageRun) -> None:
@@ -248,7 +269,7 @@ def report_streams(run: StageRun) -> MdsReport:
     if run.state["dropped"]:
         rejects[SMALL_STREAM] = sum(run.state["dropped"].values())
     return MdsReport(run.partition, written.total("rows") - sum(run.state["dropped"].values()), run.state["streams"],
-                     rejects, run.seconds, dict(run.inputs), run.versions["mds_index"], dict(run.results),
+                     rejects, run.seconds, {k: v for k, v in run.inputs.items() if isinstance(v, int)}, run.versions["mds_index"], dict(run.results),
                      dict(run.state["dropped"]), dict(run.state["merged"]))
 
 
@@ -265,6 +286,9 @@ MDS_SHARDS = Stage(
     unit_sizes=(UnitSize("route_rows", "Rows per `mds_shards` routing unit (sizes and ids, no pixels)."),
                 UnitSize("chunk_rows", "Target rows per MDS chunk: one worker task and one sub-folder of a stream.")),
     pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams,
+    # moved by every other source's runs: a rerun resumes across them (`source_reads` pins this source's part)
+    volatile=("samples", "captions", "text_latents"),
+    spare=lambda storage: named_by_index(storage.storage_options),  # a crash after publish: chunks stay live
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(MdsReport, StreamReport)

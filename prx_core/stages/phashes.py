@@ -90,12 +90,15 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": len(hashes), "failed": len(rejects), **unit_outputs(storage, "phashes", written, refused)}
 
 
-def pin_samples(run: StageRun) -> dict[str, int]:
-    """The `samples` version the units read, planned into row ranges of the partition."""
+def pin_samples(run: StageRun) -> dict[str, int | str | None]:
+    """The `samples` version the units read, planned into row ranges of the partition, and the
+    partition's fragments (`source_part`): other sources' ingest moves the version (volatile), and a
+    rerun resumes across it while the source's own rows are the same fragments."""
     version, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
                                                  run["unit_rows"], run.storage.lance_storage_options())
     lance_io.upgrade_table(run.storage.lance_uri("phashes"), schemas.PHASHES, run.storage.lance_storage_options())
-    return {"samples": version}
+    return {"samples": version, "source_part": lance_io.partition_signature(  # `samples` is volatile: this pins
+        run.storage.lance_uri("samples"), source_predicate(run.partition), run.storage.lance_storage_options(), version)}
 
 
 def phash_units(run: StageRun) -> None:
@@ -120,6 +123,7 @@ PHASHES = Stage(
     unit_sizes=(UnitSize("unit_rows", "Rows per `phashes` unit (ingest's hashes are copied; rows without one "
                                       "are decoded)."),),
     pin=pin_samples, work=phash_units, commit=commit_phashes, report=report_phashes,
+    volatile=("samples",),  # moved by other sources' ingest: `source_part` pins this source's rows
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(PhashesReport)

@@ -36,6 +36,7 @@ from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.stages.report import StageReport
 from prx_core.stages.stage import Stage, StageRun, required, run_partition
+from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.partitions import source_predicate
@@ -218,6 +219,7 @@ def pin_streams(run: StageRun) -> dict[str, Any]:
     versions = {t: lance_io.table_version(storage.lance_uri(t), options) for t in ("duplicates", "caption_labels")}
     run.state["chunks"], run.state["stream_units"] = plan_units(streams)
     return {**versions, "losers": losers_digest(storage, run.partition, versions["duplicates"]),
+            "labels_run": last_commit(storage, "caption_labels", run.partition),  # volatile caption_labels: ours
             "streams": hashlib.sha256("".join(p["digest"] for p in streams).encode()).hexdigest(),
             "opt_out_records": opt_out_records(storage, run.partition)}
 
@@ -290,8 +292,10 @@ SKIP_LISTS = Stage(
     settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
     phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,
     # every `duplicates` run makes every source's lists stale in Dagster: a source whose losers, streams,
-    # labels and opt-outs are what its last lists were computed from reruns as a no-op
-    reusable=lambda report: True, volatile=("duplicates",), present=lists_in_place,
+    # labels and opt-outs are what its last lists were computed from reruns as a no-op, and a crashed run
+    # resumes across other sources' commits. Its labels are those of its own `caption_labels` run
+    # (`labels_run`): another source's run labels only contents without a label for this version
+    reusable=lambda report: True, volatile=("duplicates", "caption_labels"), present=lists_in_place,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(SkipPolicy, SkipReport, StreamSkips)

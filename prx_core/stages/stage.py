@@ -5,7 +5,8 @@ among them, which `prx_resources.units` offers to operators), its phases of work
 steps: `pin` the input versions the attempt computes from, `work` its phases on Ray workers,
 `commit` what the units wrote, and `report`. `run_partition` is the rest, the same for every
 stage: the source name checked, the partition lock held, the attempt opened from the manifest
-(asset, partition, pinned inputs, code version, the settings that shape outputs or units), the
+(asset, partition, pinned inputs, code version, the settings that shape outputs or units; its
+`volatile` inputs left out of the identity, so a rerun resumes across other partitions' commits), the
 steps in order, the attempt finished after the commit, and the report made small for the wire.
 
 The asset layer (through `prx_core.stages.entry.run_stage`), the Ray job entry point
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prx_core.compute import wire
+from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.unit_results import condense_report
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
@@ -82,9 +84,13 @@ class Stage:
     # `reusable(report)`: whether a run's final report may stand for a later run of the same manifest
     # while its outputs are still there (nothing run or committed then: prx_core.stages.unchanged)
     reusable: Callable[[Any], bool] | None = None
-    # pinned inputs the reuse check leaves out: a shared table's version that changes with every other
-    # partition's run, whose content for this partition another pinned input digests
+    # pinned inputs the attempt's identity (what a rerun resumes) and the reuse check leave out: a
+    # shared table's version that changes with every other partition's run, whose content for this
+    # partition another pinned input digests (prx_core.compute.units.Manifest)
     volatile: tuple[str, ...] = ()
+    # `spare(storage)`: which uncommitted outputs of an abandoned attempt its discard keeps (`spare(storage)(uri)`):
+    # those a published reader may reference (MDS chunks a live index.json names); retention removes them later
+    spare: Callable[[Storage], Callable[[str], bool]] | None = None
     # `present(run, report)`: whether the files a reused report describes are still in place (tables are
     # checked by version); a reuse needs both
     present: Callable[[StageRun, Any], bool] | None = None
@@ -147,15 +153,17 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
     with partition_lock(storage, stage.name, stage.partition or partition):
         run.params = {k: v for k, v in run.settings.items() if k not in stage.unpinned}
         run.inputs = stage.pin(run)
-        manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params)
-        reuse = reuse_digest(stage, manifest)
+        manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params, stage.volatile)
+        reuse = manifest.digest()
         done = committed_report(storage, stage.name, partition, reuse, stage.report_type) if stage.reusable else None
         if done is not None and (stage.present is None or stage.present(run, done)):
             if progress is not None:
                 progress.report(f"{progress.label}: unchanged since its last commit (same inputs, code and "
                                 "settings): nothing to run")
             return done
-        run.attempt = UnitRun.open(storage, manifest)
+        run.attempt = UnitRun.open(storage, manifest, stage.spare(storage) if stage.spare else None)
+        run.inputs = run.attempt.manifest.inputs  # a resumed attempt's: the volatile versions it pinned
+        pause_point(f"{stage.name}:opened")
         stage.work(run)
         run.versions = stage.commit(run)
         run.attempt.finish()
@@ -166,14 +174,6 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
     elif stage.reusable(final):
         record_committed(storage, stage.name, partition, reuse, run.versions, final)
     return final
-
-
-def reuse_digest(stage: Stage, manifest: Manifest) -> str:
-    """The manifest's digest without the stage's volatile inputs: what a reusable run is keyed by."""
-    if not stage.volatile:
-        return manifest.digest()
-    inputs = {k: v for k, v in manifest.inputs.items() if k not in stage.volatile}
-    return Manifest(manifest.asset, manifest.partition, inputs, manifest.code_version, manifest.params).digest()
 
 
 def bind_settings(stage: Stage, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -230,7 +230,7 @@ def rebuild_indexes(uri: str, table: str, options: dict | None) -> None:
 
 def discard_attempts(storage: Storage, source: str, assets: list[str]) -> list[str]:
     """Remove the source's uncommitted attempts of `assets` (their locks held: none is running)."""
-    from prx_core.compute.units import discard_attempt
+    from prx_core.compute.attempts import discard_attempt
 
     fs, removed = storage.filesystem(), []
     fs.invalidate_cache()

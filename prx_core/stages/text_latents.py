@@ -23,6 +23,7 @@ from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import ModelSpec, Unit, UnitResults, UnitRun
 from prx_core.models.text_latents import EncodeBatch, TextLatentsConfig, to_latent_rows
 from prx_core.stages.contents import (
+    CONTENT_VOLATILE,
     captioned_pending,
     commit_appends,
     model_batches,
@@ -114,6 +115,7 @@ TEXT_LATENTS = Stage(
                                       "(~2 MB per caption for an 8B model), so a crash loses little."),),
     unpinned=("config", "actors", "gpus", "model"),  # the encoder enters as its version, batch size and max_tokens
     pin=pin_latents, work=encode_units, commit=commit_appends, report=report_latents,
+    volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(TextLatentsReport, TextLatentsConfig)

@@ -149,11 +149,14 @@ def test_a_killed_captions_run_reruns_only_its_unrecorded_units_and_appends_once
     assert recorded >= 3
     (attempt,) = Path(storage.root, RUNS, "captions", "a").iterdir()
     manifest = json.loads((attempt / "run.json").read_text())["manifest"]  # the captioner by its version only:
+    reads = manifest["params"].pop("source_reads")  # the source's part of the volatile samples and buckets
     assert manifest["params"] == {"captioner_version": CONFIG.version(), "unit_rows": 2}  # no config, actors, appends
+    assert sorted(reads) == sorted(manifest["volatile"]) == ["buckets", "samples"]
     committed = len(caption_rows(storage)) if lance_io.table_exists(storage.lance_uri("captions")) else 0
     assert committed >= 2  # the first append (after 2 units) survived the crash
+    write_source(storage, "late", [("k0", "l0", "a hill")])  # another source moves samples and buckets
 
-    report = build_captions("a", storage, CONFIG, unit_rows=2)
+    report = build_captions("a", storage, CONFIG, unit_rows=2)  # resumed all the same: a's part is unchanged
     assert report.units.skipped == recorded and report.units.ran == report.units.units - recorded == 6 - recorded
     assert caption_rows(storage) == sorted(reference_captions(A))  # recorded rows appended once, none lost
     assert (report.eligible, report.captioned + report.reused, report.without_source_caption) == (10, 9, 1)

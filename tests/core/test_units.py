@@ -97,6 +97,36 @@ def test_committed_attempt_left_behind_keeps_its_outputs(tmp_path: Path) -> None
     assert all(os.path.isdir(o) for s in result.summaries for o in s["outputs"])
 
 
+def test_volatile_inputs_stay_out_of_the_identity_and_a_resume_keeps_the_versions_it_pinned(tmp_path: Path) -> None:
+    """Another partition moved a shared table: the attempt resumes (same token, recorded units
+    skipped) and reads on the versions it first pinned; what the partition reads of it changed
+    (`reads`): another attempt. Without volatile inputs the digest is the one manifests always had."""
+    storage = Storage(str(tmp_path))
+
+    def shared(version: int, reads: str = "r1") -> Manifest:
+        return Manifest("buckets", "photos_a", {"samples": 1, "captions": version, "reads": reads}, "1",
+                        volatile=("captions",))
+
+    assert manifest().digest() == "1c5f1875235a2924"  # as before volatile inputs: old attempts stay valid
+    assert shared(4).digest() == shared(9).digest() != shared(4, "r2").digest()
+    run = UnitRun.open(storage, shared(4))
+    run_units(run, units(2), write_unit)
+    again = UnitRun.open(storage, shared(9))
+    assert again.token == run.token and again.manifest.inputs["captions"] == 4
+    assert run_units(again, units(3), write_unit).skipped == 2
+    other = UnitRun.open(storage, shared(9, "r2"))
+    assert other.token != run.token and other.manifest.inputs["captions"] == 9
+
+
+def test_a_discard_spares_the_outputs_a_reader_may_hold(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path))
+    old = UnitRun.open(storage, manifest(1))
+    run_units(old, units(3), write_unit)
+    orphans = sorted(o for s in old.completed().values() for o in s["outputs"])
+    UnitRun.open(storage, manifest(2), spare=lambda uri: uri == orphans[1])
+    assert [os.path.exists(o) for o in orphans] == [False, True, False]
+
+
 @pytest.mark.parametrize("partition", ["..", "a/b", "", "A"])
 def test_a_partition_that_is_not_a_source_name_is_refused(partition: str) -> None:
     with pytest.raises(ValueError, match="must match"):
