@@ -16,7 +16,6 @@ fragments are read (their `source` column, on workers). Which sources exist fall
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
