@@ -70,3 +70,18 @@ def test_a_sampled_read_on_s3_fetches_ranges_not_the_shard(photos, s3_endpoint, 
     for info, expected in shards_with_hashes(summary.uri, summary.image_sha256, options):
         report, read = verify_shard_sample(summary.uri, info, options, expected, 92, sample_rows=2)
         assert report.problems == [] and read < info["raw_data"]["bytes"]
+
+
+def test_verify_streams_reads_each_chunk_record_once_and_counts_it(stream, ray_cluster) -> None:
+    """One task per chunk: the bytes read are the shards' sampled reads plus each chunk's record once."""
+    from prx_core.shards.mds import CHUNK_RECORD
+    from prx_core.shards.verify import verify_streams
+
+    shards = shards_with_hashes(stream.uri, stream.image_sha256)
+    chunks = {info["raw_data"]["basename"].split("/", 1)[0] for info, _ in shards}
+    sampled = sum(verify_shard_sample(stream.uri, info, expected_sha256=expected, expected_quality=92)[1]
+                  for info, expected in shards)
+    records = sum(Path(stream.uri, chunk, CHUNK_RECORD).stat().st_size for chunk in chunks)
+    report = verify_streams([stream.uri])
+    assert report.ok and report.shards == len(shards) > len(chunks) and report.samples == 30
+    assert report.bytes_read == sampled + records
