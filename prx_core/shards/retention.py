@@ -165,15 +165,26 @@ def _entries(fs: fsspec.AbstractFileSystem, stream: str) -> list[str]:
 
 
 def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None) -> list[str]:
+    """`mds/<source>/<tier>/<w>x<h>` folders, found level by level (a delimited listing each): a
+    recursive listing of `mds/` would return every shard of the corpus, millions at 1B images."""
     base = join_uri(root, "mds")
-    folder = join_uri(base, validate_source_name(source)) if source is not None else base
     fs.invalidate_cache()
     if not fs.exists(base):
         return []
-    prefix = fs._strip_protocol(base).rstrip("/") + "/"
-    found = set()
-    for path in fs.find(folder):
-        parts = path[len(prefix):].split("/")
-        if len(parts) >= 4 and not parts[0].startswith(".") and parts[1].isdigit() and BUCKET_FOLDER.fullmatch(parts[2]):
-            found.add(join_uri(base, *parts[:3]))
+    sources = [validate_source_name(source)] if source is not None else [
+        name for name in _folder_names(fs, base) if not name.startswith(".")]
+    found = []
+    for name in sources:
+        for tier in (t for t in _folder_names(fs, join_uri(base, name)) if t.isdigit()):
+            found += [join_uri(base, name, tier, bucket) for bucket in _folder_names(fs, join_uri(base, name, tier))
+                      if BUCKET_FOLDER.fullmatch(bucket)]
     return sorted(found)
+
+
+def _folder_names(fs: fsspec.AbstractFileSystem, folder: str) -> list[str]:
+    """The names of the folders directly under `folder` (none where it does not exist)."""
+    try:
+        listed = fs.ls(folder, detail=True)
+    except FileNotFoundError:
+        return []
+    return [info["name"].rstrip("/").rsplit("/", 1)[-1] for info in listed if info.get("type") == "directory"]

@@ -181,3 +181,23 @@ def test_removable_versions_age_from_the_successor() -> None:
                 {"version": 3, "timestamp": 140.0}, {"version": 5, "timestamp": 195.0}]
     removable, pinned, recent = lance_retention.removable_versions(versions, 50, {1}, now=200.0)
     assert (removable, pinned, recent) == ([2], [1], [3])  # 2 superseded 60 s ago; 5, the latest, never listed
+
+
+def test_finding_streams_lists_folders_not_shards(photos, tmp_path, monkeypatch) -> None:
+    """Streams are found a level at a time (sources, tiers, buckets): never a recursive listing of
+    `mds/`, which returns every shard of the corpus (millions at 1B images)."""
+    import fsspec.implementations.local as local
+
+    root = str(tmp_path)
+    write_source_streams(make_rows(photos, [B512, B1024]), root, "alpha")
+    write_source_streams(make_rows(photos, [B512], source="beta"), root, "beta")
+    Path(root, "mds", ".tmp-upload").mkdir()  # a hidden folder and a non-stream file are no streams
+    Path(root, "mds", "alpha", "README").write_text("x")
+
+    def no_find(*args, **kwargs):
+        raise AssertionError("a recursive listing of mds/")
+
+    monkeypatch.setattr(local.LocalFileSystem, "find", no_find)
+    report = prune_streams(root)
+    assert report.streams == 3 and report.removed == []
+    assert prune_streams(root, source="beta").streams == 1
