@@ -82,7 +82,8 @@ def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE
 
     BTREE and BITMAP indexes (key and partition lookups read every segment) are kept to
     `max_segments` segments whatever the table's history (prx_core.store.segments: size-ratio
-    merges of the newest segments, so a row is rewritten a few times, not at every catch-up).
+    merges of the newest segments, so a row is rewritten a few times, not at every catch-up), and
+    fold at least the newest segments within `merge_rows` (0 in the stages' catch-ups).
     Merging a full-text index cost 74 s per million rows, so the other kinds merge at most
     `merge_rows` rows of their newest segments per run and the big old segments stay as they
     are; with `merge_rows=0` their new fragments get a delta segment of their own."""
@@ -94,8 +95,12 @@ def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE
         segments = [s.fragment_ids for s in desc.segments]
         unindexed = _unindexed_fragments(ds, desc)
         if desc.index_type.lower() in BOUNDED_TYPES:
+            # and, where a budget is given (compaction's catch-ups), the newest segments within it:
+            # Lance never merges fragments indexed by different segments of an index, so a small
+            # delta left by the ratio rule would keep its fragments apart from the older ones
             sizes = [sum(rows.get(i, 0) for i in ids) for ids in segments]
-            newest = segments_to_merge(sizes, sum(rows[i] for i in unindexed), max_segments)
+            newest = max(segments_to_merge(sizes, sum(rows[i] for i in unindexed), max_segments),
+                         mergeable_segments(segments, rows, merge_rows))
         else:
             newest = mergeable_segments(segments, rows, merge_rows)
         if newest >= 2 or unindexed:
