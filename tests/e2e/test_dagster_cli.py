@@ -89,16 +89,26 @@ def test_each_root_has_its_own_default_home(tmp_path: Path) -> None:
     assert corpus_root("s3://bucket/corpus/") == "s3://bucket/corpus"
 
 
+def make_env(variable: str, *args: str) -> dict[str, str]:
+    """The environment a Makefile variable (DEMO_ENV, UI_ENV) gives, with `args` on make's command line."""
+    shown = subprocess.run(["make", "-s", "--no-print-directory", f"--eval=prx-env: ; @echo $({variable})", "prx-env",
+                            *args], capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
+    return dict(item.split("=", 1) for item in shown.split())
+
+
 def test_make_demo_and_make_ui_share_the_demo_roots_own_home() -> None:
-    """Both run with DEMO_ENV: its DAGSTER_HOME is the home `prx-corpus build --root` picks for the demo root."""
-    shown = subprocess.run(["make", "-s", "--no-print-directory", "--eval=prx-env: ; @echo $(DEMO_ENV)", "prx-env"],
-                           capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
-    env = dict(item.split("=", 1) for item in shown.split())
-    assert Path(env["DAGSTER_HOME"]) == default_home(env["PRX_ROOT"]), shown
+    """`make demo` runs with DEMO_ENV, whose DAGSTER_HOME is the home `prx-corpus build --root` picks for the
+    demo root; `make ui` with no arguments runs with the same settings, and with ROOT its root's own home."""
+    env = make_env("DEMO_ENV")
+    assert Path(env["DAGSTER_HOME"]) == default_home(env["PRX_ROOT"]), env
+    assert make_env("UI_ENV") == env
+    mine = make_env("UI_ENV", "ROOT=/data/corpus", "SOURCES=/data/sources.yaml")
+    assert (mine["PRX_ROOT"], mine["DAGSTER_HOME"]) == ("/data/corpus", str(default_home("/data/corpus")))
+    assert mine["PRX_SOURCES"] == "/data/sources.yaml" and mine["PRX_CONFIG"] != env["PRX_CONFIG"]
     makefile = (REPO / "Makefile").read_text()
-    for target in ("demo", "ui"):
+    for target, variable in (("demo", "$(DEMO_ENV)"), ("ui", "$(UI_ENV)")):
         body = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)[1]
-        assert "$(DEMO_ENV)" in body, body
+        assert variable in body, body
 
 
 def test_a_fresh_shell_gets_one_line_naming_the_missing_settings_and_sync_prints_them_all(tmp_path: Path) -> None:
