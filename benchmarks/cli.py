@@ -121,6 +121,15 @@ def _cmd_download(args: argparse.Namespace) -> int:
     return _report(results, format_table(results), started, args.json)
 
 
+def _cmd_content_ranges(args: argparse.Namespace) -> int:
+    from benchmarks.content_ranges import format_size, main
+
+    started = time.time()
+    results = main(["--rows", args.rows, "--sources", str(args.sources), "--units", str(args.units)]
+                   + (["--dir", args.dir] if args.dir else []))
+    return _report(results, "\n".join(format_size(s) for s in results["sizes"]), started, args.json)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prx-bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +190,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench_download.add_argument("--workdir", help="where the sources and corpora are kept (default: a temporary folder)")
     bench_download.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bench_download.set_defaults(func=_cmd_download)
+    ranges = sub.add_parser("content-ranges", help="bytes a content unit's key lookup reads from a shared table of "
+                                                  "1M-16M rows: random keys (old units) vs a content range (new)")
+    ranges.add_argument("--rows", default="1000000,4000000", help="comma-separated table sizes (default 1M,4M)")
+    ranges.add_argument("--sources", type=int, default=10, help="sources sharing the table (default 10)")
+    ranges.add_argument("--units", type=int, default=4, help="units measured per pattern and size (default 4)")
+    ranges.add_argument("--dir", help="where the tables are built (removed afterwards)")
+    ranges.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ranges.set_defaults(func=_cmd_content_ranges)
     # Its own parser (benchmarks.explorer_latency) takes the arguments: see main().
     sub.add_parser("explorer", add_help=False,
                    help="explorer query latency, FTS and nearest neighbours over 100k and 1M rows (--help for options)")

@@ -1,11 +1,14 @@
 """Work units for the stages that run a model once per content (`captions`, `caption_labels`,
 `caption_embeddings`): which contents a unit owns and what it still has to compute.
 
-A unit is a row range of the source's `samples` partition (pinned version). A content is owned
-by the unit holding its first bucketed sample (smallest `sample_id`), so every content of the
-source is handled by exactly one unit, and the question "which of these contents still need a
-row for this model version" is asked per unit, on the worker, as IN-list lookups on the shared
-table's `content_id` BTREE index: no set of the corpus's contents is ever built on the driver.
+A unit owns a range of content ids (prx_core.compute.key_ranges: equal ranges of the SHA-256
+key space), so every content of the source is handled by exactly one unit, from its first bucketed
+sample (smallest `sample_id`). The unit finds its samples and buckets by range reads of their
+`content_id` BTREEs, and asks "which of these contents still need a row for this model version"
+on the worker, as IN-list lookups on the shared table's `content_id` BTREE index: its keys sit
+together in the index, so both read a few pages whatever the tables' sizes (a row range of
+`samples` held random keys, whose lookups touched nearly every page: docs/scale.md). No set of the
+corpus's contents is ever built on the driver.
 Rows reach the shared table through `prx_core.upkeep.appends.BatchedAppend`. The steps the three
 stages share (`pin_contents`, `model_units`, `commit_appends`) live here; the vLLM path's work
 step is `prx_core.stages.model_pipeline.pipeline_units`.
@@ -21,43 +24,61 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.actors import ModelHost
-from prx_core.compute.row_units import plan_row_units, read_row_unit
+from prx_core.compute.key_ranges import SAMPLE_SCHEMA, key_samples, plan_key_ranges, range_predicate
+from prx_core.compute.parallel import imap_tasks, on_cluster
+from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
 from prx_core.models.caption_keys import caption_keys, keyed_by_text
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io, schemas
-from prx_core.store.lookups import lookup_keys, shipped_filter
+from prx_core.store.lookups import lookup_keys, lookup_where, shipped_filter
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
 
 UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
+PLAN_ROWS = 1_000_000  # content ids a planning task sorts (a fragment's worth: 64 MB of keys)
+SAMPLES_PER_UNIT = 8  # keys per unit's worth of rows the planning tasks return (512 per 4,096-row unit)
 CONTENT_VOLATILE = ("samples", "buckets")  # pinned inputs other sources move: out of the attempt's identity
 FAILED_EXAMPLES = 100  # offending contents a stage reports (per unit and in all) for its coverage check
 T = TypeVar("T")
 
 
 def plan_content_units(storage: Storage, source: str, unit_rows: int = UNIT_ROWS) -> tuple[dict[str, int], list[Unit]]:
-    """(pinned `samples` and `buckets` versions, units) for one source."""
+    """(pinned `samples` and `buckets` versions, units) for one source: ranges of content ids of
+    `unit_rows` of the source's samples each (prx_core.compute.key_ranges), cut from a sample of
+    the source's content ids that Ray tasks sort, one per PLAN_ROWS rows (in this process off Ray)."""
     options = storage.lance_storage_options()
     buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
     if buckets is None:
         raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
-    version, units = plan_row_units(storage.lance_uri("samples"), source_predicate(source), unit_rows, options)
-    return {"samples": version, "buckets": buckets.version}, units
+    uri, where = storage.lance_uri("samples"), source_predicate(source)
+    version, chunks = plan_row_units(uri, where, PLAN_ROWS, options)
+    calls = [(uri, version, dict(c.spec), "content_id", where, options, max(1, unit_rows // SAMPLES_PER_UNIT))
+             for c in chunks]
+    parts = ([part for _, part in imap_tasks(key_samples, calls)] if on_cluster()
+             else [key_samples(*call) for call in calls])
+    sample = pa.concat_tables(parts) if parts else SAMPLE_SCHEMA.empty_table()
+    return {"samples": version, "buckets": buckets.version}, plan_key_ranges(sample, unit_rows)
+
+
+def range_rows(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any],
+               columns: list[str]) -> tuple[pa.Table, pa.Table]:
+    """The unit's range of the source: (its samples' `columns` with their `_rowaddr`, its bucketed
+    samples' content_id and sample_id), each a range read of the table's `content_id` BTREE."""
+    options, where = storage.lance_storage_options(), source_predicate(source)
+    keys = range_predicate("content_id", spec)
+    rows = lookup_where(storage.lance_uri("samples"), columns, f"{where} AND {keys}", options, inputs["samples"],
+                        with_row_address=True)
+    bucketed = lookup_where(storage.lance_uri("buckets"), ["content_id", "sample_id"],
+                            f"{where} AND tier IS NOT NULL AND {keys}", options, inputs["buckets"])
+    return rows, bucketed
 
 
 def owned_contents(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any]) -> pa.Table:
-    """(content_id, sample_id, _rowaddr in `samples`) of the bucketed contents this unit owns,
-    one row per content, sorted by content_id."""
-    options = storage.lance_storage_options()
-    rows = read_row_unit(storage.lance_uri("samples"), inputs["samples"], dict(spec), ["sample_id", "content_id"],
-                         source_predicate(source), options, with_row_address=True)
-    if rows.num_rows == 0:
-        return rows.select(["content_id", "sample_id", "_rowaddr"])
-    bucketed = lookup_keys(storage.lance_uri("buckets"), "content_id", rows["content_id"].to_pylist(),
-                           ["content_id", "sample_id"], f"{source_predicate(source)} AND tier IS NOT NULL",
-                           options, inputs["buckets"])
+    """(content_id, sample_id, _rowaddr in `samples`) of the bucketed contents of the unit's range,
+    each with its first bucketed sample, one row per content, sorted by content_id."""
+    rows, bucketed = range_rows(storage, inputs, source, spec, ["sample_id", "content_id"])
     first = bucketed.group_by("content_id").aggregate([("sample_id", "min")])
     mine = rows.join(first, "content_id", join_type="inner")
     mine = mine.filter(pc.equal(mine["sample_id"], mine["sample_id_min"]))
@@ -74,30 +95,16 @@ def owned_captions(storage: Storage, inputs: Mapping[str, int], source: str, spe
     """(content_id, caption_key, sample_id, _rowaddr of that sample) of the captions this unit owns,
     one row per caption key (prx_core.models.caption_keys), sorted by it. A model caption's key is
     its content: the unit's owned contents. Under the `source` captioner every (content, source
-    caption) pair is a key, owned with its content: the owner also reads the source captions of
-    the content's other bucketed samples in the source (by sample_id, outside the unit), so each
-    key of the source is computed by exactly one unit, from its first sample."""
+    caption) pair of the content's bucketed samples in the source is a key, from its first sample;
+    all of a content's samples share its content id, so they are all in the unit's range."""
     if not keyed_by_text(captioner_version):
         owned = owned_contents(storage, inputs, source, spec)
         return owned.append_column("caption_key", owned["content_id"]).select(OWNED_COLUMNS)
-    options, where = storage.lance_storage_options(), source_predicate(source)
     columns = ["sample_id", "content_id", "original_caption"]
-    rows = read_row_unit(storage.lance_uri("samples"), inputs["samples"], dict(spec), columns, where, options,
-                         with_row_address=True)
-    if rows.num_rows == 0:
+    rows, bucketed = range_rows(storage, inputs, source, spec, columns)
+    here = rows.filter(pc.is_in(rows["sample_id"], bucketed["sample_id"]))
+    if here.num_rows == 0:
         return pa.table({c: pa.array([], pa.uint64() if c == "_rowaddr" else pa.string()) for c in OWNED_COLUMNS})
-    bucketed = lookup_keys(storage.lance_uri("buckets"), "content_id", rows["content_id"].to_pylist(),
-                           ["content_id", "sample_id"], f"{where} AND tier IS NOT NULL", options, inputs["buckets"])
-    first = bucketed.group_by("content_id").aggregate([("sample_id", "min")])
-    mine = rows.join(first, "content_id", join_type="inner")
-    mine = mine.filter(pc.equal(mine["sample_id"], mine["sample_id_min"]))["content_id"]
-    members = bucketed.filter(pc.is_in(bucketed["content_id"], mine.unique()))["sample_id"]
-    here = rows.filter(pc.is_in(rows["sample_id"], members)).select([*columns, "_rowaddr"])
-    away = sorted(set(members.to_pylist()) - set(here["sample_id"].to_pylist()))
-    if away:
-        found = lookup_keys(storage.lance_uri("samples"), "sample_id", away, columns, where, options,
-                            inputs["samples"], with_row_address=True)
-        here = pa.concat_tables([here, found.select([*columns, "_rowaddr"]).cast(here.schema)])
     keys = caption_keys(captioner_version, here["content_id"].to_pylist(), here["original_caption"].to_pylist())
     keyed = here.append_column("caption_key", pa.array(keys, pa.string()))
     keyed = keyed.sort_by([("caption_key", "ascending"), ("sample_id", "ascending"), ("_rowaddr", "ascending")])

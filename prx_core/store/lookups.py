@@ -43,6 +43,17 @@ def lookup_keys(uri: str, key_column: str, keys: Sequence[str], columns: list[st
                            with_row_address=with_row_address, batch=batch)
 
 
+def lookup_where(uri: str, columns: list[str], where: str, storage_options: dict[str, str] | None = None,
+                 version: int | None = None, with_row_address: bool = False) -> pa.Table:
+    """Rows of `uri` matching `where`, opened through the process's lookup cache: for a key range
+    (`lo <= key < hi`, prx_core.compute.key_ranges), which a BTREE answers from the few pages the
+    range covers, however many rows the table holds."""
+    ds = lance_io.require_table(uri, storage_options, lookup_session())
+    if version is not None:
+        ds = ds.checkout_version(version)
+    return ds.to_table(columns=columns, filter=where, with_row_address=with_row_address)
+
+
 def lookup_literals(ds: Any, column: str, literals: Sequence[str], columns: list[str], where: str | None = None,
                     with_row_address: bool = False, batch: int = LOOKUP_BATCH) -> pa.Table:
     """Rows of the dataset whose `column` is one of the SQL `literals` (quoted strings, numbers)

@@ -283,10 +283,11 @@ FTS_COLUMNS: dict[str, list[str]] = {"samples": ["original_caption"], "captions"
 RETIRED_INDEXES: dict[str, list[str]] = {"explorer": ["caption_fts", "original_caption_fts"]}
 # BTREE indexes on the keys other stages look rows up by, a batch of keys at a time (IN-lists in
 # prx_core.store.lookups): a partition's captions, labels and vectors by content_id, the other
-# samples of a content by content_id (which unit owns it), the members of a pHash group by phash,
+# samples of a content by content_id (which unit owns it; a content unit reads its range of
+# content ids from `samples` and `buckets`: prx_core.compute.key_ranges), the members of a pHash group by phash,
 # losing duplicates by sample_id and a group's rows by group_id, a unit's rows of every per-sample
 # table by sample_id (the explorer's rows), an explorer page's sample or group, without scanning.
-BTREE_COLUMNS: dict[str, list[str]] = {"samples": ["sample_id"], "rejects": ["sample_id"],
+BTREE_COLUMNS: dict[str, list[str]] = {"samples": ["sample_id", "content_id"], "rejects": ["sample_id"],
                                        "captions": ["content_id"], "caption_labels": ["content_id"],
                                        "caption_embeddings": ["content_id"], "text_latents": ["content_id"],
                                        "buckets": ["content_id", "sample_id"], "mds_index": ["sample_id"],

@@ -1,0 +1,82 @@
+"""Work units that own a range of a hash key (content ids: SHA-256 hex) instead of a row range.
+
+A unit of a row range holds random content ids, so its lookups in a table keyed by content
+(a BTREE's pages hold ~4,096 keys) touch nearly every page of the index: its bytes read grow with
+the table. A unit that owns `lo <= key < hi` looks up keys that sit together in the index, a few
+pages whatever the table's size (docs/scale.md, `benchmarks.content_ranges`).
+
+The ranges are cut from the partition's keys, sorted on workers: each planning task sorts one
+row range's keys and returns every `every`-th, each standing for the `every` rows after it
+(`key_samples`); the driver orders that sample (1/`every` of the keys) and cuts it into ranges of
+equal rows (`plan_key_ranges`). The same rows give the same sample, so the same plan (unit ids
+are range numbers). The first range has no lower bound and the last no upper one, so every key
+falls in exactly one unit; a range's rows are its share of the sample, each task off by less than
+`every` at each bound (SHA-256 keys are uniform, so equal ranges are equal units).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from prx_core.compute.row_units import read_row_unit
+from prx_core.compute.units import Unit
+from prx_core.store.lance_io import StorageOptions, sql_literal
+
+SAMPLE_SCHEMA = pa.schema([("key", pa.string()), ("rows", pa.int64())])
+
+
+def key_samples(uri: str, version: int, spec: dict, column: str, predicate: str, storage_options: StorageOptions,
+                every: int) -> pa.Table:
+    """On a worker: one row unit's `column` sorted, every `every`-th value from the first, each
+    with the rows it stands for (itself and the next `every - 1`; the last, the rest)."""
+    keys = read_row_unit(uri, version, spec, [column], predicate, storage_options)[column].combine_chunks()
+    ordered = keys.filter(pc.is_valid(keys)).cast(pa.string())
+    ordered = ordered.take(pc.sort_indices(ordered))
+    picks = list(range(0, len(ordered), every))
+    rows = [min(every, len(ordered) - i) for i in picks]
+    return pa.table({"key": ordered.take(pa.array(picks, pa.int64())), "rows": pa.array(rows, pa.int64())},
+                    schema=SAMPLE_SCHEMA)
+
+
+def plan_key_ranges(sample: pa.Table, rows_per_unit: int) -> list[Unit]:
+    """Units of `ceil(rows / rows_per_unit)` ranges of equal rows of a `key_samples` sample (every
+    task's, in any order), ids in key order, spec `{"lo": ..., "hi": ...}` (None: unbounded)."""
+    if rows_per_unit < 1:
+        raise ValueError(f"rows_per_unit must be >= 1, got {rows_per_unit}")
+    ordered = sample.sort_by([("key", "ascending"), ("rows", "ascending")])
+    keys, counts = ordered["key"].to_pylist(), ordered["rows"].to_pylist()
+    total = sum(counts)
+    count = -(-total // rows_per_unit)
+    bounds: list[str | None] = [None]
+    before = 0  # rows of the sample keys before position j
+    j = 0
+    for i in range(1, count):
+        while j < len(keys) and before + counts[j] <= total * i // count:
+            before += counts[j]
+            j += 1
+        bounds.append(keys[j] if j < len(keys) else keys[-1])
+    bounds.append(None)
+    shares = [total * (i + 1) // count - total * i // count for i in range(count)]
+    return [Unit(f"k{i:07d}", shares[i], {"lo": bounds[i], "hi": bounds[i + 1]}) for i in range(count)]
+
+
+def range_predicate(column: str, spec: Mapping[str, Any]) -> str:
+    """SQL for a unit's range of `column` (`TRUE` for a single unbounded unit): a BTREE answers it
+    from the few pages the range covers."""
+    parts = ([f"{column} >= {sql_literal(spec['lo'])}"] if spec.get("lo") is not None else []) + (
+        [f"{column} < {sql_literal(spec['hi'])}"] if spec.get("hi") is not None else [])
+    return " AND ".join(parts) or "TRUE"
+
+
+def in_range(keys: pa.Array | pa.ChunkedArray, spec: Mapping[str, Any]) -> pa.Array | pa.ChunkedArray:
+    """Which of `keys` fall in the unit's range (the same rule as `range_predicate`)."""
+    mask = pc.is_valid(keys)
+    if spec.get("lo") is not None:
+        mask = pc.and_(mask, pc.greater_equal(keys, spec["lo"]))
+    if spec.get("hi") is not None:
+        mask = pc.and_(mask, pc.less(keys, spec["hi"]))
+    return mask
