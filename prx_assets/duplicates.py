@@ -10,7 +10,8 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, OWNERS, dataset_metadata, link_build_report, md_table, stage_metadata
 from prx_assets.conditions import eager_on_new_data
 from prx_assets.versions import content_version
-from prx_core.stages.entry import GroupsReport, Progress
+from prx_core.stages.duplicates import GroupsReport
+from prx_core.stages.entry import Progress
 from prx_resources import SkipPolicyResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 

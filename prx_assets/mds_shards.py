@@ -21,7 +21,8 @@ from prx_assets.common import (
 )
 from prx_assets.versions import streams_version
 from prx_core.shards.merged import merged_sizes
-from prx_core.stages.entry import Progress, PublishReport
+from prx_core.stages.entry import Progress
+from prx_core.stages.mds_report import PublishReport
 from prx_resources import (
     CaptionerResource,
     CatalogResource,

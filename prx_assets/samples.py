@@ -20,8 +20,8 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
-from prx_core.stages.entry import IngestReport, Progress
-from prx_core.stages.samples import SourceRefused
+from prx_core.stages.entry import Progress
+from prx_core.stages.samples import IngestReport, SourceRefused
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
