@@ -187,7 +187,8 @@ def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:
 
 
 DUPLICATES = Stage(
-    "duplicates", reads=("phashes",), writes=("duplicates",), code_version=CODE_VERSION, report_type=GroupsReport,
+    "duplicates", reads=("phashes",), writes=("duplicates",), after=("phashes",),
+    code_version=CODE_VERSION, report_type=GroupsReport,
     settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION,
               "rule": KEYS, "sample_rows": SAMPLE_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `duplicates` map task (six small columns)."),

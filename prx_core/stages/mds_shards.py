@@ -253,7 +253,8 @@ def report_streams(run: StageRun) -> MdsReport:
 
 
 MDS_SHARDS = Stage(
-    "mds_shards", reads=("samples", "captions"), writes=("mds_index", "rejects"), code_version="2",
+    "mds_shards", reads=("samples", "captions", "text_latents", "buckets"),  # buckets: the read-back's counts
+    writes=("mds", "mds_index", "rejects"), after=("buckets", "captions", "text_latents"), code_version="2",
     report_type=PublishReport,
     settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
               "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0,

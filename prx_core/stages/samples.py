@@ -234,7 +234,8 @@ def settle_ingest(report: SamplesReport, run: StageRun) -> IngestReport:
 
 
 SAMPLES = Stage(
-    "samples", reads=("raw_source",), writes=("samples", "rejects"), code_version="2", report_type=IngestReport,
+    "samples", reads=("raw_source",), writes=("samples", "rejects"), after=("raw_source",),
+    code_version="2", report_type=IngestReport,
     settings={"spec": required(SourceSpec), "max_pixels": DEFAULT_MAX_PIXELS, "unit_bytes": UNIT_BYTES,
               "unit_rows": UNIT_ROWS, "unit_files": UNIT_FILES, "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS,
               "unit_seconds": UNIT_SECONDS, "allow_empty": False, "max_duplicate_rate": MAX_DUPLICATE_RATE},
