@@ -98,16 +98,17 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
                               "member_rows": r.member_rows, "buckets": r.buckets})
     if stage == "mds_shards":
         from prx_core.image.decode import DEFAULT_MAX_PIXELS
-        from prx_core.stages.mds_shards import build_mds
+        from prx_core.stages.mds_shards import MDS_SHARDS
+        from prx_core.stages.stage import run_partition
 
-        from prx_core.shards.verify import verify_streams
-
-        r = build_mds(spec.name, storage, captioner, max_pixels=job.get("max_pixels", DEFAULT_MAX_PIXELS),
-                      route_rows=units["route_rows"], chunk_rows=units["chunk_rows"])
-        began = time.monotonic()  # the budgeted read-back the asset runs after publishing (PUBLISH's then-step)
-        verified = verify_streams([s.uri for s in r.streams], storage.storage_options)
+        began = time.monotonic()
+        published = run_partition(MDS_SHARDS, storage, spec.name, captioner_version=captioner,
+                                  max_pixels=job.get("max_pixels", DEFAULT_MAX_PIXELS), route_rows=units["route_rows"],
+                                  chunk_rows=units["chunk_rows"])
+        r, verified = published.mds, published.verified
         return (*counted(r), {"streams": len(r.streams), "rejects": r.rejects,
-                              "verify_seconds": round(time.monotonic() - began, 3),
+                              # the stage's then-step: the budgeted read-back after publishing, and the counts
+                              "verify_seconds": round(time.monotonic() - began - r.seconds, 3),
                               "verify_bytes_read": verified.bytes_read,
                               "verify_bytes_published": verified.bytes_published,
                               "verify_problems": len(verified.problems)})

@@ -17,6 +17,7 @@ from prx_assets.common import (
 )
 from prx_assets.conditions import CHEAP
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.image.buckets import bucket_sizes
 from prx_core.stages.buckets import BucketsReport
 from prx_core.stages.entry import Progress
@@ -33,8 +34,8 @@ DESCRIPTION = ("Tier and bucket (one of the trainer's 13 sizes of the tier) of e
 
 
 def buckets_asset(settings: StorageResource) -> dg.AssetsDefinition:
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"1-{settings.tier_version()}", automation_condition=CHEAP, description=DESCRIPTION,
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("buckets", settings.tier_version()), automation_condition=CHEAP, description=DESCRIPTION,
               owners=OWNERS)
     def buckets(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
                 units: UnitsResource) -> dg.MaterializeResult:

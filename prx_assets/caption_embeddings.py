@@ -18,6 +18,7 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.caption_embeddings import TABLES, CaptionEmbeddingsReport
 from prx_core.stages.entry import Progress
 from prx_resources import CaptionerResource, CatalogResource, EmbedderResource, StorageResource, UnitsResource
@@ -42,8 +43,8 @@ DESCRIPTION = ("Vectors for the explorer's similarity search: MiniLM vectors of 
 
 
 def caption_embeddings_asset(captioner: CaptionerResource, embedder: EmbedderResource) -> dg.AssetsDefinition:
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions", "samples"], check_specs=CHECKS,
-              kinds={"ray", "lance"}, code_version=f"{embedder.config().version()}-{captioner.config().version()}",
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("caption_embeddings", embedder.config().version(), captioner.config().version()),
               automation_condition=CHEAP, description=DESCRIPTION, owners=OWNERS)
     def caption_embeddings(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,

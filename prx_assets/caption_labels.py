@@ -18,6 +18,7 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
 from prx_core.stages.labels import LabelsReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, UnitsResource
@@ -34,8 +35,9 @@ DESCRIPTION = ("A label of every captioned content of the source (visual, text o
 
 
 def caption_labels_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"{labeler.config().version()}-{captioner.config().version()}", automation_condition=CHEAP,
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("caption_labels", labeler.config().version(), captioner.config().version()),
+              automation_condition=CHEAP,
               pool="gpu" if labeler.uses_gpus() else None, description=DESCRIPTION, owners=OWNERS)
     def caption_labels(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,

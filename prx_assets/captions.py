@@ -20,6 +20,7 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.models.fused import check_fusable
 from prx_core.stages.captions import CaptionsReport
@@ -78,8 +79,9 @@ def captions_asset(captioner: CaptionerResource, latents: TextLatentsResource) -
             raise ValueError("text_latents.fused is set but text_latents.model is not: name the checkpoint")
         check_fusable(captioner.config(), fused)
 
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=captioner.config().version(), pool="gpu", description=DESCRIPTION, owners=OWNERS)
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("captions", captioner.config().version()), pool="gpu", description=DESCRIPTION,
+              owners=OWNERS)
     def captions(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, explorer: ExplorerResource, checks: ChecksResource,

@@ -10,7 +10,9 @@ from dagster_ray import RayResource
 from prx_assets.common import GROUP, OWNERS, dataset_metadata, link_build_report, md_table, stage_metadata
 from prx_assets.conditions import eager_on_new_data
 from prx_assets.versions import content_version
-from prx_core.stages.entry import GroupsReport, Progress
+from prx_assets.declared import from_stage
+from prx_core.stages.duplicates import GroupsReport
+from prx_core.stages.entry import Progress
 from prx_resources import SkipPolicyResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
@@ -28,7 +30,7 @@ DESCRIPTION = ("Groups of copies of one picture across all sources (re-encodes, 
                "are recomputed.")
 
 
-@dg.asset(group_name=GROUP, deps=["phashes"], check_specs=CHECKS, kinds={"ray", "lance"}, code_version="2",
+@dg.asset(group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"}, **from_stage("duplicates"),
           automation_condition=eager_on_new_data(), description=DESCRIPTION, owners=OWNERS)
 def duplicates(context: dg.AssetExecutionContext, storage: StorageResource, ray: RayResource,
                units: UnitsResource, policy: SkipPolicyResource) -> dg.MaterializeResult:

@@ -7,8 +7,9 @@ from dagster_ray import RayResource
 from prx_assets.conditions import EXPLORER_CONDITION
 from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_table, dataset_metadata, rate, stage_metadata
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
-from prx_core.stages.explorer import EXPLORER, ExplorerReport
+from prx_core.stages.explorer import ExplorerReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 
@@ -21,11 +22,10 @@ DESCRIPTION = ("One row per sample and per ingest reject of the source with what
 
 
 def explorer_asset(captioner: CaptionerResource, labeler: LabelerResource) -> dg.AssetsDefinition:
-    version = f"{EXPLORER.code_version}-{captioner.config().version()}-{labeler.config().version()}"
 
     @dg.asset(partitions_def=SOURCES, group_name=GROUP, kinds={"ray", "lance"}, owners=OWNERS,
-              deps=["samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"],
-              code_version=version, automation_condition=EXPLORER_CONDITION, description=DESCRIPTION)
+              **from_stage("explorer", captioner.config().version(), labeler.config().version()),
+              automation_condition=EXPLORER_CONDITION, description=DESCRIPTION)
     def explorer(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
                  captioner: CaptionerResource, labeler: LabelerResource, ray: RayResource,
                  units: UnitsResource) -> dg.MaterializeResult:

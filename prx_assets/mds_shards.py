@@ -20,8 +20,10 @@ from prx_assets.common import (
     stage_metadata,
 )
 from prx_assets.versions import streams_version
+from prx_assets.declared import from_stage
 from prx_core.shards.merged import merged_sizes
-from prx_core.stages.entry import Progress, PublishReport
+from prx_core.stages.entry import Progress
+from prx_core.stages.mds_report import PublishReport
 from prx_resources import (
     CaptionerResource,
     CatalogResource,
@@ -63,12 +65,13 @@ def small_streams_text(small: list[str], streams: int, minimum: int, policy: str
 
 def mds_shards_asset(settings: StorageResource, captioner: CaptionerResource, training: TrainingResource,
                      latents: TextLatentsResource) -> dg.AssetsDefinition:
-    drop = f"-{training.small_streams}{training.min_stream_samples()}" if training.min_stream_samples() else ""  # published
-    stored = f"-latents{latents.version()}" if latents.enabled else ""  # samples carry text latents
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["buckets", "captions", "text_latents"],
-              check_specs=CHECKS, kinds={"ray", "mds"}, description=DESCRIPTION, owners=OWNERS,
-              code_version=f"2-{settings.tier_version()}-{settings.pixel_cap_version()}-{captioner.config().version()}"
-                           f"{drop}{stored}")
+    minimum = training.min_stream_samples()
+    drop = [f"{training.small_streams}{minimum}"] if minimum else []  # what is published
+    stored = [f"latents{latents.version()}"] if latents.enabled else []  # samples carry text latents
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "mds"},
+              description=DESCRIPTION, owners=OWNERS,
+              **from_stage("mds_shards", settings.tier_version(), settings.pixel_cap_version(),
+                           captioner.config().version(), *drop, *stored))
     def mds_shards(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,
         captioner: CaptionerResource, ray: RayResource, units: UnitsResource, training: TrainingResource,

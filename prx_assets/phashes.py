@@ -15,6 +15,7 @@ from prx_assets.common import (
     stage_metadata,
 )
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
 from prx_core.stages.phashes import PhashesReport
 from prx_resources import CatalogResource, StorageResource, UnitsResource
@@ -23,7 +24,7 @@ from prx_resources.ray import run_stage
 DESCRIPTION = "The 64-bit DCT perceptual hash of every sample, from a DCT-scaled decode; feeds the global `duplicates`."
 
 
-@dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["samples"], kinds={"ray", "lance"}, code_version="2",
+@dg.asset(partitions_def=SOURCES, group_name=GROUP, kinds={"ray", "lance"}, **from_stage("phashes"),
           description=DESCRIPTION, owners=OWNERS)
 def phashes(context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource, ray: RayResource,
             units: UnitsResource) -> dg.MaterializeResult:

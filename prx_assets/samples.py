@@ -20,8 +20,9 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
-from prx_core.stages.entry import IngestReport, Progress
-from prx_core.stages.samples import SourceRefused
+from prx_assets.declared import from_stage
+from prx_core.stages.entry import Progress
+from prx_core.stages.samples import IngestReport, SourceRefused
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage
@@ -53,8 +54,9 @@ class SamplesConfig(dg.Config):
 def samples_asset(settings: StorageResource, captions: CaptionerResource | None = None) -> dg.AssetsDefinition:
     caption_cap = (captions or CaptionerResource()).caption_cap_version()  # "2-": source captions are cleaned
 
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["raw_source"], check_specs=CHECKS, kinds={"ray", "lance"},
-              code_version=f"2-{settings.pixel_cap_version()}-{caption_cap}", description=DESCRIPTION, owners=OWNERS)
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("samples", settings.pixel_cap_version(), caption_cap), description=DESCRIPTION,
+              owners=OWNERS)
     def samples(
         context: dg.AssetExecutionContext, config: SamplesConfig, catalog: CatalogResource, storage: StorageResource,
         ray: RayResource,

@@ -17,6 +17,7 @@ from prx_assets.common import (
     stage_metadata,
 )
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
 from prx_core.shards.manifest import current_name
 from prx_core.stages.explorer import groups_digest
@@ -37,11 +38,10 @@ SKIP_SCHEMA = dg.TableSchema(columns=[dg.TableColumn("index", "int64", descripti
 
 
 def skip_lists_asset(captioner: CaptionerResource, labeler: LabelerResource, policy: SkipPolicyResource) -> dg.AssetsDefinition:
-    # "2-": streams gain completion records (the loader refuses streams without one)
-    version = f"2-{policy.policy().version()}-{labeler.config().version()}-{captioner.config().version()}"
+    version = (policy.policy().version(), labeler.config().version(), captioner.config().version())
 
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["mds_shards", "duplicates", "caption_labels"],
-              check_specs=CHECKS, kinds={"ray"}, code_version=version, automation_condition=CHEAP,
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray"},
+              **from_stage("skip_lists", *version), automation_condition=CHEAP,
               description=DESCRIPTION, owners=OWNERS)
     def skip_lists(
         context: dg.AssetExecutionContext, catalog: CatalogResource, storage: StorageResource,

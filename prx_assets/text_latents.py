@@ -19,6 +19,7 @@ from prx_assets.common import (
 )
 from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
+from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
 from prx_core.stages.text_latents import TextLatentsReport
 from prx_resources import CaptionerResource, CatalogResource, StorageResource, TextLatentsResource, UnitsResource
@@ -36,8 +37,8 @@ DESCRIPTION = ("Optional, off unless `text_latents.model` is set in PRX_CONFIG: 
 
 
 def text_latents_asset(captioner: CaptionerResource, latents: TextLatentsResource) -> dg.AssetsDefinition:
-    @dg.asset(partitions_def=SOURCES, group_name=GROUP, deps=["captions", "samples"], check_specs=CHECKS,
-              kinds={"ray", "lance"}, code_version=f"1-{latents.version()}-{captioner.config().version()}",
+    @dg.asset(partitions_def=SOURCES, group_name=GROUP, check_specs=CHECKS, kinds={"ray", "lance"},
+              **from_stage("text_latents", latents.version(), captioner.config().version()),
               description=DESCRIPTION, owners=OWNERS,  # never automatic: GPU work, for mds_shards (never automatic)
               pool="gpu" if latents.gpus else None)  # GPU encoders wait their turn with the captioner
     def text_latents(

@@ -24,6 +24,7 @@ MAX_DEPTH = 64  # stage reports nest a handful of levels; a 900-deep list is an 
 
 T = TypeVar("T", bound=type)
 _REGISTRY: dict[str, type] = {}
+_MOVED: dict[str, type] = {}  # former names of registered classes, decoded only
 
 
 class WireError(ValueError):
@@ -44,6 +45,14 @@ def register_all(*classes: type) -> tuple[type, ...]:
     for cls in classes:
         register(cls)
     return classes
+
+
+def register_moved(old_name: str, cls: type) -> None:
+    """Decode `old_name` (`module:qualname` before `cls` moved) as `cls`: a report recorded before
+    the move (`prx_core.stages.unchanged`) still stands. Encoding always writes the new name."""
+    if _REGISTRY.get(wire_name(cls)) is not cls:
+        raise TypeError(f"register {wire_name(cls)} before its former name {old_name}")
+    _MOVED[old_name] = cls
 
 
 def wire_name(cls: type) -> str:
@@ -94,7 +103,7 @@ def decode(data: Any, depth: int = 0) -> Any:
     if SET in data:
         return {decode(v, depth + 1) for v in _items(data, SET)}
     if CLASS in data:
-        cls = _REGISTRY.get(str(data[CLASS]))
+        cls = _REGISTRY.get(str(data[CLASS])) or _MOVED.get(str(data[CLASS]))
         if cls is None:
             raise WireError(f"refusing to build {str(data[CLASS])[:200]!r}: not a class registered for the wire")
         names = {f.name for f in dataclasses.fields(cls) if f.init}

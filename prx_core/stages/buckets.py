@@ -120,7 +120,8 @@ def report_buckets(run: StageRun) -> BucketsReport:
 
 
 BUCKETS = Stage(
-    "buckets", reads=("samples",), writes=("buckets", "rejects"), code_version="1", report_type=BucketsReport,
+    "buckets", reads=("samples",), writes=("buckets", "rejects"), after=("samples",),
+    code_version="1", report_type=BucketsReport,
     settings={"max_tier": TIERS[-1], "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
     pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,

@@ -138,7 +138,8 @@ def report_embeddings(run: StageRun) -> CaptionEmbeddingsReport:
 
 
 CAPTION_EMBEDDINGS = Stage(
-    "caption_embeddings", reads=("samples", "buckets", "captions"), writes=TABLES, code_version="1",
+    "caption_embeddings", reads=("samples", "buckets", "captions"), writes=TABLES, after=("captions", "samples"),
+    code_version="1",
     report_type=CaptionEmbeddingsReport,
     settings={"captioner_version": required(str), "config": required(EmbedderConfig), "actors": 1,
               "unit_rows": UNIT_ROWS, "model": None},

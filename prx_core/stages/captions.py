@@ -289,7 +289,8 @@ def report_captions(run: StageRun) -> CaptionsReport:
 
 
 CAPTIONS = Stage(
-    "captions", reads=("samples", "buckets"), writes=("captions",), code_version="2", report_type=CaptionsReport,
+    "captions", reads=("samples", "buckets"), writes=("captions",), after=("buckets",),
+    code_version="2", report_type=CaptionsReport,
     settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None, "fused": None},
     unit_sizes=(UnitSize("unit_rows", "Samples per `captions` unit: minutes of GPU work, so a crash loses little."),),
     # the captioner (and a fused encoder) enter as versions; actors and appends shape no output

@@ -27,6 +27,7 @@ from prx_core.compute import wire
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
+from prx_core.stages.duplicates_check import KeeperCheck, check_keepers
 from prx_core.stages.duplicates_groups import find_duplicates, keeper_order
 from prx_core.stages.duplicates_runs import (
     commit_all,
@@ -45,7 +46,7 @@ from prx_core.stages.duplicates_state import (
     save_state,
     untouched_since,
 )
-from prx_core.stages.report import StageReport
+from prx_core.stages.report import ReportSummary, StageReport
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
@@ -57,7 +58,8 @@ UNIT_ROWS = 1_000_000  # rows per map unit (keys, pHash and signature: ~450 byte
 # Changed sources holding more of the rows than this: a full recompute is cheaper (measured at 4M
 # rows on 2 cores: ~2-3 us per row for a full run, 15-30 us per affected hash incrementally).
 FULL_FRACTION = 0.1
-__all__ = ["DUPLICATES", "DuplicatesReport", "build_duplicates", "find_duplicates", "keeper_order"]
+SAMPLE_ROWS = 30  # rows of the committed groups the report carries for the UI
+__all__ = ["DUPLICATES", "DuplicatesReport", "GroupsReport", "build_duplicates", "find_duplicates", "keeper_order"]
 
 
 @dataclass
@@ -160,28 +162,56 @@ def report_duplicates(run: StageRun) -> DuplicatesReport:
     return run.state["report"]
 
 
+@dataclass
+class GroupsReport:
+    """`duplicates`: the run, its keeper check, and a few rows of the groups for the UI."""
+
+    duplicates: DuplicatesReport
+    check: KeeperCheck
+    sample: list[dict[str, Any]]
+
+    def summary(self) -> ReportSummary:
+        return self.duplicates.summary()
+
+
+def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:
+    """`then` of `duplicates`, after its lock is released: the keeper check of the version it
+    committed (of the groups it changed, when it could: duplicates_check), on workers, and
+    `sample_rows` rows of it for the UI."""
+    storage = run.storage
+    check = check_keepers(storage, report, run["unit_rows"], run["rows_per_bucket"])
+    table = lance_io.open_table(storage.lance_uri("duplicates"), storage.lance_storage_options())
+    sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
+        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=run["sample_rows"]).to_pylist()
+    return GroupsReport(report, check, sample)
+
+
 DUPLICATES = Stage(
-    "duplicates", reads=("phashes",), writes=("duplicates",), code_version=CODE_VERSION, report_type=DuplicatesReport,
+    "duplicates", reads=("phashes",), writes=("duplicates",), after=("phashes",),
+    code_version=CODE_VERSION, report_type=GroupsReport,
     settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION,
-              "rule": KEYS},
+              "rule": KEYS, "sample_rows": SAMPLE_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `duplicates` map task (six small columns)."),
                 UnitSize("rows_per_bucket", "Rows per `duplicates` reduce unit (the manifest pins the bucket count).")),
-    unpinned=("rows_per_bucket", "full", "full_fraction"),  # the manifest pins what they decide: mode and buckets
+    # the manifest pins what they decide (mode and buckets); sample_rows only shapes the report (`then`)
+    unpinned=("rows_per_bucket", "full", "full_fraction", "sample_rows"),
     phases=("reduce", "delete"), partition="corpus",
-    pin=pin_duplicates, work=regroup, commit=commit_duplicates, report=report_duplicates,
+    pin=pin_duplicates, work=regroup, commit=commit_duplicates, report=report_duplicates, then=check_groups,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
-WIRE_TYPES = wire.register_all(DuplicatesReport)
+WIRE_TYPES = wire.register_all(GroupsReport, DuplicatesReport, KeeperCheck)
 
 
 def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
                      rows_per_bucket: int = BUCKET_ROWS, full: bool = False,
                      full_fraction: float = FULL_FRACTION, rule: str = KEYS) -> DuplicatesReport:
     """Bring `duplicates` up to the latest `phashes` in one commit (none when nothing changed):
-    `run_partition` of DUPLICATES, under the one lock of the corpus. `rule` "phash" groups identical
-    pHashes without confirmation (the first release's rule, for comparison)."""
+    `run_partition` of DUPLICATES, under the one lock of the corpus, then its keeper check. `rule`
+    "phash" groups identical pHashes without confirmation (the first release's rule, for
+    comparison). Returns the run's part of the report (the whole `GroupsReport`, the check's
+    result with it: `run_partition(DUPLICATES, ...)`)."""
     return run_partition(DUPLICATES, storage, progress=progress, unit_rows=unit_rows, rows_per_bucket=rows_per_bucket,
-                         full=full, full_fraction=full_fraction, rule=rule)
+                         full=full, full_fraction=full_fraction, rule=rule).duplicates
 
 
 def _state_version(rule: str) -> str:

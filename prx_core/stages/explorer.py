@@ -211,6 +211,7 @@ def report_explorer(run: StageRun) -> ExplorerReport:
 EXPLORER = Stage(
     # 2: search_text; 3: captions by caption key, what produced them, their verdicts, the worst captions
     "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="4",
+    after=("samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"),
     report_type=ExplorerReport, phases=("samples", "rejects"),
     settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),

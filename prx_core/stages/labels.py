@@ -159,7 +159,8 @@ def report_labels(run: StageRun) -> LabelsReport:
 
 
 CAPTION_LABELS = Stage(
-    "caption_labels", reads=("samples", "buckets", "captions"), writes=("caption_labels",), code_version="1",
+    "caption_labels", reads=("samples", "buckets", "captions"), writes=("caption_labels",), after=("captions",),
+    code_version="1",
     report_type=LabelsReport,
     settings={"captioner_version": required(str), "config": required(LabelerConfig), "actors": 1,
               "unit_rows": UNIT_ROWS, "appends": None, "model": None},

@@ -12,14 +12,13 @@ Three passes of work units over the pinned `samples` version; the driver holds u
 3. index: the driver publishes each stream's index.json (merged from its chunks); per chunk a
    worker writes the `mds_index` rows (position = chunk offset + row) and the chunk's rejects;
    one commit per table.
-Declared as `MDS_SHARDS` and run by `run_partition` (lock, attempt, finish); `build_mds` is the
-typed call.
+Declared as `MDS_SHARDS` and run by `run_partition` (lock, attempt, finish), then the streams are
+read back after the lock (`prx_core.stages.mds_report`); `build_mds` is the typed call.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,9 +35,10 @@ from prx_core.image.buckets import TIERS, Bucket, assign_buckets
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.shards.mds import StreamKey, read_chunk_record, stream_name, stream_uri
 from prx_core.shards.publish import StreamReport, publish_source
+from prx_core.shards.verify import VerifyReport
 from prx_core.shards.retention import named_by_index
 from prx_core.stages.mds_chunks import ROUTE_SCHEMA, chunk_unit
-from prx_core.stages.report import StageReport
+from prx_core.stages.mds_report import MdsReport, PublishReport, StreamCount, verify_published
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
@@ -50,27 +50,6 @@ ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
 CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
 SMALL_STREAM = "small_stream"  # reject reason of a dropped stream's rows (training.small_streams: drop)
 SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
-
-
-@dataclass
-class MdsReport(StageReport):
-    ROWS = "written"
-    WRITTEN = {"mds_index": "mds_index_version"}
-
-    source: str
-    written: int
-    streams: list[StreamReport]
-    rejects: dict[str, int]
-    seconds: float
-    read_versions: dict[str, int] = field(default_factory=dict)
-    mds_index_version: int = 0
-    units: dict[str, UnitResults] = field(default_factory=dict)
-    dropped: dict[str, int] = field(default_factory=dict)  # stream -> samples, below min_stream_samples: unpublished
-    merged: dict[str, int] = field(default_factory=dict)  # stream -> samples, below it: in `_merged/<stream>`
-
-    @property
-    def images_per_second(self) -> float:
-        return self.written / max(self.seconds, 1e-9)
 
 
 def stream_label(key: StreamKey) -> str:
@@ -274,8 +253,9 @@ def report_streams(run: StageRun) -> MdsReport:
 
 
 MDS_SHARDS = Stage(
-    "mds_shards", reads=("samples", "captions"), writes=("mds_index", "rejects"), code_version="2",
-    report_type=MdsReport,
+    "mds_shards", reads=("samples", "captions", "text_latents", "buckets"),  # buckets: the read-back's counts
+    writes=("mds", "mds_index", "rejects"), after=("buckets", "captions", "text_latents"), code_version="2",
+    report_type=PublishReport,
     settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
               "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0,
               "merge_small": False,  # below min_stream_samples: merged into `_merged` (True) or dropped
@@ -285,21 +265,22 @@ MDS_SHARDS = Stage(
     phases=("chunks", "route", "index"),
     unit_sizes=(UnitSize("route_rows", "Rows per `mds_shards` routing unit (sizes and ids, no pixels)."),
                 UnitSize("chunk_rows", "Target rows per MDS chunk: one worker task and one sub-folder of a stream.")),
-    pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams,
+    pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams, then=verify_published,
     # moved by every other source's runs: a rerun resumes across them (`source_reads` pins this source's part)
     volatile=("samples", "captions", "text_latents"),
     spare=lambda storage: named_by_index(storage.storage_options),  # a crash after publish: chunks stay live
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
-WIRE_TYPES = wire.register_all(MdsReport, StreamReport)
+WIRE_TYPES = wire.register_all(PublishReport, MdsReport, StreamReport, StreamCount, VerifyReport)
 
 
 def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,
               **settings: Any) -> MdsReport:
-    """`mds_shards` of one source (`run_partition` of MDS_SHARDS): settings max_tier, max_pixels,
-    route_rows, chunk_rows, min_stream_samples, merge_small, latents."""
+    """`mds_shards` of one source (`run_partition` of MDS_SHARDS, its read-back included): settings
+    max_tier, max_pixels, route_rows, chunk_rows, min_stream_samples, merge_small, latents. Returns
+    the streams written (the whole `PublishReport`: `run_partition(MDS_SHARDS, ...)`)."""
     return run_partition(MDS_SHARDS, storage, source, progress=progress, captioner_version=captioner_version,
-                         **settings)
+                         **settings).mds
 
 
 def _offsets(chunks: list[Unit], written: UnitResults) -> dict[str, int]:

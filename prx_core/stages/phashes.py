@@ -118,7 +118,8 @@ def report_phashes(run: StageRun) -> PhashesReport:
 
 
 PHASHES = Stage(
-    "phashes", reads=("samples",), writes=("phashes", "rejects"), code_version="2", report_type=PhashesReport,
+    "phashes", reads=("samples",), writes=("phashes", "rejects"), after=("samples",),
+    code_version="2", report_type=PhashesReport,
     settings={"max_pixels": DEFAULT_MAX_PIXELS, "unit_rows": UNIT_ROWS},
     unit_sizes=(UnitSize("unit_rows", "Rows per `phashes` unit (ingest's hashes are copied; rows without one "
                                       "are decoded)."),),

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from prx_core.compute.row_units import map_groups, plan_row_units, read_row_unit, read_row_units
 from prx_core.compute.shuffle import BUCKETS, hash_values
-from prx_core.stages.samples import SamplesReport
 from prx_core.store import lance_io, schemas
 from prx_core.store.locks import exclusive
 from prx_core.store.partitions import reject_row, source_predicate, write_rejects
@@ -32,6 +31,18 @@ from prx_core.store.storage import Storage
 DUPLICATE_KEY = "duplicate_key"  # the readers' reason for a key repeated inside one fragment
 COLUMNS = ["sample_id", "content_id", "source_key"]
 DELETE_BATCH = 2_000  # row addresses per delete predicate
+
+
+class IngestCounts(Protocol):
+    """What settlement reads and brings up to date of an ingest's report (`SamplesReport`; a
+    protocol, so that the stage declaring this step can import it without a circle)."""
+
+    source: str
+    rows: int
+    rejected: int
+    reasons: dict[str, int]
+    samples_version: int
+    rejects_version: int
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,7 @@ def _pick(uri: str, version: int, spec: dict, predicate: str, storage_options: d
     return rows.filter(pa.array(hit))
 
 
-def settle_sample_ids(storage: Storage, report: SamplesReport, max_rate: float) -> KeyResolution:
+def settle_sample_ids(storage: Storage, report: IngestCounts, max_rate: float) -> KeyResolution:
     """`resolve_duplicate_ids` after `build_samples`, with `report` brought up to date (rows,
     rejects, reasons, the versions downstream stages read) when rows moved to `rejects`."""
     keys = resolve_duplicate_ids(storage, report.source, report.samples_version, int(max_rate * report.rows))

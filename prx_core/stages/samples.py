@@ -48,17 +48,18 @@ from prx_core.sources.readers import read_fragment
 from prx_core.sources.row_ranges import range_label
 from prx_core.sources.tables import ReadGuard
 from prx_core.stages.join_tables import JoinStagingError, stage_joins
-from prx_core.stages.report import StageReport
+from prx_core.stages.report import ReportSummary, StageReport
 from prx_core.stages.samples_losses import UNREADABLE_FRAGMENT, lost_unit, unreadable_fragment
+from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
 from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, plan_units
-from prx_core.stages.source_causes import examples_by_reason, first_examples, nothing_read_line, refused_line
+from prx_core.stages.source_causes import EmptySource, SourceRefused, examples_by_reason, refuse_nothing
 from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
 from prx_core.stages.takedowns import taken_down_keys
-from prx_core.store import lance_io, schemas
+from prx_core.store import lance_io, maintenance, schemas
+from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.partitions import (
     commit_unit_outputs,
     reject_examples,
-    rejects_predicate,
     source_predicate,
     unit_outputs,
     write_rejects,
@@ -66,17 +67,12 @@ from prx_core.store.partitions import (
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_table
 
+__all__ = ["SAMPLES", "EmptySource", "IngestReport", "SamplesReport", "SourceRefused", "build_samples",
+           "count_sample_ids", "rejected_files", "settle_ingest"]  # the refusals live in source_causes
+
 FRAGMENT_ROWS = 1_000_000  # Lance rows per data file: what queries and compaction want
 FETCH_SHARE = 0.8  # of a unit's time limit spent fetching URLs at most; the rest decodes, writes and records
-
-
-class SourceRefused(RuntimeError):
-    """The source yielded no sample: its message is the one line saying why (source, counts, the
-    dominant reject reason with an example, the likely fix), printed as is by the asset and CLI."""
-
-
-class EmptySource(SourceRefused):
-    """The source yielded no sample while its partition holds rows: refused, not emptied."""
+MAX_DUPLICATE_RATE = 0.001  # repeated sample_ids moved to rejects at most (the asset passes its check's threshold)
 
 
 @dataclass
@@ -215,11 +211,34 @@ def report_samples(run: StageRun) -> SamplesReport:
     )
 
 
+@dataclass
+class IngestReport:
+    """`samples`: the ingest, its sample-id settlement, fragment health and a few refused files."""
+
+    samples: SamplesReport
+    keys: KeyResolution
+    health: FragmentHealth
+    rejected_files: list[dict[str, Any]] = field(default_factory=list)
+
+    def summary(self) -> ReportSummary:
+        return self.samples.summary()
+
+
+def settle_ingest(report: SamplesReport, run: StageRun) -> IngestReport:
+    """`then`, after the ingest's lock: repeated sample ids settled (under their own lock), then
+    fragment health and a few refused files, as the partition now reads."""
+    storage = run.storage
+    keys = settle_sample_ids(storage, report, run["max_duplicate_rate"])
+    health = maintenance.fragment_health(storage.lance_uri("samples"), storage_options=storage.lance_storage_options())
+    return IngestReport(report, keys, health, rejected_files(storage, run.partition))
+
+
 SAMPLES = Stage(
-    "samples", reads=("raw_source",), writes=("samples", "rejects"), code_version="2", report_type=SamplesReport,
+    "samples", reads=("raw_source",), writes=("samples", "rejects"), after=("raw_source",),
+    code_version="2", report_type=IngestReport,
     settings={"spec": required(SourceSpec), "max_pixels": DEFAULT_MAX_PIXELS, "unit_bytes": UNIT_BYTES,
               "unit_rows": UNIT_ROWS, "unit_files": UNIT_FILES, "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS,
-              "unit_seconds": UNIT_SECONDS, "allow_empty": False},
+              "unit_seconds": UNIT_SECONDS, "allow_empty": False, "max_duplicate_rate": MAX_DUPLICATE_RATE},
     unit_sizes=(
         UnitSize("unit_bytes", "Source bytes per ingest unit; one unit writes ~one Lance fragment, so this sets "
                                "fragment size (~1M rows at 64 KB per image)."),
@@ -232,62 +251,32 @@ SAMPLES = Stage(
                                  "a worker killed out of memory again and again) is cancelled and its source files "
                                  "become unreadable_fragment rejects."),
     ),
-    unpinned=("unit_seconds", "allow_empty", "unit_rows", "unit_files"),  # the last two: pinned where they cut
-    pin=pin_source, work=ingest_units, commit=commit_samples, report=report_samples,
-    reusable=lambda report: report.rows > 0,  # the listing and settings as last committed: nothing to re-ingest
+    # unit_rows, unit_files: pinned where they cut; max_duplicate_rate decides after the commit (`then`)
+    unpinned=("unit_seconds", "allow_empty", "unit_rows", "unit_files", "max_duplicate_rate"),
+    pin=pin_source, work=ingest_units, commit=commit_samples, report=report_samples, then=settle_ingest,
+    # the listing and settings as last committed: nothing to re-ingest
+    reusable=lambda report: report.samples.rows > 0,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
-WIRE_TYPES = wire.register_all(SamplesReport, SourceSpec, JoinSpec, DownloadSettings)
+WIRE_TYPES = wire.register_all(IngestReport, SamplesReport, KeyResolution, FragmentHealth, SourceSpec, JoinSpec,
+                               DownloadSettings)
+wire.register_moved("prx_core.stages.entry:IngestReport", IngestReport)  # reports recorded before it moved here
 
 
 def build_samples(spec: SourceSpec, storage: Storage, progress: Throttle | None = None,
                   **settings: Any) -> SamplesReport:
-    """Ingest `spec` (`run_partition` of SAMPLES): its rows in `samples` and its `samples`-stage rows
-    in `rejects` replaced; settings max_pixels, unit_bytes, unit_rows, unit_files, max_caption_chars,
-    unit_seconds (a unit running longer is cancelled, its fragments become rejects) and allow_empty.
+    """Ingest `spec` (`run_partition` of SAMPLES, its settlement included): its rows in `samples` and
+    its `samples`-stage rows in `rejects` replaced; settings max_pixels, unit_bytes, unit_rows,
+    unit_files, max_caption_chars, unit_seconds (a unit running longer is cancelled, its fragments
+    become rejects), allow_empty and max_duplicate_rate. Returns the ingest's part of the report, its
+    counts as settled (the whole `IngestReport`: `run_partition(SAMPLES, ...)`).
 
     Unless `allow_empty`, a source that yields no sample raises `SourceRefused` (one line: why and
     the fix). Every sample refused: the rejects are committed, then it raises (the partition holds
     0 samples and its rejects), except that a partition holding samples is left whole (`EmptySource`,
     nothing committed). No file listed, or no row at all: nothing is committed; `EmptySource` when
     the partition holds rows. A run refused before its commit stays recorded for a rerun."""
-    return run_partition(SAMPLES, storage, progress=progress, spec=spec, **settings)
-
-
-def refuse_nothing(spec: SourceSpec, storage: Storage, listed: int, results: UnitResults) -> str:
-    """For a run that kept no sample: raise before any commit (nothing read, or a partition holding
-    samples to keep), or return the line to raise once its rejects are committed."""
-    if results.total("rejected") == 0:
-        refuse_emptying(spec, storage, listed)
-        raise SourceRefused(nothing_read_line(spec, listed))
-    line = refused_line(spec, results.counts("reasons"), first_examples(results.summaries))
-    held = held_rows(spec, storage, ("samples",))
-    if held:
-        raise EmptySource(f"{line}. Its partition holds {held} samples: kept whole, nothing committed (to empty it "
-                          "on purpose, rerun `samples` with run config `allow_empty: true`)")
-    return line + ". The refused rows are in rejects (stage samples; the explorer's rejects page)"
-
-
-def refuse_emptying(spec: SourceSpec, storage: Storage, fragments: int) -> None:
-    """Raise `EmptySource` when the partition of an empty source holds rows (samples or rejects)."""
-    held = held_rows(spec, storage, ("samples", "rejects"))
-    if held:
-        raise EmptySource(
-            f"source {spec.name!r} ({spec.format} at {spec.uri}) yielded no sample ({fragments} files or folders "
-            f"listed), and its partition holds {held} rows: refusing to replace them with nothing. Fix the "
-            "source's uri (or restore its files), or, to empty the partition on purpose, rerun `samples` with "
-            "run config `allow_empty: true`.")
-
-
-def held_rows(spec: SourceSpec, storage: Storage, tables: tuple[str, ...]) -> int:
-    """Rows the source's partition holds in `tables` (`rejects`: its samples-stage rows)."""
-    options = storage.lance_storage_options()
-    predicates = {"samples": source_predicate(spec.name), "rejects": rejects_predicate(spec.name, "samples")}
-    held = 0
-    for table in tables:
-        dataset = lance_io.open_table(storage.lance_uri(table), options)
-        held += dataset.count_rows(filter=predicates[table]) if dataset is not None else 0
-    return held
+    return run_partition(SAMPLES, storage, progress=progress, spec=spec, **settings).samples
 
 
 def count_sample_ids(storage: Storage, source: str, version: int, unit_rows: int = 1_000_000) -> KeyCounts:

@@ -287,7 +287,8 @@ def report_skips(run: StageRun) -> SkipReport:
 
 
 SKIP_LISTS = Stage(
-    "skip_lists", reads=("duplicates", "caption_labels"), writes=(),  # the lists are files under skiplists/
+    "skip_lists", reads=("mds", "duplicates", "caption_labels"), writes=("skiplists", "manifests"),  # files
+    after=("mds_shards", "duplicates", "caption_labels"),
     code_version="4", report_type=SkipReport,  # 3: completion records, 4: tier manifests
     settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
     phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,

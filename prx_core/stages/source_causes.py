@@ -1,10 +1,12 @@
 """Why a source yielded no sample, in one line an operator can act on.
 
 A source whose every sample is refused (or that lists no file) fails its `samples` run
-(`prx_core.stages.samples.SourceRefused`) with one line: the source, how many rows were
+(`SourceRefused`) with one line: the source, how many rows were
 refused, the dominant reject reason with its count, one example (its key and message) and the
 likely fix from `HINTS` (and `FILE_HINTS` for folder and tar sources), tables keyed by reject reason. The examples come from the work
 units' summaries (`examples_by_reason`), so the line is built without reading `rejects` back.
+`refuse_nothing` decides, for a run that kept no sample, whether it raises before its commit or
+after (its rejects committed for inspection).
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from prx_core.compute.unit_results import UnitResults
 from prx_core.sources.catalog import SourceSpec
+from prx_core.store import lance_io
+from prx_core.store.partitions import rejects_predicate, source_predicate
+from prx_core.store.storage import Storage
 
 EXAMPLE_CHARS = 240  # an example message, cut: the whole of it is in rejects.lance
 KEY_CHARS = 160
@@ -65,6 +71,15 @@ FILE_HINTS: dict[str, str] = {
     "empty": "the image files are empty (0 bytes): check how they were fetched or copied",
 }
 GENERIC_HINT = "see the rejects (rejects.lance, stage samples, or the explorer) for every refused row"
+
+
+class SourceRefused(RuntimeError):
+    """The source yielded no sample: its message is the one line saying why (source, counts, the
+    dominant reject reason with an example, the likely fix), printed as is by the asset and CLI."""
+
+
+class EmptySource(SourceRefused):
+    """The source yielded no sample while its partition holds rows: refused, not emptied."""
 
 
 def examples_by_reason(refused: pa.Table) -> dict[str, dict[str, str]]:
@@ -130,3 +145,39 @@ def one_line(text: str, limit: int) -> str:
     """Whitespace (newlines of a traceback or a multi-line error) collapsed, cut at `limit`."""
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def refuse_nothing(spec: SourceSpec, storage: Storage, listed: int, results: UnitResults) -> str:
+    """For a run that kept no sample: raise before any commit (nothing read, or a partition holding
+    samples to keep), or return the line to raise once its rejects are committed."""
+    if results.total("rejected") == 0:
+        refuse_emptying(spec, storage, listed)
+        raise SourceRefused(nothing_read_line(spec, listed))
+    line = refused_line(spec, results.counts("reasons"), first_examples(results.summaries))
+    held = held_rows(spec, storage, ("samples",))
+    if held:
+        raise EmptySource(f"{line}. Its partition holds {held} samples: kept whole, nothing committed (to empty it "
+                          "on purpose, rerun `samples` with run config `allow_empty: true`)")
+    return line + ". The refused rows are in rejects (stage samples; the explorer's rejects page)"
+
+
+def refuse_emptying(spec: SourceSpec, storage: Storage, fragments: int) -> None:
+    """Raise `EmptySource` when the partition of an empty source holds rows (samples or rejects)."""
+    held = held_rows(spec, storage, ("samples", "rejects"))
+    if held:
+        raise EmptySource(
+            f"source {spec.name!r} ({spec.format} at {spec.uri}) yielded no sample ({fragments} files or folders "
+            f"listed), and its partition holds {held} rows: refusing to replace them with nothing. Fix the "
+            "source's uri (or restore its files), or, to empty the partition on purpose, rerun `samples` with "
+            "run config `allow_empty: true`.")
+
+
+def held_rows(spec: SourceSpec, storage: Storage, tables: tuple[str, ...]) -> int:
+    """Rows the source's partition holds in `tables` (`rejects`: its samples-stage rows)."""
+    options = storage.lance_storage_options()
+    predicates = {"samples": source_predicate(spec.name), "rejects": rejects_predicate(spec.name, "samples")}
+    held = 0
+    for table in tables:
+        dataset = lance_io.open_table(storage.lance_uri(table), options)
+        held += dataset.count_rows(filter=predicates[table]) if dataset is not None else 0
+    return held

@@ -1,6 +1,6 @@
 """A stage declared once, and `run_partition`, the one way every stage runs a partition.
 
-A `Stage` names what it reads and writes, its code version, its settings (with the unit sizes
+A `Stage` names what it reads and writes, the assets it follows (`after`), its code version, its settings (with the unit sizes
 among them, which `prx_resources.units` offers to operators), its phases of work units, and four
 steps: `pin` the input versions the attempt computes from, `work` its phases on Ray workers,
 `commit` what the units wrote, and `report`. `run_partition` is the rest, the same for every
@@ -66,10 +66,10 @@ class Stage:
     when set, runs after the lock is released and returns what the asset reports (`report_type`):
     a step that takes another lock, or reads back what the stage published."""
 
-    name: str
-    reads: tuple[str, ...]
-    writes: tuple[str, ...]
-    code_version: str
+    name: str  # and its asset's
+    reads: tuple[str, ...]  # the tables (and published files: "mds") its steps read
+    writes: tuple[str, ...]  # what it writes
+    code_version: str  # enters the manifest, and begins its asset's code version (prx_assets.declared)
     report_type: type
     settings: Mapping[str, Any]
     pin: Callable[[StageRun], Mapping[str, Any]]
@@ -94,6 +94,10 @@ class Stage:
     # `present(run, report)`: whether the files a reused report describes are still in place (tables are
     # checked by version); a reuse needs both
     present: Callable[[StageRun, Any], bool] | None = None
+    # the upstream assets its asset follows (its Dagster `deps`, prx_assets.declared): what it reads,
+    # each table named by the nearest asset that makes it, which decides what a new upstream version
+    # reruns (tests/assets/test_stage_graph.py holds the graph to these declarations)
+    after: tuple[str, ...] = ()
 
     def defaults(self) -> dict[str, Any]:
         return {k: v for k, v in self.settings.items() if not isinstance(v, Required)}

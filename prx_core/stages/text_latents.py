@@ -107,7 +107,8 @@ def report_latents(run: StageRun) -> TextLatentsReport:
 
 
 TEXT_LATENTS = Stage(
-    "text_latents", reads=("samples", "buckets", "captions"), writes=("text_latents",), code_version="1",
+    "text_latents", reads=("samples", "buckets", "captions"), writes=("text_latents",), after=("captions", "samples"),
+    code_version="1",
     report_type=TextLatentsReport,
     settings={"captioner_version": required(str), "config": required(TextLatentsConfig), "actors": 1, "gpus": 0.0,
               "unit_rows": UNIT_CONTENTS, "model": None},

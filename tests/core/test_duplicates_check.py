@@ -12,8 +12,9 @@ from lance import LanceDataset, LanceOperation
 from dup_rows import write_source
 from test_duplicates_stage import SMALL_CHANGE, storage  # noqa: F401 (storage: a fixture)
 
-from prx_core.stages.duplicates import build_duplicates
+from prx_core.stages.duplicates import DUPLICATES, build_duplicates
 from prx_core.stages.duplicates_check import RECORD, check_changed_groups, check_keepers, load_record
+from prx_core.stages.stage import run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 
@@ -29,16 +30,17 @@ def new_groups(storage: Storage, version: int, start: int) -> set[str]:
 
 
 def test_after_an_incremental_run_only_the_changed_groups_are_checked(storage: Storage) -> None:
-    full = build_duplicates(storage, rows_per_bucket=80)
-    first = check_keepers(storage, full, rows_per_bucket=8)
+    """The check is the stage's own last step (`then`): each run's report carries it."""
+    grouped = run_partition(DUPLICATES, storage, rows_per_bucket=80)
+    full, first = grouped.duplicates, grouped.check
     total = lance_io.require_table(storage.lance_uri("duplicates")).count_rows()
     assert (first.scope, first.passed, first.rows) == ("all", True, total)
     assert load_record(storage) == {"version": full.duplicates_version, "rows": total, "passed": True}
 
     write_source(storage, "d", [("1", 13, 1, 2, 90, 1), ("2", 3, 3, 999, 90, 1), ("3", 40, 0, 1, 90, 1)], fragments=1)
-    report = build_duplicates(storage, unit_rows=2, rows_per_bucket=20, full_fraction=SMALL_CHANGE)
+    grouped = run_partition(DUPLICATES, storage, unit_rows=2, rows_per_bucket=20, full_fraction=SMALL_CHANGE)
+    report, check = grouped.duplicates, grouped.check
     assert report.mode == "incremental"
-    check = check_keepers(storage, report, unit_rows=2, rows_per_bucket=2)
     changed = new_groups(storage, report.duplicates_version, report.previous_duplicates_version)
     table = lance_io.require_table(storage.lance_uri("duplicates"))
     want = table.count_rows(filter=f"group_id IN ({', '.join(repr(g) for g in sorted(changed))})")
