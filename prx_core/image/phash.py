@@ -18,7 +18,7 @@ The hash alone does not find copies reliably: a bit flips whenever a copy moves 
 the median, so on real photos 10-15% of re-encodes and resizes differ from their original in 2-8
 bits, whatever the reduction. `duplicates` therefore matches on several rank boundaries and
 confirms by a signature (prx_core.image.fingerprint); what that finds, through the pipeline on
-labelled real photos, is in docs/benchmarks.md (`prx-corpus bench-dedup`). The exact-match rates of
+labelled real photos, is in docs/benchmarks.md (`prx-bench dedup`). The exact-match rates of
 the hash alone (the original and its copies hashed outside the pipeline, 125 photos: 15
 scikit-image photos, 20 wallpapers, 5 half-size crops of each of the 18 JPEG ones; `draft` = full vs
 1/4 draft decode of one q90 JPEG; last column = Hamming distance to `imagehash.phash`, median / mean):

@@ -168,10 +168,11 @@ def _stream_folders(fs: fsspec.AbstractFileSystem, root: str, source: str | None
     """`mds/<source>/<tier>/<w>x<h>` folders, found level by level (a delimited listing each): a
     recursive listing of `mds/` would return every shard of the corpus, millions at 1B images."""
     base = join_uri(root, "mds")
+    named = [validate_source_name(source)] if source is not None else None  # refused before any I/O
     fs.invalidate_cache()
     if not fs.exists(base):
         return []
-    sources = [validate_source_name(source)] if source is not None else [
+    sources = named if named is not None else [
         name for name in _folder_names(fs, base) if not name.startswith(".")]
     found = []
     for name in sources:
