@@ -23,6 +23,7 @@ from test_build import RUN_LINE, run_cli, run_lines
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.models.caption_base import Captioner, CaptionerConfig, CaptionResult
 from prx_core.models.serving import CaptionServer
+from prx_core.stages.captions import CAPTIONS
 from prx_resources import CaptionerResource
 
 pytestmark = pytest.mark.slow
@@ -105,7 +106,8 @@ def test_stale_rebuilds_exactly_what_a_captioner_change_unsynced(tmp_path: Path,
     chosen = choices(changed.stdout)
     assert f"stale: {len(DOWNSTREAM)} asset partitions to materialize" in changed.stdout, changed.explain()
     assert list(chosen) == [(asset, "photos") for asset in DOWNSTREAM], changed.explain()
-    assert chosen[("captions", "photos")] == f"code version {old} -> {new}"
+    stage = CAPTIONS.code_version  # the asset's code version is the stage's, then the captioner's
+    assert chosen[("captions", "photos")] == f"code version {stage}-{old} -> {stage}-{new}"
     for asset in DOWNSTREAM[1:]:  # each carries the captioner version in its own code version
         assert re.fullmatch(rf"code version \S*{old}\S* -> \S*{new}\S*", chosen[(asset, "photos")]), chosen
     assert run_lines(changed.stdout) == [("captions, caption_labels, caption_embeddings, text_latents, mds_shards", "photos",
