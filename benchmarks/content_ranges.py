@@ -29,7 +29,6 @@ every size: its unit's range spans 4,096 x `--sources` rows of the table at ever
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -44,6 +43,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from benchmarks.index_segments import content_ids
 from prx_core.store.lance_io import sql_literal
 from prx_core.store.lookups import LOOKUP_INDEX_CACHE_BYTES, LOOKUP_METADATA_CACHE_BYTES, lookup_literals
 from prx_core.store.maintenance import refresh_indexes
@@ -56,8 +56,7 @@ PATTERNS = ("random", "range_keys", "range_read")
 
 def rows_of(start: int, n: int, sources: int) -> pa.Table:
     """Rows start..start+n: row i is source s{i % sources}, with a short caption like a stored one."""
-    ids = [hashlib.sha256(b"image-%d" % i).hexdigest() for i in range(start, start + n)]
-    return pa.table({"content_id": ids, "source": [f"s{i % sources}" for i in range(start, start + n)],
+    return pa.table({"content_id": content_ids(start, n), "source": [f"s{i % sources}" for i in range(start, start + n)],
                      "caption": [f"a photo of thing number {i}" for i in range(start, start + n)]})
 
 

@@ -33,7 +33,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import lance
@@ -48,9 +48,13 @@ FRAGMENT_ROWS = 1_000_000  # the shared tables' fragments (upkeep.appends.MERGE_
 LOOKUPS = {"5_keys": 5, "4096_keys": 4_096}
 
 
+def content_ids_at(positions: Iterable[int]) -> list[str]:
+    """Content ids of the rows at `positions` (prx_core.sources.ingest.content_id of made-up bytes)."""
+    return [hashlib.sha256(b"image-%d" % i).hexdigest() for i in positions]
+
+
 def content_ids(start: int, n: int) -> list[str]:
-    """Content ids of rows start..start+n (prx_core.sources.ingest.content_id of made-up bytes)."""
-    return [hashlib.sha256(b"image-%d" % i).hexdigest() for i in range(start, start + n)]
+    return content_ids_at(range(start, start + n))
 
 
 def rows_of(start: int, n: int) -> pa.Table:
@@ -116,10 +120,6 @@ def lookup(ds: lance.LanceDataset, rows: int, keys: Sequence[int]) -> tuple[int,
     if got != sorted(keys):
         raise AssertionError(f"lookup of {len(keys)} keys in {rows} rows found {len(got)} rows, not the ones written")
     return read, seconds
-
-
-def content_ids_at(positions: Sequence[int]) -> list[str]:
-    return [hashlib.sha256(b"image-%d" % i).hexdigest() for i in positions]
 
 
 def measure(uri: str, rows: int, repeats: int, seed: int) -> dict[str, dict[str, float]]:
