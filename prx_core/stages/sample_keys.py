@@ -24,7 +24,6 @@ import pyarrow as pa
 from prx_core.compute.row_units import map_groups, plan_row_units, read_row_unit, read_row_units
 from prx_core.compute.shuffle import BUCKETS, hash_values
 from prx_core.store import lance_io, schemas
-from prx_core.store.locks import exclusive
 from prx_core.store.partitions import reject_row, source_predicate, write_rejects
 from prx_core.store.storage import Storage
 
@@ -58,11 +57,11 @@ class KeyResolution:
     rejects_version: int | None = None
 
 
-@exclusive("samples")  # it writes the samples partition and its rejects, like build_samples
 def resolve_duplicate_ids(storage: Storage, source: str, version: int, limit: int,
                           unit_rows: int = 1_000_000, examples: int = 100) -> KeyResolution:
     """Find the partition's repeated sample_ids (at `version`) and, when at most `limit` rows are
-    in excess, keep one row of each and move the others to `rejects`."""
+    in excess, keep one row of each and move the others to `rejects`. It writes the samples
+    partition: the caller holds its lock (the samples stage's follow-up step runs under it)."""
     import ray
 
     uri, options = storage.lance_uri("samples"), storage.lance_storage_options()

@@ -172,7 +172,9 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         run.versions = stage.commit(run)
         run.attempt.finish()
         report = condense_report(stage.report(run), storage, stage.name, partition, run.attempt.token)
-    final = report if stage.then is None else stage.then(report, run)
+        # still under the lock: a follow-up that rewrites the partition (sample-id settlement) must
+        # not let a second writer in between the commit and itself
+        final = report if stage.then is None else stage.then(report, run)
     if stage.reusable is None:  # followed by downstream stages (`last_commit`), never reused itself
         record_committed(storage, stage.name, partition, reuse, run.versions, None)
     elif stage.reusable(final):

@@ -30,8 +30,9 @@ def rehearse(tmp_path: Path, build_exit: int = 0) -> tuple[int, list[list[str]]]
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     stub(bin_dir, "scontrol", 'echo "' + "\n".join(NODES) + '"')
-    # srun records its command line; the build step exits as asked, the rest succeed
-    stub(bin_dir, "srun", f'printf "%q " "$@" >> {log}; echo >> {log}\n'
+    # srun records its command line in one write (the workers' sruns run at once: two writes each
+    # interleaved into one line); the build step exits as asked, the rest succeed
+    stub(bin_dir, "srun", f'line=$(printf "%q " "$@"); echo "$line" >> {log}\n'
                           f'case "$*" in *prx-corpus*) exit {build_exit};; *"hostname --ip-address"*) echo 10.0.0.1;; esac')
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node-[a-c]",
            "SLURM_CPUS_ON_NODE": "32", "SLURM_GPUS_ON_NODE": "8", "PRX_HOME": str(REPO), "SOURCES": "/shared/sources.yaml",
