@@ -6,7 +6,7 @@
 # two thirds of the time, and every test runs beside a loaded neighbour, as it will on CI some day.
 # The halves are balanced by measured time (`--durations`) and keep tests/core and tests/explorer
 # apart (each has its own conftest). With arguments, one pytest runs just those: `make test
-# PYTEST_ARGS=tests/core/test_mds.py`.
+# PYTEST_ARGS=tests/core/shards/test_mds.py`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=(.venv/bin/python -m pytest)

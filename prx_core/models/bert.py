@@ -4,7 +4,7 @@ Why not `transformers.BertModel`: importing transformers costs ~5 s of a core pe
 torch itself, and every labeller and embedder actor is a fresh process (two per source in a build).
 A BERT encoder is a few dozen lines: embeddings, then per layer self-attention and a GELU feed-forward,
 each followed by a residual and LayerNorm. `prx_core.models.embeddings.MiniLM` runs it, and
-tests/core/test_labels.py holds the result equal to sentence-transformers on the same folder.
+tests/core/models/test_labels.py holds the result equal to sentence-transformers on the same folder.
 Imports torch: import this module only where a model runs.
 """
 

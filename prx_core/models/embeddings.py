@@ -9,7 +9,7 @@ a dot product.
 
 The model runs in plain torch (`prx_core.models.bert`), not through sentence-transformers or
 transformers: the folder's pipeline is BERT, a mean over the unmasked tokens (`1_Pooling`) and an
-L2 normalization, which `MiniLM` computes in a few lines (tests/core/test_labels.py holds it equal
+L2 normalization, which `MiniLM` computes in a few lines (tests/core/models/test_labels.py holds it equal
 to `SentenceTransformer.encode` within 1e-6). Every labeller and embedder actor is a fresh process
 (two per source in a build); importing transformers would cost each ~5 s of a core, and
 sentence-transformers (scikit-learn and its own modules) ~4 s more, for nothing they compute.

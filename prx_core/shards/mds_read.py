@@ -203,7 +203,7 @@ def verify_stream(uri: str, storage_options: dict | None = None, expected_sha256
 def decode_int(data: bytes) -> int:
     """streaming's `int` decoder, without importing streaming: that import pulls in torch and
     transformers (~5 s per process), paid by every worker that reads a few samples back.
-    tests/core/test_mds_encodings.py holds it equal to `mds_decode("int", ...)`."""
+    tests/core/shards/test_mds_encodings.py holds it equal to `mds_decode("int", ...)`."""
     return int(np.frombuffer(data, np.int64)[0])
 
 

@@ -5,7 +5,7 @@ Why not `MDSWriter` itself: importing streaming imports torch and transformers (
 every worker process that writes a chunk: most of a small source's `mds_shards` time). The format
 is small and fixed: a shard is its sample count, the samples' byte offsets (uint32), the writer's
 config as sorted JSON, then the samples; index.json lists each shard's config, size and hashes.
-tests/core/test_mds_writer.py holds the output byte-identical to `MDSWriter` for the same samples
+tests/core/shards/test_mds_writer.py holds the output byte-identical to `MDSWriter` for the same samples
 (several shards, text-latent columns included), and every test that reads a stream reads it with
 streaming itself.
 

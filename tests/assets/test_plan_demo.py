@@ -1,6 +1,6 @@
 """`prx-corpus plan` on the demo sources against what the build of them produced: rows, MDS
 samples, streams and MDS bytes within 10% per source (the demo is smaller than the default
-sample, so the plan reads all of it; the sampled case is tests/core/test_plan.py)."""
+sample, so the plan reads all of it; the sampled case is tests/core/stages/test_plan.py)."""
 
 from __future__ import annotations
 

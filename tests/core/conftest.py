@@ -11,6 +11,12 @@ import numpy as np
 import pytest
 
 
+# The tests mirror prx_core's packages (tests/core/<package>/test_*.py), and some modules share
+# builders across them (`from test_row_stages import make_samples`): every package folder is on the
+# path, so such an import works whichever folder pytest reached first.
+sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).parent.iterdir())
+                if folder.is_dir() and not folder.name.startswith(("_", "."))]
+
 RAY_MODULES = pytest.StashKey[set[str]]()  # the core modules whose tests ask for `ray_cluster`, by file
 
 

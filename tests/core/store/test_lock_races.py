@@ -27,7 +27,7 @@ from prx_core.store.locks import LockLost, PartitionLock, PartitionLocked
 from prx_core.store.partitions import rejects_predicate
 from prx_core.store.storage import Storage, put_atomic
 
-WRITER = Path(__file__).with_name("lock_writer.py")
+WRITER = Path(__file__).parents[1] / "lock_writer.py"
 WAIT = 120.0  # seconds a step may take on a loaded machine before the test gives up
 
 

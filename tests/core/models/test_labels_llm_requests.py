@@ -1,6 +1,6 @@
 """The `llm` label backend without a server: strict parsing of valid, invalid and adversarial
 answers (Qwen3 think blocks included), config validation, versions, and the request it sends.
-The transport and the stage: tests/core/test_labels_llm.py."""
+The transport and the stage: tests/core/models/test_labels_llm.py."""
 
 from __future__ import annotations
 

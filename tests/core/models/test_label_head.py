@@ -1,6 +1,6 @@
 """The labeller's head (prx_core.models.label_head): the shipped file matches the data and model it
 claims, its decision rule is the labeller's, and the training maths is deterministic and learns
-(on small fixtures; the shipped head's held-out numbers are tests/core/test_label_heldout.py)."""
+(on small fixtures; the shipped head's held-out numbers are tests/core/models/test_label_heldout.py)."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import SkipList, index_digest
 from prx_core.shards.skiplists_publish import write_skip_lists
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # (source, tier, w, h, count): counts of the main streams are multiples of 8 (two ranks x batch 4)
 LAYOUT = [("alpha", 512, 512, 512, 40), ("alpha", 512, 576, 448, 32), ("alpha", 512, 448, 576, 24),
           ("alpha", 512, 640, 384, 3), ("alpha", 1024, 1024, 1024, 2), ("beta", 512, 512, 512, 24),

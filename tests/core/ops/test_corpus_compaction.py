@@ -1,5 +1,5 @@
 """prx_core.ops.compaction: the one entry point the compact_corpus Dagster op and `prx-corpus compact` call.
-The per-table rules are tests/core/test_lance_compaction.py's; here, that the corpus-wide call finds the
+The per-table rules are tests/core/upkeep/test_lance_compaction.py's; here, that the corpus-wide call finds the
 tables that exist, compacts them per partition, reports each as it goes, and prunes after them."""
 
 from __future__ import annotations
