@@ -149,7 +149,8 @@ def _cmd_rewrite_stream(args: argparse.Namespace) -> int:
 def _cmd_manifest(args: argparse.Namespace) -> int:
     from prx_core.shards.manifest import read_manifest_header
     from prx_core.shards.manifest_publish import manifest_sources, publish_source_manifest
-    from prx_core.stages.opt_out import SKIP_LOCKS, source_locks
+    from prx_core.stages.opt_out import SKIP_LOCKS
+    from prx_core.store.locks import partition_locks
 
     storage = _storage(args.root, args.config)
     sources = args.source or manifest_sources(storage.root, storage.storage_options)
@@ -158,7 +159,7 @@ def _cmd_manifest(args: argparse.Namespace) -> int:
     current: dict[int, str] = {}
     try:
         for source in sources:
-            with source_locks(storage, source, SKIP_LOCKS, "prx-corpus manifest"):
+            with partition_locks(storage, source, SKIP_LOCKS, "prx-corpus manifest"):
                 current.update(publish_source_manifest(storage.root, source, storage.storage_options))
     except _errors() as exc:
         return _fail("manifest", exc)

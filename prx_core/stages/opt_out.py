@@ -12,7 +12,6 @@ for what this run touched (see `purge_source`).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -20,7 +19,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,7 +40,7 @@ from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatc
 from prx_core.stages.takedown_purge import PurgeReport, purge_source
 from prx_core.stages.takedowns import contents_of, find_copies, record_contents, record_takedowns
 from prx_core.store import fencing, lance_io
-from prx_core.store.locks import partition_lock, run_label
+from prx_core.store.locks import partition_locks
 from prx_core.store.storage import Storage, put_atomic
 
 # every asset that writes a source's rows or pins their versions: a purge holds all their locks
@@ -68,15 +67,6 @@ class OptOutReport:
     copies: dict[str, str] = field(default_factory=dict)  # other samples of the same picture -> why
     purge: PurgeReport = field(default_factory=PurgeReport)
     record: str = ""  # the audit record under _state/opt_out/
-
-
-@contextlib.contextmanager
-def source_locks(storage: Storage, source: str, assets: Sequence[str], label: str) -> Iterator[None]:
-    """Hold the partition locks of `assets` for the source (in one fixed order: no deadlock)."""
-    with run_label(label), contextlib.ExitStack() as stack:
-        for asset in sorted(set(assets)):
-            stack.enter_context(partition_lock(storage, asset, source))
-        yield
 
 
 def add_opt_outs(storage: Storage, source: str, key: StreamKey, positions: np.ndarray, ids: pa.Array) -> str:
@@ -115,7 +105,7 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
     """Apply one source's matches under its partition locks."""
     source = match.source
     assets = [*SKIP_LOCKS, *DELETE_TABLES.values()] if delete_bytes else list(SKIP_LOCKS)
-    with source_locks(storage, source, assets, f"prx-corpus opt-out ({'delete-bytes' if delete_bytes else 'skip'})"):
+    with partition_locks(storage, source, assets, f"prx-corpus opt-out ({'delete-bytes' if delete_bytes else 'skip'})"):
         for key in sorted(match.streams):
             positions, ids = match.streams[key].sorted()
             if not delete_bytes:
@@ -136,7 +126,7 @@ def purge_recorded(storage: Storage, sources: Sequence[str], discard: bool, repo
     """Purge what the recorded takedowns of `sources` deleted (`prx_core.stages.takedown_purge`),
     under each source's locks of every asset that writes or pins its rows."""
     for source in sources:
-        with source_locks(storage, source, PURGE_LOCKS, "prx-corpus opt-out (purge)"):
+        with partition_locks(storage, source, PURGE_LOCKS, "prx-corpus opt-out (purge)"):
             purge_source(storage, source, discard, list(PURGE_LOCKS), report.purge)
 
 

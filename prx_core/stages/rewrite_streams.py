@@ -16,7 +16,7 @@ from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds import StreamKey, list_streams, stream_uri
 from prx_core.shards.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
 from prx_core.shards.skiplists import stream_key
-from prx_core.stages.opt_out import source_locks
+from prx_core.store.locks import partition_locks
 from prx_core.store.names import MERGED
 from prx_core.store.storage import Storage
 
@@ -80,7 +80,7 @@ def streams_over(storage: Storage, threshold: float = THRESHOLD) -> list[StreamS
 def rewrite_skipped(storage: Storage, source: str, key: StreamKey) -> StreamRewrite:
     """Republish the stream without every position its skip-lists hold, under the source's
     `mds_shards` and `skip_lists` locks."""
-    with source_locks(storage, source, LOCKS, "prx-corpus rewrite-stream"):
+    with partition_locks(storage, source, LOCKS, "prx-corpus rewrite-stream"):
         lists = read_stream_lists(storage, source, key)
         drop = np.unique(np.concatenate([p for p, _ in lists.values()])) if lists else np.empty(0, np.int64)
         rewrite = rewrite_stream(storage, source, key, drop)

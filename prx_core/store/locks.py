@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
-import functools
-import inspect
 import json
 import logging
 import os
@@ -34,9 +32,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from prx_core.store.names import validate_source_name
 from prx_core.store import fencing, lock_objects
@@ -50,9 +48,6 @@ TTL_SECONDS = float(os.environ.get("PRX_LOCK_TTL_SECONDS", "300"))
 BEST_EFFORT_ENV = "PRX_LOCK_BEST_EFFORT"
 # who is writing, for the message another writer gets (a Dagster asset sets its run id here)
 RUN_LABEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("prx_run_label", default=None)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
 
 class PartitionLocked(RuntimeError):
     """Another writer holds the partition: the message says who and since when."""
@@ -234,25 +229,14 @@ def run_label(label: str) -> Iterator[None]:
         RUN_LABEL.reset(reset)
 
 
-def exclusive(asset: str, partition: str | None = None) -> Callable[[F], F]:
-    """Decorate a stage entry point taking `source` (a name) or `spec` (a SourceSpec) and `storage`:
-    the source name is validated before anything else, then the call holds the partition's lock
-    (`partition` names the one lock of an unpartitioned stage)."""
-
-    def decorate(fn: F) -> F:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            bound = signature.bind(*args, **kwargs).arguments
-            source = partition or (bound["source"] if "source" in bound else getattr(bound.get("spec"), "name", None))
-            validate_source_name(source)
-            with partition_lock(bound["storage"], asset, source):
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
+@contextlib.contextmanager
+def partition_locks(storage: Storage, partition: str, assets: Sequence[str], label: str) -> Iterator[None]:
+    """Hold the locks of one partition of several assets (an operator's command: opt-out,
+    rewrite-streams), taken in one fixed order so two such commands never deadlock."""
+    with run_label(label), contextlib.ExitStack() as stack:
+        for asset in sorted(set(assets)):
+            stack.enter_context(partition_lock(storage, asset, partition))
+        yield
 
 
 # -- staleness and the store's conditions ---------------------------------------------------------------
