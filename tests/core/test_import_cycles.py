@@ -141,3 +141,31 @@ def test_the_walk_sees_lazy_relative_and_type_checking_imports(tmp_path: Path) -
     graph = import_graph(tmp_path / "prx_core")
     assert graph["prx_core.pkg.d"] == {"prx_core.pkg.a"}
     assert circles(graph) == [["prx_core.pkg.a", "prx_core.pkg.b", "prx_core.pkg.c"]]
+
+
+def private_imports(root: Path) -> list[str]:
+    """`module imports other._name` for each private name one module of prx_core takes from another
+    (other libraries' privates, e.g. PIL._imaging for the doctor's probe, are theirs to keep)."""
+    found = []
+    for module, path in module_names(root).items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = resolve_base(module, path.name == "__init__.py", node)
+                found += [f"{module} imports {base}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")
+                          and base.startswith("prx_core") and base != module]
+    return found
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    assert private_imports(PRX_CORE) == []
+
+
+def test_a_private_import_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "prx_core"
+    (package / "a").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a" / "__init__.py").write_text("")
+    (package / "a" / "x.py").write_text("def _helper() -> None: ...\n")
+    (package / "a" / "y.py").write_text("from prx_core.a.x import _helper\nfrom .x import _helper as h\n")
+    assert private_imports(package) == ["prx_core.a.y imports prx_core.a.x._helper"] * 2
