@@ -20,10 +20,10 @@ if [ "$#" -gt 0 ]; then
     exec "${PYTEST[@]}" "$@"
 fi
 
-# Test modules import helpers `from conftest import ...`: tests/core, tests/assets and tests/explorer
-# each need their own conftest to be the last one pytest loaded, which holds within one pytest given
-# `tests` (conftests load as collection reaches each folder), not given several of those folders.
-# So half A is two pytest runs in a row, and half B holds only tests/explorer of the three.
+# Half A is two pytest runs in a row: tests/core keeps one 1-CPU Ray for the modules that ask for it,
+# tests/assets one 2-CPU Ray for its session, and in one process the second would find the first
+# running and reuse it. (Helpers live in named modules, never `from conftest import`: any folders
+# may share a run; tests/core/test_layout.py holds it.)
 # e2e modules run in half A, after tests/assets, so the halves end within ~2 min of each other (measured on
 # 2026-12-05 with --durations=0: half A 32 min, half B 37 min before test_build_stale/_report/_interrupt moved)
 HEAVY_E2E=(tests/e2e/test_cluster.py tests/e2e/test_build_stale.py tests/e2e/test_build_report.py

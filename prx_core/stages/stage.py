@@ -63,8 +63,9 @@ class Stage:
     outputs live and returns the Lance versions written; `report(run)` builds the report after the
     attempt is finished (it may still raise: a refusal whose rejects are committed for inspection).
     Settings in `unpinned` never enter the manifest (time limits, escape hatches). `then(report, run)`,
-    when set, runs after the lock is released and returns what the asset reports (`report_type`):
-    a step that takes another lock, or reads back what the stage published."""
+    when set, runs after the commit, still under the partition lock, and returns what the asset
+    reports (`report_type`): a step that rewrites the partition (sample-id settlement) or reads back
+    what the stage published, with no other writer in between."""
 
     name: str  # and its asset's
     reads: tuple[str, ...]  # the tables (and published files: "mds") its steps read

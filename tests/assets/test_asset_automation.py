@@ -11,15 +11,8 @@ from pathlib import Path
 
 import dagster as dg
 import lance
-from conftest import (
-    SOURCES,
-    Corpus,
-    copy_corpus,
-    fresh_instance,
-    materialize,
-    read,
-    resources_for,
-)
+from demo_corpus import Corpus, SOURCES, copy_corpus, read
+from materializing import fresh_instance, materialize, resources_for
 
 from prx_assets.automation import PER_SOURCE, compact_corpus, refresh_source_job, sources_sensor, weekly_source_refresh
 from prx_assets.common import SOURCES as PARTITIONS

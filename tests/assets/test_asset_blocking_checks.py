@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
-from conftest import checks_of, fresh_instance, image_folder_source, materialize, materialized, read
+from demo_corpus import image_folder_source, read
+from materializing import checks_of, fresh_instance, materialize, materialized
 
 from prx_assets.automation import PER_SOURCE
 from prx_assets.definitions import build_resources

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from conftest import make_settings, transformers_config
+from materializing import make_settings, transformers_config
 
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 

@@ -12,7 +12,8 @@ import dagster as dg
 import numpy as np
 import pytest
 import yaml
-from conftest import force_rerun, fresh_instance, make_settings, materialize, read, version_of
+from demo_corpus import read, version_of
+from materializing import force_rerun, fresh_instance, make_settings, materialize
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus

@@ -4,7 +4,7 @@ metadata entry ({table: version}; its data version is a digest of content: test_
 from __future__ import annotations
 
 import pytest
-from conftest import SOURCES, Corpus
+from demo_corpus import Corpus, SOURCES
 
 READS = {  # asset -> tables it reads
     "buckets": {"samples"},

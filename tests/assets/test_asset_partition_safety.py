@@ -13,7 +13,8 @@ from typing import Any
 
 import dagster as dg
 import pytest
-from conftest import fresh_instance, image_folder_source, materialize, materialized, read
+from demo_corpus import image_folder_source, read
+from materializing import fresh_instance, materialize, materialized
 from dagster._utils.tags import TagConcurrencyLimitsCounter
 
 from prx_assets.definitions import build_resources

@@ -9,7 +9,7 @@ import boto3
 import dagster as dg
 import pyarrow.compute as pc
 import yaml
-from conftest import make_settings
+from materializing import make_settings
 
 from prx_cli.build import run_build
 from prx_assets.common import sync_partitions

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from conftest import BUCKETS_REASONS, SOURCES, Corpus, Manifest, by
+from demo_corpus import BUCKETS_REASONS, Corpus, Manifest, SOURCES, by
 
 from prx_core.image.buckets import TIERS, assign_bucket, bucket_sizes
 

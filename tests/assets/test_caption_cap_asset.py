@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import fresh_instance, image_folder_source, make_settings, materialize, materialized, read
+from demo_corpus import image_folder_source, read
+from materializing import fresh_instance, make_settings, materialize, materialized
 
 from prx_assets.definitions import build_assets, build_resources
 from prx_core.models.caption_text import clean_caption

@@ -10,19 +10,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from conftest import (
-    SOURCES,
-    Corpus,
-    check,
-    commits_since,
-    copy_corpus,
-    fresh_instance,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    version_of,
-)
+from demo_corpus import Corpus, SOURCES, copy_corpus, read, version_of
+from materializing import check, commits_since, fresh_instance, materialize, materialized, resources_for
 
 from prx_assets.automation import compact_corpus
 from prx_core.models.caption_base import CaptionerConfig

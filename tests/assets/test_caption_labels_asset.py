@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from conftest import SOURCES, Corpus, Manifest
+from demo_corpus import Corpus, Manifest, SOURCES
 
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.label_base import LABELS

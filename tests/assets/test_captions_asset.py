@@ -10,23 +10,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from conftest import (
-    SOURCES,
-    Corpus,
-    Manifest,
-    check,
-    checks_of,
-    copy_corpus,
-    fresh_instance,
-    image_folder_source,
-    make_settings,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    stream_dirs,
-    transformers_config,
-)
+from demo_corpus import Corpus, Manifest, SOURCES, copy_corpus, image_folder_source, read, stream_dirs
+from materializing import check, checks_of, fresh_instance, make_settings, materialize, materialized, resources_for, transformers_config
 
 from prx_assets.definitions import build_resources
 from prx_core.models.caption_base import CaptionerConfig

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SOURCES, Corpus, Manifest, by
+from demo_corpus import Corpus, Manifest, SOURCES, by
 
 
 @pytest.mark.parametrize("source", SOURCES)

@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import dagster as dg
-from conftest import QUIET_LOGS, fresh_instance, image_folder_source, make_settings, materialize, read
+from demo_corpus import image_folder_source, read
+from materializing import fresh_instance, make_settings, materialize
+from prx_cli.build import QUIET_LOGS
 
 from prx_assets.definitions import build_assets, build_resources
 from prx_core.sources.catalog import load_catalog

@@ -8,7 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import SOURCES, Corpus, copy_corpus, fresh_instance, materialize, materialized, read, resources_for, version_of
+from demo_corpus import Corpus, SOURCES, copy_corpus, read, version_of
+from materializing import fresh_instance, materialize, materialized, resources_for
 
 from prx_core.shards.skiplists import list_skip_files, read_skip_lists
 from prx_core.store import lance_io

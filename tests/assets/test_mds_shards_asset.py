@@ -7,20 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import (
-    SOURCES,
-    Corpus,
-    check,
-    copy_corpus,
-    fresh_instance,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    sha256,
-    stream_dirs,
-    tree_digest,
-)
+from demo_corpus import Corpus, SOURCES, copy_corpus, read, sha256, stream_dirs, tree_digest
+from materializing import check, fresh_instance, materialize, materialized, resources_for
 from PIL import Image
 
 from prx_core.image.imaging import process_image

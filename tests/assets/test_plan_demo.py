@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import SOURCES, Corpus
+from demo_corpus import Corpus, SOURCES
 
 from prx_cli.main import main
 from prx_core.stages.plan import sample_source

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import transformers_config
+from materializing import transformers_config
 from PIL import Image
 
 from prx_cli.main import main

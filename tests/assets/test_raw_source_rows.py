@@ -15,7 +15,7 @@ import lance
 import pyarrow as pa
 import pytest
 import yaml
-from conftest import fresh_instance, make_settings, materialize, materialized
+from materializing import fresh_instance, make_settings, materialize, materialized
 
 from prx_assets.definitions import build_definitions, build_resources
 from prx_core.sources.catalog import load_catalog, parse_catalog

@@ -6,28 +6,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import (
-    INDEX_OPERATIONS,
-    SAMPLES_REASONS,
-    SOURCES,
-    Corpus,
-    Manifest,
-    by,
-    check,
-    commits_since,
-    copy_corpus,
-    data_version,
-    force_rerun,
-    fresh_instance,
-    image_folder_source,
-    make_settings,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    sha256,
-    version_of,
-)
+from demo_corpus import Corpus, Manifest, SAMPLES_REASONS, SOURCES, by, copy_corpus, image_folder_source, read, sha256, version_of
+from materializing import INDEX_OPERATIONS, check, commits_since, data_version, force_rerun, fresh_instance, make_settings, materialize, materialized, resources_for
 
 from prx_assets.definitions import build_resources
 from prx_core.sources.catalog import load_catalog

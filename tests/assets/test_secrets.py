@@ -20,7 +20,8 @@ import ray
 import ray.actor
 import ray.remote_function
 import yaml
-from conftest import image_folder_source, make_settings
+from demo_corpus import image_folder_source
+from materializing import make_settings
 from dagster._serdes import serialize_value
 from starlette.testclient import TestClient
 

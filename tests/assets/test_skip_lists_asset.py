@@ -7,19 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from conftest import (
-    SOURCES,
-    Corpus,
-    caption_keys_by_sample,
-    copy_corpus,
-    fresh_instance,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    stream_dirs,
-    tree_digest,
-)
+from demo_corpus import Corpus, SOURCES, caption_keys_by_sample, copy_corpus, read, stream_dirs, tree_digest
+from materializing import fresh_instance, materialize, materialized, resources_for
 
 from prx_core.shards.skiplists import read_skip_lists, skipped_indices
 from prx_core.stages.skip_lists import SkipPolicy

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from conftest import make_settings
+from materializing import make_settings
 
 from prx_assets.definitions import build_definitions
 from prx_core.stages.entry import STAGES

@@ -11,19 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    Corpus,
-    check,
-    copy_corpus,
-    fresh_instance,
-    materialize,
-    materialized,
-    read,
-    resources_for,
-    stream_dirs,
-    transformers_config,
-    tree_digest,
-)
+from demo_corpus import Corpus, copy_corpus, read, stream_dirs, tree_digest
+from materializing import check, fresh_instance, materialize, materialized, resources_for, transformers_config
 
 from prx_core.models.text_latents import clean_caption, encode_captions
 from prx_core.shards.encodings import latent_key, mask_key, register_encodings

@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
-from conftest import checks_of, fresh_instance, materialize, materialized, read
+from demo_corpus import read
+from materializing import checks_of, fresh_instance, materialize, materialized
 from PIL import Image
 
 from prx_assets.definitions import build_resources

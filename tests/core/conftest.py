@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
+from jpegs import jpeg
 
 
 # The tests mirror prx_core's packages (tests/core/<package>/test_*.py), and some modules share
@@ -67,14 +66,6 @@ def ray_cluster(request: pytest.FixtureRequest, ray_for_the_session: None):
         ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
-
-
-def jpeg(array: np.ndarray, quality: int = 90) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="JPEG", quality=quality)
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")

@@ -30,3 +30,13 @@ def test_every_package_folder_tests_something_of_its_package() -> None:
               if f"prx_core.{path.parent.name}" not in path.read_text()
               and str(path.relative_to(HERE)) not in THROUGH_THE_CLI]
     assert strays == []
+
+
+def test_no_test_imports_from_a_conftest() -> None:
+    """Helpers live in named modules (tests/assets/materializing.py, demo_corpus.py,
+    tests/explorer/explorer_corpora.py, tests/core/jpegs.py): `from conftest import` resolves to
+    whichever folder's conftest pytest loaded last, so it breaks as soon as two folders share a run."""
+    tests = HERE.parent
+    offenders = [str(p.relative_to(tests)) for p in sorted(tests.rglob("*.py")) if p != Path(__file__)
+                 and ("from conftest import" in p.read_text() or "import conftest" in p.read_text())]
+    assert offenders == []

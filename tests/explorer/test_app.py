@@ -20,7 +20,7 @@ from prx_core.store.storage import Storage
 from prx_explorer.search import PAGE_SIZE
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 
 def table(corpus: ExplorerCorpus, name: str, columns: list[str] | None = None, where: str | None = None) -> list[dict]:

@@ -16,12 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import write_small_corpus
+from explorer_corpora import write_small_corpus
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from test_metadata import HOSTILE_KEY, HOSTILE_VALUE, URLS, source_metadata
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def quality_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The explorer over a small corpus whose model captions carry the caption checks' verdicts."""
     import pyarrow as pa
 
-    from conftest import write_explorer
+    from explorer_corpora import write_explorer
     from prx_core.store import lance_io, schemas
 
     storage = write_small_corpus(tmp_path_factory.mktemp("quality-browse") / "corpus")

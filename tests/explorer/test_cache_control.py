@@ -14,7 +14,7 @@ from prx_core.store.storage import Storage
 from prx_explorer.app import create_app
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 
 def paths(corpus: ExplorerCorpus) -> dict[str, tuple[int, str]]:

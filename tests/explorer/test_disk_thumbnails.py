@@ -20,7 +20,7 @@ from prx_explorer.disk_cache import DiskThumbnails
 from prx_explorer.render import ThumbnailCache
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 
 def counted_renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -23,7 +23,7 @@ from prx_explorer.view import FIX
 from test_app import all_ids, search, wait_for
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 MENU_COLUMNS = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
                 "skipped": "skip_reason", "rejected": "reject_reason", "meta": "meta_label", "caption": "caption_problem"}

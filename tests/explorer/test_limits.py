@@ -11,7 +11,7 @@ from pathlib import Path
 import lance
 import pyarrow as pa
 import pytest
-from conftest import write_explorer
+from explorer_corpora import write_explorer
 from starlette.testclient import TestClient
 
 from prx_core.store import lance_io, schemas

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lance
 import pytest
-from conftest import write_small_corpus
+from explorer_corpora import write_small_corpus
 from markupsafe import escape
 from starlette.testclient import TestClient
 

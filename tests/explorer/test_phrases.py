@@ -9,7 +9,7 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
-from conftest import write_small_corpus
+from explorer_corpora import write_small_corpus
 from starlette.testclient import TestClient
 
 from prx_core.store import lance_io
@@ -20,7 +20,7 @@ from prx_explorer.app import SERVER_ERROR, create_app
 from prx_explorer.fulltext import holds_phrases, parse_text
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 LEAKS = ("scanner.rs", "position is not found", ".lance", "Traceback", "/secret")
 

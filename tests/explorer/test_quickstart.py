@@ -21,7 +21,7 @@ from prx_core.compute.quiet import NOISE
 from prx_resources import ExplorerResource
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

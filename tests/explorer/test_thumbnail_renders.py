@@ -27,7 +27,7 @@ from prx_explorer.app import create_app
 from prx_explorer.thumbnails import ThumbnailRenders
 
 if TYPE_CHECKING:
-    from conftest import ExplorerCorpus  # tests/explorer/conftest.py
+    from explorer_corpora import ExplorerCorpus
 
 
 @dataclass

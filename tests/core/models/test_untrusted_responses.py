@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import jpeg
+from jpegs import jpeg
 
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.captioning_openai import OpenAICaptioner

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg
+from jpegs import jpeg
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -46,7 +46,7 @@ def mds_captions(storage: Storage, source: str) -> dict[str, str]:
 def photos() -> list[bytes]:
     """Three real photos large enough to be bucketed (scikit-image's astronaut, coffee, rocket)."""
     import skimage
-    from conftest import jpeg
+    from jpegs import jpeg
 
     return [jpeg(skimage.data.astronaut()), jpeg(skimage.data.coffee()), jpeg(skimage.data.rocket())]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg
+from jpegs import jpeg
 from http_server import serving
 
 from prx_core.sources.catalog import DownloadSettings, SourceSpec
