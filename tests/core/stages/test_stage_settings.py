@@ -1,10 +1,11 @@
-"""The manifest a stage's settings make: its digest names a committed run (reuse) and an attempt
-(resume), so it must not move when nothing the settings say moves. The digests below were computed
-by the string-keyed settings (before each stage declared a settings dataclass): equal digests mean
-every corpus built before keeps its runs and attempts."""
+"""Typed stage settings (prx_core.stages.settings) and the manifest they make: its digest names a
+committed run (reuse) and an attempt (resume), so it must not move when nothing the settings say
+moves. The digests below were computed by the string-keyed settings (before each stage declared a
+settings dataclass): equal digests mean every corpus built before keeps its runs and attempts."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -14,10 +15,13 @@ from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.embeddings import EmbedderConfig
 from prx_core.models.label_base import LabelerConfig
 from prx_core.sources.catalog import SourceSpec
+from prx_core.stages import settings as typed
+from prx_core.stages.buckets import BUCKETS, BucketsSettings
 from prx_core.stages.entry import STAGES
+from prx_core.stages.samples import SAMPLES, SamplesSettings
 from prx_core.stages.skip_lists import SkipPolicy
 from prx_core.stages.source_embeddings import SOURCE_EMBEDDINGS
-from prx_core.stages.stage import Stage, bind_settings
+from prx_core.stages.stage import Stage, UnitSize, bind_settings
 
 UNPINNED = "never in the manifest"  # an unpinned config: any value gives the same digest
 SPEC = SourceSpec("photos", "folder", "/data/photos", caption_column="caption", metadata_columns=("license",))
@@ -63,7 +67,7 @@ DECLARED: dict[str, Stage] = {**STAGES, SOURCE_EMBEDDINGS.name: SOURCE_EMBEDDING
 
 def params_of(stage: Stage, given: dict[str, Any]) -> dict[str, Any]:
     """The manifest params `run_partition` starts from (before `pin` adds what it computes)."""
-    return {k: v for k, v in bind_settings(stage, given).items() if k not in stage.unpinned}
+    return typed.pinned(bind_settings(stage, given), stage.unpinned)
 
 
 def test_every_declared_stage_has_cases() -> None:
@@ -75,3 +79,42 @@ def test_the_manifest_digest_of_each_stage_is_the_one_string_keyed_settings_gave
     stage, (given, digest) = DECLARED[name], CASES[name][case]
     manifest = Manifest(stage.name, "photos", {"samples": 3}, stage.code_version, params_of(stage, given))
     assert manifest.digest() == digest
+
+
+def test_the_params_are_the_flat_dict_the_string_keyed_settings_made() -> None:
+    """Field name -> the value itself: a nested dataclass (the spec) is not turned into a dict
+    (`asdict` would), and the unpinned settings are left out."""
+    params = params_of(SAMPLES, {"spec": SPEC, "unit_bytes": 5})
+    assert params["spec"] is SPEC and params["unit_bytes"] == 5
+    assert set(params) == {"spec", "max_pixels", "unit_bytes", "max_caption_chars"}
+
+
+def test_bound_settings_are_the_stage_dataclass() -> None:
+    bound = bind_settings(BUCKETS, {"unit_rows": 7})
+    assert isinstance(bound, BucketsSettings) and bound.unit_rows == 7 and bound.max_tier == 4096
+    with pytest.raises(TypeError, match="unknown setting.*unit_row, x\\b.*settings: max_tier, unit_rows"):
+        bind_settings(BUCKETS, {"unit_row": 7, "x": 1})
+    with pytest.raises(TypeError, match="missing setting.*spec"):
+        bind_settings(SAMPLES, {})
+
+
+def test_a_worker_rebuilds_the_settings_from_the_manifest_params() -> None:
+    """The pinned fields as pinned, the unpinned at their defaults (they never enter the manifest)."""
+    params = params_of(BUCKETS, {"max_tier": 1024})
+    assert BucketsSettings.from_params(params) == BucketsSettings(max_tier=1024)
+    pinned = {**params_of(SAMPLES, {"spec": SPEC, "max_pixels": 9}), "spec": SPEC.to_dict(), "joins": ()}
+    assert SamplesSettings.from_params(pinned) == SamplesSettings(spec=SPEC, max_pixels=9)
+
+
+def test_a_declaration_naming_no_field_fails_at_import() -> None:
+    with pytest.raises(TypeError, match="buckets: unit_row named but not a field of BucketsSettings"):
+        replace(BUCKETS, unit_sizes=(UnitSize("unit_row", "a typo"),))
+    with pytest.raises(TypeError, match="buckets: max_pixels named but not a field"):
+        replace(BUCKETS, unpinned=("max_pixels",))
+    with pytest.raises(TypeError, match="settings must be a Settings dataclass"):
+        replace(BUCKETS, settings={"unit_rows": 7})
+    with pytest.raises(TypeError, match="non-frozen"):  # a setting cannot change under a running stage
+
+        @dataclass(kw_only=True)
+        class Mutable(BucketsSettings):
+            pass
