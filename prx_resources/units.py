@@ -37,7 +37,7 @@ def unit_field(name: str) -> Any:
     """The pydantic field of resource field `name`: the declared default and description, > 0."""
     stage, setting = STAGES[FIELDS[name][0]], FIELDS[name][1]
     described = {u.setting: u.description for u in stage.unit_sizes}
-    return Field(default=stage.settings[setting], gt=0, description=described[setting])
+    return Field(default=stage.defaults()[setting], gt=0, description=described[setting])
 
 
 class UnitsResource(dg.ConfigurableResource):

@@ -20,6 +20,7 @@ from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import TIERS, Drop, assign_buckets
 from prx_core.stages.report import StageReport
+from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
@@ -78,7 +79,7 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     options = storage.lance_storage_options()
     rows = read_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec, COLUMNS,
                          source_predicate(source), options)
-    buckets, rejects = bucket_samples(rows, run.manifest.params["max_tier"])
+    buckets, rejects = bucket_samples(rows, BucketsSettings.from_params(run.manifest.params).max_tier)
     written = lance_io.write_fragments(storage.lance_uri("buckets"), buckets, schemas.BUCKETS, options)
     refused = write_rejects(storage, rejects)
     placed = [f"{t}/{b}" for t, b in zip(buckets["tier"].to_pylist(), buckets["bucket"].to_pylist()) if t is not None]
@@ -89,7 +90,7 @@ def bucket_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     }
 
 
-def pin_samples(run: StageRun) -> dict[str, int | str | None]:
+def pin_samples(run: StageRun[BucketsSettings]) -> dict[str, int | str | None]:
     """The `samples` version the units read, planned into row ranges of the partition, and the
     partition's fragments (`source_part`): other sources' ingest moves the version (volatile), and a
     rerun resumes across it while the source's own rows are the same fragments."""
@@ -97,32 +98,41 @@ def pin_samples(run: StageRun) -> dict[str, int | str | None]:
     samples_uri = run.storage.lance_uri("samples")
     if not lance_io.table_exists(samples_uri, options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
-    version, run.state["units"] = plan_row_units(samples_uri, source_predicate(run.partition), run["unit_rows"], options)
+    version, run.state["units"] = plan_row_units(samples_uri, source_predicate(run.partition),
+                                                 run.settings.unit_rows, options)
     return {"samples": version, "source_part": lance_io.partition_signature(  # `samples` is volatile: this pins
         run.storage.lance_uri("samples"), source_predicate(run.partition), run.storage.lance_storage_options(), version)}
 
 
-def bucket_units(run: StageRun) -> None:
+def bucket_units(run: StageRun[BucketsSettings]) -> None:
     run.units("units", run.state["units"], bucket_unit)
 
 
-def commit_buckets(run: StageRun) -> dict[str, int]:
+def commit_buckets(run: StageRun[BucketsSettings]) -> dict[str, int]:
     version, _ = commit_unit_outputs(run.storage, "buckets", run.partition, "buckets", run.results["units"].summaries,
                                      index=index_table)
     return {"buckets": version}
 
 
-def report_buckets(run: StageRun) -> BucketsReport:
+def report_buckets(run: StageRun[BucketsSettings]) -> BucketsReport:
     results = run.results["units"]
     return BucketsReport(source=run.partition, rows=results.total("rows"), bucketed=results.total("bucketed"),
                          dropped=results.counts("dropped"), histogram=results.counts("histogram"),
                          samples_version=run.inputs["samples"], buckets_version=run.versions["buckets"], units=results)
 
 
-BUCKETS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class BucketsSettings(Settings):
+    """The `buckets` settings: the largest tier a sample is bucketed into, and rows per unit."""
+
+    max_tier: int = TIERS[-1]
+    unit_rows: int = UNIT_ROWS
+
+
+BUCKETS: Stage[BucketsSettings] = Stage(
     "buckets", reads=("samples",), writes=("buckets", "rejects"), after=("samples",),
     code_version="1", report_type=BucketsReport,
-    settings={"max_tier": TIERS[-1], "unit_rows": UNIT_ROWS},
+    settings=BucketsSettings,
     unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
     pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,
     volatile=("samples",),  # moved by other sources' ingest: `source_part` pins this source's rows

@@ -35,7 +35,8 @@ from prx_core.stages.contents import (
 )
 from prx_core.stages.report import StageReport
 from prx_core.stages.source_embeddings import fixed_size_vectors, write_source_embeddings
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.maintenance import IndexReport, VectorIndexCoverage
 from prx_core.store.storage import Storage
@@ -96,19 +97,21 @@ def embed_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
             "model_seconds": round(model_seconds, 4)}
 
 
-def pin_embeddings(run: StageRun) -> dict[str, int]:
+def pin_embeddings(run: StageRun[EmbeddingsSettings]) -> dict[str, int]:
     """The pinned versions and units; the embedder's version, batch size and width in the manifest."""
-    config: EmbedderConfig = run["config"]
+    config = run.settings.config
     run.params.update(embedder_version=config.version(), batch_size=config.batch_size, dim=config.dim)
     return pin_contents(run, BatchedAppend(run.storage, "caption_embeddings", refresh_indexes=False))  # indexed below
 
 
-def embed_units(run: StageRun) -> None:
+def embed_units(run: StageRun[EmbeddingsSettings]) -> None:
     """Embedder actors, one model each (or `model`, a stand-in of the same output)."""
-    model_units(run, embed_unit, run["model"] or ModelSpec(partial(EmbedBatch, run["config"]), actors=run["actors"]))
+    settings = run.settings
+    model = settings.model or ModelSpec(partial(EmbedBatch, settings.config), actors=settings.actors)
+    model_units(run, embed_unit, model)
 
 
-def commit_embeddings(run: StageRun) -> dict[str, int | None]:
+def commit_embeddings(run: StageRun[EmbeddingsSettings]) -> dict[str, int | None]:
     """The last append; then the source's own vectors (SOURCE_EMBEDDINGS, on the `samples` version
     the units read) and both vector indexes caught up on a worker (IVF training grows with rows)."""
     commit_appends(run)
@@ -120,7 +123,7 @@ def commit_embeddings(run: StageRun) -> dict[str, int | None]:
     return {table: lance_io.table_version(run.storage.lance_uri(table), options) for table in TABLES}
 
 
-def report_embeddings(run: StageRun) -> CaptionEmbeddingsReport:
+def report_embeddings(run: StageRun[EmbeddingsSettings]) -> CaptionEmbeddingsReport:
     results, written = run.results["units"], run.state["source"]
     report = CaptionEmbeddingsReport(run.partition, results.total("captioned"), results.total("reused"),
                                      results.total("embedded"), embedding_seconds=results.seconds,
@@ -137,12 +140,23 @@ def report_embeddings(run: StageRun) -> CaptionEmbeddingsReport:
     return report
 
 
-CAPTION_EMBEDDINGS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class EmbeddingsSettings(Settings):
+    """The `caption_embeddings` settings: whose captions, the embedder (it enters as its version),
+    actors, rows per unit and an in-process model (tests)."""
+
+    captioner_version: str
+    config: EmbedderConfig
+    actors: int = 1
+    unit_rows: int = UNIT_ROWS
+    model: ModelSpec | None = None
+
+
+CAPTION_EMBEDDINGS: Stage[EmbeddingsSettings] = Stage(
     "caption_embeddings", reads=("samples", "buckets", "captions"), writes=TABLES, after=("captions", "samples"),
     code_version="1",
     report_type=CaptionEmbeddingsReport,
-    settings={"captioner_version": required(str), "config": required(EmbedderConfig), "actors": 1,
-              "unit_rows": UNIT_ROWS, "model": None},
+    settings=EmbeddingsSettings,
     unit_sizes=(UnitSize("unit_rows", "Samples per `caption_embeddings` unit: minutes of model work, so a crash "
                                       "loses little."),),
     unpinned=("config", "actors", "model"),  # the embedder enters as its version, batch size and width

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections import Counter
 from functools import partial
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -64,7 +65,8 @@ from prx_core.stages.captions_quality import (
 )
 from prx_core.stages.captions_report import CaptionsReport
 from prx_core.stages.model_pipeline import pipeline_units
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend, keys_predicate
@@ -207,34 +209,34 @@ def to_caption_rows(batch: pa.Table) -> pa.Table:
     return schemas.table_of({name: batch[name] for name in batch.column_names}, schemas.CAPTIONS)
 
 
-def pin_captions(run: StageRun) -> dict[str, int]:
+def pin_captions(run: StageRun[CaptionsSettings]) -> dict[str, int]:
     """The pinned versions and units; the captioner's version (and the vLLM path, the fused encoder)
     in the manifest. Fused, the latents recorded units wrote and no commit took are appended first."""
-    config: CaptionerConfig = run["config"]
+    config = run.settings.config
     run.params["captioner_version"] = config.version()
     lance_io.upgrade_table(run.storage.lance_uri("captions"), schemas.CAPTIONS, run.storage.lance_storage_options())
     if config.backend == VLLM:
         run.params["path"] = "pipeline"
-    if run["fused"] is not None:
-        check_fusable(config, run["fused"])
-        run.params["fused_encoder_version"] = run["fused"].version()
+    if run.settings.fused is not None:
+        check_fusable(config, run.settings.fused)
+        run.params["fused_encoder_version"] = run.settings.fused.version()
         run.state["latents"] = BatchedAppend(run.storage, "text_latents", merge_rows=0)
         recorded = UnitRun.recorded(run.storage, run.stage.name, run.partition)
         run.state["latents"].commit_recorded(latent_appends(s) for s in recorded)
-    return pin_contents(run, run["appends"] or BatchedAppend(run.storage, "captions",
+    return pin_contents(run, run.settings.appends or BatchedAppend(run.storage, "captions",
                                                              failed_rows=partial(failed_captions, config)))
 
 
-def caption_units(run: StageRun) -> None:
+def caption_units(run: StageRun[CaptionsSettings]) -> None:
     """Captioner actors, one model each; the `vllm` backend: one ray.data.llm pipeline (`replicas` sizes it)."""
-    config: CaptionerConfig = run["config"]
+    config = run.settings.config
     if config.backend == VLLM:
         from prx_core.models import captioning_vllm
 
         pipeline_units(run, prepare=partial(pending_captions, config=config),
                        read=partial(read_pipeline_inputs, config=config), write=partial(write_captions, config=config),
                        pipeline=partial(captioning_vllm.caption_dataset, config=config))
-    elif run["fused"] is not None:  # one model per actor makes captions and their latents
+    elif run.settings.fused is not None:  # one model per actor makes captions and their latents
         appends, latents = run.state["appends"], run.state["latents"]
 
         def on_result(summary: dict[str, Any]) -> None:
@@ -242,23 +244,23 @@ def caption_units(run: StageRun) -> None:
             latents.add(latent_appends(summary))
 
         run.units("units", run.state["units"], partial(caption_unit, config=config), on_result=on_result,
-                  model=ModelSpec(partial(FusedCaptionBatch, config, run["fused"]), actors=run["actors"]))
+                  model=ModelSpec(partial(FusedCaptionBatch, config, run.settings.fused), actors=run.settings.actors))
     else:
         model_units(run, partial(caption_unit, config=config),
-                    ModelSpec(partial(CaptionBatch, config), actors=run["actors"]))
+                    ModelSpec(partial(CaptionBatch, config), actors=run.settings.actors))
 
 
-def commit_captions(run: StageRun) -> dict[str, int | None]:
+def commit_captions(run: StageRun[CaptionsSettings]) -> dict[str, int | None]:
     """The last appends: the captions, and fused, their latents (indexed like any append)."""
     versions = commit_appends(run)
-    if run["fused"] is not None:
+    if run.settings.fused is not None:
         versions["text_latents"] = run.state["latents"].finish()
     return versions
 
 
-def report_captions(run: StageRun) -> CaptionsReport:
+def report_captions(run: StageRun[CaptionsSettings]) -> CaptionsReport:
     """The counts, a few offenders; refuses (`NoSourceCaptions`) a source the `source` captioner found no caption in."""
-    config: CaptionerConfig = run["config"]
+    config = run.settings.config
     results, source, appends, versions = run.results["units"], run.partition, run.state["appends"], dict(run.inputs)
     vllm = config.backend == VLLM
     report = CaptionsReport(
@@ -267,7 +269,7 @@ def report_captions(run: StageRun) -> CaptionsReport:
         in_100_200_words=results.total("in_100_200_words"), captions_version=appends.version, read_versions=versions,
         output_tokens=results.total("output_tokens"), generation_seconds=results.seconds,
         model_seconds=model_seconds(results), commits=appends.commits, units=results,
-        actors=config.replicas * config.tensor_parallel_size if vllm else run["actors"],
+        actors=config.replicas * config.tensor_parallel_size if vllm else run.settings.actors,
         failed_examples=[c for s in results.summaries for c in s.get("failed_examples") or []][:10])
     report.without_source_caption = results.total("without_source_caption")
     report.quality, report.fallbacks = results.counts("quality"), results.total("fallbacks")
@@ -288,10 +290,22 @@ def report_captions(run: StageRun) -> CaptionsReport:
     return report
 
 
-CAPTIONS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class CaptionsSettings(Settings):
+    """The `captions` settings: the captioner (it enters the manifest as its version), actors, rows per
+    unit, a shared appender (a build's stages batch their appends) and a fused latent encoder."""
+
+    config: CaptionerConfig
+    actors: int = 1
+    unit_rows: int = UNIT_ROWS
+    appends: BatchedAppend | None = None
+    fused: TextLatentsConfig | None = None
+
+
+CAPTIONS: Stage[CaptionsSettings] = Stage(
     "captions", reads=("samples", "buckets"), writes=("captions",), after=("buckets",),
     code_version="2", report_type=CaptionsReport,
-    settings={"config": required(CaptionerConfig), "actors": 1, "unit_rows": UNIT_ROWS, "appends": None, "fused": None},
+    settings=CaptionsSettings,
     unit_sizes=(UnitSize("unit_rows", "Samples per `captions` unit: minutes of GPU work, so a crash loses little."),),
     # the captioner (and a fused encoder) enter as versions; actors and appends shape no output
     unpinned=("config", "actors", "appends", "fused"),

@@ -219,7 +219,7 @@ def pin_contents(run: StageRun, appends: BatchedAppend) -> dict[str, int]:
     source's part of each (`source_reads`, in the params: a digest of its fragments, which other
     sources' commits leave as they were), so its units read the same rows at the same addresses
     whichever version they pinned; the resumed attempt reads on the versions it first pinned."""
-    inputs, run.state["units"] = plan_content_units(run.storage, run.partition, run["unit_rows"])
+    inputs, run.state["units"] = plan_content_units(run.storage, run.partition, run.settings.unit_rows)
     options = run.storage.lance_storage_options()
     run.params["source_reads"] = {
         t: lance_io.partition_signature(run.storage.lance_uri(t), source_predicate(run.partition), options, v)

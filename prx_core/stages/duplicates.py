@@ -47,6 +47,7 @@ from prx_core.stages.duplicates_state import (
     untouched_since,
 )
 from prx_core.stages.report import ReportSummary, StageReport
+from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
@@ -99,7 +100,7 @@ class DuplicatesReport(StageReport):
         return self.duplicates / max(self.phashes_rows or self.rows_read, 1)
 
 
-def pin_duplicates(run: StageRun) -> dict[str, Any]:
+def pin_duplicates(run: StageRun[DuplicatesSettings]) -> dict[str, Any]:
     """Which sources changed since the state, and so which way this run goes (`run.state["mode"]`):
     "unchanged" (no unit, no commit), "full" or "incremental", each planned with its inputs."""
     storage, options = run.storage, run.storage.lance_storage_options()
@@ -108,7 +109,7 @@ def pin_duplicates(run: StageRun) -> dict[str, Any]:
     if phashes is None:
         raise RuntimeError("the phashes table does not exist yet: materialize `phashes` first")
     table = run.state["table"] = lance_io.open_table(storage.lance_uri("duplicates"), options)
-    state = load_state(storage, _state_version(run["rule"]))
+    state = load_state(storage, _state_version(run.settings.rule))
     layout, counted = read_layout(phashes, phashes_uri, options, state.layout if state else None)
     changed = changed_sources(state.layout, layout) if state else sorted(layout.sources())
     run.state.update(layout=layout, counted=counted)
@@ -116,7 +117,7 @@ def pin_duplicates(run: StageRun) -> dict[str, Any]:
                                            changed_sources=changed, phashes_rows=layout.rows(),
                                            fragments_counted=counted,
                                            previous_duplicates_version=table.version if table else None)
-    reason = "asked" if run["full"] else _full_reason(state, table, layout, changed, run["full_fraction"])
+    reason = "asked" if run.settings.full else _full_reason(state, table, layout, changed, run.settings.full_fraction)
     run.state["report"].reason = reason
     if not reason and not changed:
         run.state["mode"] = "unchanged"
@@ -126,14 +127,14 @@ def pin_duplicates(run: StageRun) -> dict[str, Any]:
     return plan_all(run, phashes) if reason else plan_changed(run, phashes, table, layout, changed)
 
 
-def regroup(run: StageRun) -> None:
+def regroup(run: StageRun[DuplicatesSettings]) -> None:
     if run.state["mode"] == "full":
         reduce_all(run)
     elif run.state["mode"] == "incremental":
         reduce_changed(run)
 
 
-def commit_duplicates(run: StageRun) -> dict[str, int]:
+def commit_duplicates(run: StageRun[DuplicatesSettings]) -> dict[str, int]:
     """The one commit of the new groups, the table's indexes caught up, then the state; unchanged:
     no commit (the state remembers fragments rewritten without changing any source's rows)."""
     storage, options, uri = run.storage, run.storage.lance_storage_options(), run.storage.lance_uri("duplicates")
@@ -144,7 +145,7 @@ def commit_duplicates(run: StageRun) -> dict[str, int]:
         report.groups, report.duplicates = _totals(table)
         if run.state["counted"]:
             save_state(storage, State(phashes.version, table.version, report.groups + report.duplicates, layout,
-                                      _state_version(run["rule"])))
+                                      _state_version(run.settings.rule)))
         return {"duplicates": table.version}
     for name, value in (commit_all(run) if mode == "full" else commit_changed(run)).items():
         setattr(report, name, value)
@@ -154,11 +155,11 @@ def commit_duplicates(run: StageRun) -> dict[str, int]:
     report.duplicates_version = version
     report.groups, report.duplicates = _totals(lance_io.require_table(uri, options).checkout_version(version))
     save_state(storage, State(phashes.version, version, report.groups + report.duplicates, layout,
-                              _state_version(run["rule"])))
+                              _state_version(run.settings.rule)))
     return {"duplicates": version}
 
 
-def report_duplicates(run: StageRun) -> DuplicatesReport:
+def report_duplicates(run: StageRun[DuplicatesSettings]) -> DuplicatesReport:
     return run.state["report"]
 
 
@@ -174,23 +175,35 @@ class GroupsReport:
         return self.duplicates.summary()
 
 
-def check_groups(report: DuplicatesReport, run: StageRun) -> GroupsReport:
+def check_groups(report: DuplicatesReport, run: StageRun[DuplicatesSettings]) -> GroupsReport:
     """`then` of `duplicates`, after its lock is released: the keeper check of the version it
     committed (of the groups it changed, when it could: duplicates_check), on workers, and
     `sample_rows` rows of it for the UI."""
     storage = run.storage
-    check = check_keepers(storage, report, run["unit_rows"], run["rows_per_bucket"])
+    check = check_keepers(storage, report, run.settings.unit_rows, run.settings.rows_per_bucket)
     table = lance_io.open_table(storage.lance_uri("duplicates"), storage.lance_storage_options())
     sample = [] if table is None else table.checkout_version(report.duplicates_version).to_table(
-        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=run["sample_rows"]).to_pylist()
+        columns=["group_id", "sample_id", "source", "keeper", "pixels"], limit=run.settings.sample_rows).to_pylist()
     return GroupsReport(report, check, sample)
 
 
-DUPLICATES = Stage(
+@dataclass(frozen=True, kw_only=True)
+class DuplicatesSettings(Settings):
+    """The `duplicates` settings: unit sizes, when to regroup everything, the matching rule, and the
+    rows of groups the report samples."""
+
+    unit_rows: int = UNIT_ROWS
+    rows_per_bucket: int = BUCKET_ROWS
+    full: bool = False
+    full_fraction: float = FULL_FRACTION
+    rule: str = KEYS
+    sample_rows: int = SAMPLE_ROWS
+
+
+DUPLICATES: Stage[DuplicatesSettings] = Stage(
     "duplicates", reads=("phashes",), writes=("duplicates",), after=("phashes",),
     code_version=CODE_VERSION, report_type=GroupsReport,
-    settings={"unit_rows": UNIT_ROWS, "rows_per_bucket": BUCKET_ROWS, "full": False, "full_fraction": FULL_FRACTION,
-              "rule": KEYS, "sample_rows": SAMPLE_ROWS},
+    settings=DuplicatesSettings,
     unit_sizes=(UnitSize("unit_rows", "Rows per `duplicates` map task (six small columns)."),
                 UnitSize("rows_per_bucket", "Rows per `duplicates` reduce unit (the manifest pins the bucket count).")),
     # the manifest pins what they decide (mode and buckets); sample_rows only shapes the report (`then`)

@@ -88,8 +88,8 @@ def shuffle_plan(units: Sequence[Unit], rows_per_bucket: int) -> tuple[ShufflePl
 
 def plan_all(run: StageRun, phashes: LanceDataset) -> dict[str, Any]:
     """A full run's pinned inputs; its map units and bucket count (`run.params`, `run.state`)."""
-    units = run.state["map_units"] = fragment_units(phashes, run["unit_rows"])
-    plan, run.state["map_groups"] = shuffle_plan(units, run["rows_per_bucket"])
+    units = run.state["map_units"] = fragment_units(phashes, run.settings.unit_rows)
+    plan, run.state["map_groups"] = shuffle_plan(units, run.settings.rows_per_bucket)
     run.state["buckets"] = plan.buckets
     run.params.update(mode="full", buckets=run.state["buckets"])
     return {"phashes": phashes.version}
@@ -99,7 +99,7 @@ def reduce_all(run: StageRun) -> None:
     """Every group, from every row of the pinned `phashes`."""
     storage, phashes, buckets = run.storage, run.state["phashes"], run.state["buckets"]
     calls = [(storage.lance_uri("phashes"), phashes.version, specs, EVERY_ROW, storage.lance_storage_options(), buckets,
-              [], run["rule"]) for specs in run.state["map_groups"]]
+              [], run.settings.rule) for specs in run.state["map_groups"]]
     _regroup(run, lambda: _scatter(tasks.map_units, calls, buckets))
 
 
@@ -119,13 +119,13 @@ def plan_changed(run: StageRun, phashes: LanceDataset, table: LanceDataset, layo
     """An incremental run's pinned inputs: the changed sources' rows, every row's keys, and the
     changed sources' previous `duplicates` rows."""
     predicate = run.state["predicate"] = f"source IN ({', '.join(sql_literal(s) for s in changed)})"
-    current = run.state["map_units"] = fragment_units(phashes, run["unit_rows"], layout.matched(changed))
-    run.state["all_units"] = fragment_units(phashes, run["unit_rows"])
-    _, previous = plan_row_units(run.storage.lance_uri("duplicates"), predicate, run["unit_rows"],
+    current = run.state["map_units"] = fragment_units(phashes, run.settings.unit_rows, layout.matched(changed))
+    run.state["all_units"] = fragment_units(phashes, run.settings.unit_rows)
+    _, previous = plan_row_units(run.storage.lance_uri("duplicates"), predicate, run.settings.unit_rows,
                                  run.storage.lance_storage_options(), version=table.version)
     run.state["previous_units"], run.state["changed"] = previous, changed
     rows = sum(u.rows for u in current) * KEYS_PER_ROW + sum(u.rows for u in previous)
-    run.state["buckets"] = bucket_count(rows, min(run["rows_per_bucket"], KEY_BUCKET_ROWS), KEY_BUCKETS)
+    run.state["buckets"] = bucket_count(rows, min(run.settings.rows_per_bucket, KEY_BUCKET_ROWS), KEY_BUCKETS)
     run.params.update(mode="incremental", buckets=run.state["buckets"])
     return {"phashes": phashes.version, "duplicates": table.version, "changed": changed}
 
@@ -145,10 +145,10 @@ def reduce_changed(run: StageRun) -> None:
         current = run.state["map_units"]
         words = len(Bloom.sized(sum(u.rows for u in current) * KEYS_PER_ROW).words)
         blooms = [ray.remote(tasks.bloom_of_units).remote(uri, phashes.version, specs, run.state["predicate"],
-                                                          options, words, run["rule"])
+                                                          options, words, run.settings.rule)
                   for specs in map_groups(current, 1, 64)]
         bloom = ray.remote(_union).remote(blooms, words)  # merged on a worker: ~10 bits a key, not the driver's
-        calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, run["rule"], bloom)
+        calls = [(uri, phashes.version, specs, EVERY_ROW, options, buckets, changed, run.settings.rule, bloom)
                  for specs in map_groups(run.state["all_units"], buckets, ENTRY_BYTES, part_bytes=KEY_PART_BYTES)]
         entries = _scatter(tasks.map_units, calls, buckets)
         paired = _layer(tasks.pair_bucket, [(refs, buckets, True) for refs in entries], buckets + 1)
@@ -164,8 +164,8 @@ def reduce_changed(run: StageRun) -> None:
                          buckets + 1)
         deletes.extend(out[buckets] for out in members)
         nodes = _by_bucket(members, buckets)
-        return _scatter(tasks.map_nodes, [(uri, phashes.version, seeds[b] + nodes[b], options, buckets, run["rule"])
-                                          for b in range(buckets)], buckets)
+        return _scatter(tasks.map_nodes, [(uri, phashes.version, seeds[b] + nodes[b], options, buckets,
+                                           run.settings.rule) for b in range(buckets)], buckets)
 
     _regroup(run, affected, lazy=False)  # the deletes need the layers even when every group unit is done
     fragments = _delete_targets(deletes)
@@ -206,7 +206,7 @@ def _regroup(run: StageRun, entries: Callable[[], list[list[Any]]], lazy: bool =
         run.state["skipped_keys"] = run.state.get("skipped_keys", 0) + sum(ray.get([o[buckets] for o in paired]))
         pairs = _by_bucket(paired, buckets)
         confirmed = _layer(tasks.confirm_bucket, [(pairs[b], storage.lance_uri("phashes"), phashes.version,
-                                                   storage.lance_storage_options(), buckets, run["rule"])
+                                                   storage.lance_storage_options(), buckets, run.settings.rule)
                                                   for b in range(buckets)],
                            2 * buckets + 1)
         counts = ray.get([out[2 * buckets] for out in confirmed])

@@ -41,7 +41,8 @@ from prx_core.stages.explorer_rows import (
     sample_base,
 )
 from prx_core.stages.report import StageReport
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import lookup_keys
@@ -152,26 +153,26 @@ def read_signatures(storage: Storage, source: str, versions: dict[str, int | Non
     return reads
 
 
-def pin_tables(run: StageRun) -> dict[str, Any]:
+def pin_tables(run: StageRun[ExplorerSettings]) -> dict[str, Any]:
     """The pinned versions of every table the rows join (None: not written yet), the units planned."""
     storage, options, source = run.storage, run.storage.lance_storage_options(), run.partition
     if not lance_io.table_exists(storage.lance_uri("samples"), options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
     lance_io.upgrade_table(storage.lance_uri("explorer"), schemas.EXPLORER, options)  # workers write its schema
     samples, run.state["samples"] = plan_row_units(storage.lance_uri("samples"), source_predicate(source),
-                                                   run["unit_rows"], options)
+                                                   run.settings.unit_rows, options)
     inputs: dict[str, int | None] = {"samples": samples}
     for table in JOINED:
         inputs[table] = lance_io.table_version(storage.lance_uri(table), options)
     run.state["rejects"] = []
     if inputs["rejects"] is not None:
         _, run.state["rejects"] = plan_row_units(storage.lance_uri("rejects"), rejects_predicate(source, INGEST),
-                                                 run["unit_rows"], options, version=inputs["rejects"])
+                                                 run.settings.unit_rows, options, version=inputs["rejects"])
     run.params["skip_lists"] = skip_fingerprint(storage, source)
     return {**inputs, "source_reads": read_signatures(storage, source, inputs)}
 
 
-def explore_units(run: StageRun) -> None:
+def explore_units(run: StageRun[ExplorerSettings]) -> None:
     run.units("samples", [Unit(f"samples-{u.id}", u.rows, u.spec) for u in run.state["samples"]], explore_samples_unit)
     run.units("rejects", [Unit(f"rejects-{u.id}", u.rows, u.spec) for u in run.state["rejects"]], explore_rejects_unit)
 
@@ -184,7 +185,7 @@ def summed_facets(results: list[UnitResults]) -> dict[str, Counter[str]]:
     return counts
 
 
-def commit_explorer(run: StageRun) -> dict[str, int]:
+def commit_explorer(run: StageRun[ExplorerSettings]) -> dict[str, int]:
     """The partition's explorer rows replaced in one commit (indexed on a worker), then its facets."""
     results = [run.results[p] for p in run.stage.phases]
     fragments = lance_io.fragments_from_json(f for r in results for s in r.summaries for f in s["fragments"])
@@ -195,7 +196,7 @@ def commit_explorer(run: StageRun) -> dict[str, int]:
             "explorer_facets": write_partition(run.storage, "explorer_facets", source_predicate(run.partition), facets)}
 
 
-def report_explorer(run: StageRun) -> ExplorerReport:
+def report_explorer(run: StageRun[ExplorerSettings]) -> ExplorerReport:
     results = {p: run.results[p] for p in run.stage.phases}
 
     def total(key: str) -> int:
@@ -208,12 +209,21 @@ def report_explorer(run: StageRun) -> ExplorerReport:
                           read_versions={t: v for t, v in run.inputs.items() if isinstance(v, int)}, units=results)
 
 
-EXPLORER = Stage(
+@dataclass(frozen=True, kw_only=True)
+class ExplorerSettings(Settings):
+    """The `explorer` settings: whose captions and labels it shows, and rows per unit."""
+
+    captioner_version: str
+    labeler_version: str
+    unit_rows: int = UNIT_ROWS
+
+
+EXPLORER: Stage[ExplorerSettings] = Stage(
     # 2: search_text; 3: captions by caption key, what produced them, their verdicts, the worst captions
     "explorer", reads=("samples", *JOINED), writes=("explorer", "explorer_facets"), code_version="4",
     after=("samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"),
     report_type=ExplorerReport, phases=("samples", "rejects"),
-    settings={"captioner_version": required(str), "labeler_version": required(str), "unit_rows": UNIT_ROWS},
+    settings=ExplorerSettings,
     unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),
     pin=pin_tables, work=explore_units, commit=commit_explorer, report=report_explorer,
     reusable=lambda report: True, volatile=("samples", *JOINED),

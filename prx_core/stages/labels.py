@@ -40,7 +40,8 @@ from prx_core.stages.contents import (
 )
 from prx_core.stages.model_pipeline import pipeline_units
 from prx_core.stages.report import StageReport
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
@@ -115,34 +116,35 @@ def uses_vllm(config: LabelerConfig) -> bool:
     return config.backend == "llm" and config.transport == "vllm"
 
 
-def pin_labels(run: StageRun) -> dict[str, int]:
+def pin_labels(run: StageRun[LabelsSettings]) -> dict[str, int]:
     """The pinned versions and units; the labeller's version and batch size (and the vLLM path) in the manifest."""
-    config: LabelerConfig = run["config"]
+    config = run.settings.config
     run.params.update(labeler_version=config.version(), batch_size=config.batch_size)
     if uses_vllm(config):
         run.params["path"] = "pipeline"
-    return pin_contents(run, run["appends"] or BatchedAppend(run.storage, "caption_labels"))
+    return pin_contents(run, run.settings.appends or BatchedAppend(run.storage, "caption_labels"))
 
 
-def label_units(run: StageRun) -> None:
+def label_units(run: StageRun[LabelsSettings]) -> None:
     """Labeller actors (or `model`, a stand-in of the same output); llm over vllm: one ray.data.llm pipeline."""
-    config: LabelerConfig = run["config"]
+    config = run.settings.config
     if uses_vllm(config):  # `replicas` sizes it
         from prx_core.models import labels_vllm
 
         pipeline_units(run, prepare=pending_labels, read=read_pending,
-                       write=partial(write_labels, captioner_version=run["captioner_version"]),
+                       write=partial(write_labels, captioner_version=run.settings.captioner_version),
                        pipeline=partial(labels_vllm.label_dataset, config=config))
     else:
-        model_units(run, label_unit, run["model"] or ModelSpec(partial(LabelBatch, config), actors=run["actors"]))
+        settings = run.settings
+        model_units(run, label_unit, settings.model or ModelSpec(partial(LabelBatch, config), actors=settings.actors))
 
 
 def read_pending(run: UnitRun, todo: pa.Table) -> pa.Table:
     return todo  # the pending rows (content_id, caption) are the pipeline's input
 
 
-def report_labels(run: StageRun) -> LabelsReport:
-    config: LabelerConfig = run["config"]
+def report_labels(run: StageRun[LabelsSettings]) -> LabelsReport:
+    config = run.settings.config
     results, source, appends = run.results["units"], run.partition, run.state["appends"]
     versions = {**run.inputs, "captions": lance_io.table_version(run.storage.lance_uri("captions"),
                                                                   run.storage.lance_storage_options())}
@@ -158,12 +160,24 @@ def report_labels(run: StageRun) -> LabelsReport:
     return report
 
 
-CAPTION_LABELS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class LabelsSettings(Settings):
+    """The `caption_labels` settings: whose captions, the labeller (it enters as its version), actors,
+    rows per unit, a shared appender, and an in-process model (tests)."""
+
+    captioner_version: str
+    config: LabelerConfig
+    actors: int = 1
+    unit_rows: int = UNIT_ROWS
+    appends: BatchedAppend | None = None
+    model: ModelSpec | None = None
+
+
+CAPTION_LABELS: Stage[LabelsSettings] = Stage(
     "caption_labels", reads=("samples", "buckets", "captions"), writes=("caption_labels",), after=("captions",),
     code_version="1",
     report_type=LabelsReport,
-    settings={"captioner_version": required(str), "config": required(LabelerConfig), "actors": 1,
-              "unit_rows": UNIT_ROWS, "appends": None, "model": None},
+    settings=LabelsSettings,
     unit_sizes=(UnitSize("unit_rows", "Samples per `caption_labels` unit: minutes of model work, so a crash "
                                       "loses little."),),
     unpinned=("config", "actors", "appends", "model"),  # the labeller enters as its version and batch size

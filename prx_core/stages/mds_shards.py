@@ -19,6 +19,7 @@ read back after the lock (`prx_core.stages.mds_report`); `build_mds` is the type
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,8 @@ from prx_core.shards.verify import VerifyReport
 from prx_core.shards.retention import named_by_index
 from prx_core.stages.mds_chunks import ROUTE_SCHEMA, chunk_unit
 from prx_core.stages.mds_report import MdsReport, PublishReport, StreamCount, verify_published
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, source_predicate, unit_outputs, write_rejects
@@ -59,11 +61,12 @@ def stream_label(key: StreamKey) -> str:
 def route_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     """Ray task: bucket one row range and write it, sorted by stream and sample_id, to scratch."""
     storage, params = run.storage, run.manifest.params
+    settings = MdsSettings.from_params(params)
     rows = read_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec,
                          ["sample_id", "content_id", "source_key", "width", "height"],
                          source_predicate(run.manifest.partition), storage.lance_storage_options(),
                          with_row_address=True)
-    decisions = assign_buckets(rows["width"].to_numpy(), rows["height"].to_numpy(), params["max_tier"])
+    decisions = assign_buckets(rows["width"].to_numpy(), rows["height"].to_numpy(), settings.max_tier)
     kept = np.array([isinstance(d, Bucket) for d in decisions], bool)
     buckets = [d for d in decisions if isinstance(d, Bucket)]
     rows = rows.filter(pa.array(kept))
@@ -81,7 +84,7 @@ def route_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     with fs.open(path, "wb") as handle:
         pq.write_table(routed, handle, row_group_size=1 << 14)
     labels = [stream_label((b.tier, b.width, b.height)) for b in buckets]
-    every = params["sample_every"]
+    every = params["sample_every"]  # not a setting: `pin_inputs` derives it from chunk_rows
     picked = hash_values(rows["sample_id"]) % np.uint64(every) == 0
     sampled: dict[str, list[str]] = {}
     for label, sid, hit in zip(labels, rows["sample_id"].to_pylist(), picked):
@@ -137,7 +140,8 @@ def index_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
         "bucket": pa.array([f"{width}x{height}"] * n, pa.string()),
         "index": pa.array(np.arange(unit.spec["offset"], unit.spec["offset"] + n), pa.int64()),
         "image_sha256": stored["image_sha256"],
-        "captioner_version": pa.array([run.manifest.params["captioner_version"]] * n, pa.string())},
+        "captioner_version": pa.array([MdsSettings.from_params(run.manifest.params).captioner_version] * n,
+                                      pa.string())},
         schema=schemas.MDS_INDEX)
     rejects = pa.table({
         "sample_id": refused["sample_id"], "source": pa.array([source] * refused.num_rows, pa.string()),
@@ -174,7 +178,7 @@ def drop_message(source: str, key: StreamKey, samples: int, minimum: int) -> str
             f"nodes ({minimum}): not published (training.small_streams: drop)")
 
 
-def pin_inputs(run: StageRun) -> dict[str, Any]:
+def pin_inputs(run: StageRun[MdsSettings]) -> dict[str, Any]:
     """The `samples` version the route units read (planned into row ranges), the `captions` (and
     `text_latents`) version the chunks join, and what the source reads of them (`source_reads`);
     refused while there are no captions yet. The versions are `volatile`: every other source's
@@ -186,16 +190,16 @@ def pin_inputs(run: StageRun) -> dict[str, Any]:
     if not lance_io.table_exists(storage.lance_uri("captions"), options):
         raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
     version, run.state["route"] = plan_row_units(storage.lance_uri("samples"), source_predicate(run.partition),
-                                                 run["route_rows"], options)
-    run.params["sample_every"] = max(1, run["chunk_rows"] // SAMPLES_PER_CHUNK)
+                                                 run.settings.route_rows, options)
+    run.params["sample_every"] = max(1, run.settings.chunk_rows // SAMPLES_PER_CHUNK)
     inputs: dict[str, Any] = {"samples": version,
                               "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
-    if run["latents"]:  # the samples carry text latents: the version the chunks read them from
+    if run.settings.latents:  # the samples carry text latents: the version the chunks read them from
         if not lance_io.table_exists(storage.lance_uri("text_latents"), options):
             raise RuntimeError("text_latents is configured but its table does not exist: materialize `text_latents` "
                                "before `mds_shards`")
         inputs["text_latents"] = lance_io.table_version(storage.lance_uri("text_latents"), options)
-    return {**inputs, "source_reads": source_reads(storage, run.partition, version, bool(run["latents"]))}
+    return {**inputs, "source_reads": source_reads(storage, run.partition, version, bool(run.settings.latents))}
 
 
 def source_reads(storage: Storage, source: str, samples: int, latents: bool) -> dict[str, str | None]:
@@ -211,15 +215,15 @@ def source_reads(storage: Storage, source: str, samples: int, latents: bool) -> 
     return reads
 
 
-def write_streams(run: StageRun) -> None:
+def write_streams(run: StageRun[MdsSettings]) -> None:
     """Route, write the chunks, publish each stream's index.json (readers see the new streams from
     here: a chunk folder is never rewritten, so the index units may rerun), then index the chunks."""
     routed = run.units("route", [Unit(f"route-{u.id}", u.rows, u.spec) for u in run.state["route"]], route_unit)
-    chunks = plan_chunks(routed, run["chunk_rows"])
+    chunks = plan_chunks(routed, run.settings.chunk_rows)
     written = run.units("chunks", chunks, chunk_unit)
-    minimum = run["min_stream_samples"]
+    minimum = run.settings.min_stream_samples
     small = small_streams(chunks, written, minimum)
-    merged, drop = (small, {}) if run["merge_small"] else ({}, small)
+    merged, drop = (small, {}) if run.settings.merge_small else ({}, small)
     run.state["dropped"] = {stream_name(*key): n for key, n in drop.items()}
     run.state["merged"] = {stream_name(*key): n for key, n in merged.items()}
     published = [(tuple(c.spec["stream"]), s["name"], 0 if tuple(c.spec["stream"]) in drop else s["rows"],
@@ -236,13 +240,13 @@ def write_streams(run: StageRun) -> None:
                         for c, s in zip(chunks, written.summaries)], index_unit)
 
 
-def commit_index(run: StageRun) -> dict[str, int]:
+def commit_index(run: StageRun[MdsSettings]) -> dict[str, int]:
     version, _ = commit_unit_outputs(run.storage, "mds_index", run.partition, "mds_shards",
                                      run.results["index"].summaries, index=index_table)
     return {"mds_index": version}
 
 
-def report_streams(run: StageRun) -> MdsReport:
+def report_streams(run: StageRun[MdsSettings]) -> MdsReport:
     written = run.results["chunks"]
     rejects = written.counts("reasons")
     if run.state["dropped"]:
@@ -252,14 +256,27 @@ def report_streams(run: StageRun) -> MdsReport:
                      dict(run.state["dropped"]), dict(run.state["merged"]))
 
 
-MDS_SHARDS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class MdsSettings(Settings):
+    """The `mds_shards` settings: whose captions, the tier and pixel caps, the unit sizes, what becomes
+    of streams below `min_stream_samples`, and the text latents the chunks carry."""
+
+    captioner_version: str
+    max_tier: int = TIERS[-1]
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    route_rows: int = ROUTE_ROWS
+    chunk_rows: int = CHUNK_ROWS
+    min_stream_samples: int = 0
+    merge_small: bool = False  # below min_stream_samples: merged into `_merged` (True) or dropped
+    # {preset, encoder_version, masks, max_tokens} when text_latents is configured
+    latents: dict[str, Any] | None = None
+
+
+MDS_SHARDS: Stage[MdsSettings] = Stage(
     "mds_shards", reads=("samples", "captions", "text_latents", "buckets"),  # buckets: the read-back's counts
     writes=("mds", "mds_index", "rejects"), after=("buckets", "captions", "text_latents"), code_version="2",
     report_type=PublishReport,
-    settings={"captioner_version": required(str), "max_tier": TIERS[-1], "max_pixels": DEFAULT_MAX_PIXELS,
-              "route_rows": ROUTE_ROWS, "chunk_rows": CHUNK_ROWS, "min_stream_samples": 0,
-              "merge_small": False,  # below min_stream_samples: merged into `_merged` (True) or dropped
-              "latents": None},  # {preset, encoder_version, masks, max_tokens} when text_latents is configured
+    settings=MdsSettings,
     # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
     # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
     phases=("chunks", "route", "index"),

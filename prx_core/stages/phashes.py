@@ -25,6 +25,7 @@ from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.decode import DEFAULT_MAX_PIXELS, Rejection
 from prx_core.stages.report import StageReport
 from prx_core.sources.ingest import fingerprint_columns, inspect_image
+from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_unit_outputs, reject_row, source_predicate, unit_outputs, write_rejects
@@ -60,7 +61,7 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     them; a row without one (ingested before ingest took fingerprints) is decoded here, and a
     sample that cannot be decoded becomes a reject row. Writes `phashes` and `rejects` fragments."""
     storage, source = run.storage, run.manifest.partition
-    options = storage.lance_storage_options()
+    options, settings = storage.lance_storage_options(), PhashesSettings.from_params(run.manifest.params)
     samples_uri, version = storage.lance_uri("samples"), run.manifest.inputs["samples"]
     hashes: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []
@@ -74,7 +75,7 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
                   for image in take_rows(samples_uri, version, part, ["image"], options)["image"].to_pylist())
         for row in rows:
             if row.get("signature") is None:
-                facts = inspect_image(next(images), run.manifest.params["max_pixels"])
+                facts = inspect_image(next(images), settings.max_pixels)
                 if isinstance(facts, Rejection):
                     rejects.append(reject_row(row["sample_id"], row["source"], row["source_key"], row["content_id"],
                                               "phashes", facts.reason, facts.message))
@@ -90,37 +91,45 @@ def phash_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     return {"rows": len(hashes), "failed": len(rejects), **unit_outputs(storage, "phashes", written, refused)}
 
 
-def pin_samples(run: StageRun) -> dict[str, int | str | None]:
+def pin_samples(run: StageRun[PhashesSettings]) -> dict[str, int | str | None]:
     """The `samples` version the units read, planned into row ranges of the partition, and the
     partition's fragments (`source_part`): other sources' ingest moves the version (volatile), and a
     rerun resumes across it while the source's own rows are the same fragments."""
     version, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
-                                                 run["unit_rows"], run.storage.lance_storage_options())
+                                                 run.settings.unit_rows, run.storage.lance_storage_options())
     lance_io.upgrade_table(run.storage.lance_uri("phashes"), schemas.PHASHES, run.storage.lance_storage_options())
     return {"samples": version, "source_part": lance_io.partition_signature(  # `samples` is volatile: this pins
         run.storage.lance_uri("samples"), source_predicate(run.partition), run.storage.lance_storage_options(), version)}
 
 
-def phash_units(run: StageRun) -> None:
+def phash_units(run: StageRun[PhashesSettings]) -> None:
     run.units("units", run.state["units"], phash_unit)
 
 
-def commit_phashes(run: StageRun) -> dict[str, int]:
+def commit_phashes(run: StageRun[PhashesSettings]) -> dict[str, int]:
     version, _ = commit_unit_outputs(run.storage, "phashes", run.partition, "phashes", run.results["units"].summaries,
                                      index=index_table)
     return {"phashes": version}
 
 
-def report_phashes(run: StageRun) -> PhashesReport:
+def report_phashes(run: StageRun[PhashesSettings]) -> PhashesReport:
     results = run.results["units"]
     return PhashesReport(run.partition, results.total("rows"), results.total("failed"), run.seconds,
                          run.inputs["samples"], run.versions["phashes"], results)
 
 
-PHASHES = Stage(
+@dataclass(frozen=True, kw_only=True)
+class PhashesSettings(Settings):
+    """The `phashes` settings: the pixel cap of a decode (rows without ingest's hash), rows per unit."""
+
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    unit_rows: int = UNIT_ROWS
+
+
+PHASHES: Stage[PhashesSettings] = Stage(
     "phashes", reads=("samples",), writes=("phashes", "rejects"), after=("samples",),
     code_version="2", report_type=PhashesReport,
-    settings={"max_pixels": DEFAULT_MAX_PIXELS, "unit_rows": UNIT_ROWS},
+    settings=PhashesSettings,
     unit_sizes=(UnitSize("unit_rows", "Rows per `phashes` unit (ingest's hashes are copied; rows without one "
                                       "are decoded)."),),
     pin=pin_samples, work=phash_units, commit=commit_phashes, report=report_phashes,

@@ -26,7 +26,7 @@ import functools
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +53,8 @@ from prx_core.stages.samples_losses import UNREADABLE_FRAGMENT, lost_unit, unrea
 from prx_core.stages.sample_keys import KeyResolution, settle_sample_ids
 from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, plan_units
 from prx_core.stages.source_causes import EmptySource, SourceRefused, examples_by_reason, refuse_nothing
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.takedowns import taken_down_keys
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.maintenance import FragmentHealth
@@ -104,10 +105,12 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
     hosts commits what it fetched instead of being cancelled whole; taken-down keys are refused
     (`taken_down`), a URL's before it is fetched."""
     storage, params = run.storage, run.manifest.params
-    spec = SourceSpec.from_dict(params["spec"])
+    settings = SamplesSettings.from_params(params)
+    spec = settings.spec
     began = UNIT_BEGAN.get() or time.time()
     guard = ReadGuard(None if unit_seconds is None else began + unit_seconds * FETCH_SHARE,
                       taken_down_keys(storage, spec.name))
+    # the staged joins are not a setting: `pin_source` pins them
     joiner = Joiner(spec, params.get("joins", ()), storage.lance_storage_options())  # every reader's records
     rejects: list[pa.Table] = []
     counts: Counter[str] = Counter()
@@ -121,9 +124,8 @@ def ingest_unit(unit: Unit, run: UnitRun, unit_seconds: float | None = None) -> 
             pause_point(f"samples:fragment:{fragment.rstrip('/').rsplit('/', 1)[-1]}")  # fault tests: a hang
             try:
                 for batch in read_fragment(spec, fragment, storage.storage_options, guard, part):
-                    samples, refused = ingest_batch(spec.name, joiner.join(batch), params["max_pixels"],
-                                                    params.get("max_caption_chars", DEFAULT_MAX_CAPTION_CHARS), counts,
-                                                    guard.taken_down)
+                    samples, refused = ingest_batch(spec.name, joiner.join(batch), settings.max_pixels,
+                                                    settings.max_caption_chars, counts, guard.taken_down)
                     rejects.append(refused)
                     read += batch.num_rows
                     counts.update(rows=samples.num_rows, bytes=int(pc.sum(samples["num_bytes"]).as_py() or 0))
@@ -149,7 +151,7 @@ def failed_unit(unit: Unit, run: UnitRun, message: str) -> dict[str, Any]:
     """On the driver, for a unit that kept failing: its fragments as `unreadable_fragment` rejects
     (nothing of it is kept: what its attempts wrote is never committed); a unit's row range of a
     table with default keys as one such reject per row, so every row of the source is accounted for."""
-    refused = lost_unit(SourceSpec.from_dict(run.manifest.params["spec"]), unit.spec, message)
+    refused = lost_unit(SamplesSettings.from_params(run.manifest.params).spec, unit.spec, message)
     return {"rows": 0, "bytes": 0, "rejected": refused.num_rows, "reasons": {UNREADABLE_FRAGMENT: refused.num_rows},
             "source_fragments": len(unit.spec["fragments"]), "examples": examples_by_reason(refused),
             **unit_outputs(run.storage, "samples", [], write_rejects(run.storage, refused))}
@@ -161,16 +163,17 @@ def source_fingerprint(spec: SourceSpec, sizes: list[tuple[str, int]]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
-def pin_source(run: StageRun) -> dict[str, str]:
+def pin_source(run: StageRun[SamplesSettings]) -> dict[str, str]:
     """The source's listing (its fingerprint) planned into units, after staging each joined table
     as a key-indexed Lance table (`prx_core.stages.join_tables`) and upgrading the table's schema."""
-    spec: SourceSpec = run["spec"]
-    check_max_chars(run["max_caption_chars"])
+    settings = run.settings
+    spec = settings.spec
+    check_max_chars(settings.max_caption_chars)
     try:
         joins = stage_joins(spec, run.storage, run.progress)
     except JoinStagingError as exc:  # one line: the source, the table, the fix
         raise SourceRefused(str(exc)) from exc
-    plan = plan_units(spec, run.storage.storage_options, run["unit_bytes"], run["unit_rows"], run["unit_files"])
+    plan = plan_units(spec, run.storage.storage_options, settings.unit_bytes, settings.unit_rows, settings.unit_files)
     sizes = plan.sizes
     run.state["units"], run.state["listed"] = plan.units, len(sizes)
     run.params.update(plan.pinned)  # unit_rows, unit_files: in the manifest only where they cut a unit
@@ -181,24 +184,24 @@ def pin_source(run: StageRun) -> dict[str, str]:
     return {"source": source_fingerprint(spec, sizes)}
 
 
-def ingest_units(run: StageRun) -> None:
-    run.units("units", run.state["units"], functools.partial(ingest_unit, unit_seconds=run["unit_seconds"]),
-              time_limit_s=run["unit_seconds"], on_failed=failed_unit)
+def ingest_units(run: StageRun[SamplesSettings]) -> None:
+    run.units("units", run.state["units"], functools.partial(ingest_unit, unit_seconds=run.settings.unit_seconds),
+              time_limit_s=run.settings.unit_seconds, on_failed=failed_unit)
 
 
-def commit_samples(run: StageRun) -> dict[str, int]:
+def commit_samples(run: StageRun[SamplesSettings]) -> dict[str, int]:
     """The source's rows and rejects swapped in one commit each; a run that kept no sample is
     refused before it (`refuse_nothing`), or its refusal kept for `report_samples` to raise."""
     results = run.results["units"]
-    if not (run["allow_empty"] or results.total("rows")):
-        run.state["refusal"] = refuse_nothing(run["spec"], run.storage, run.state["listed"], results)
+    if not (run.settings.allow_empty or results.total("rows")):
+        run.state["refusal"] = refuse_nothing(run.settings.spec, run.storage, run.state["listed"], results)
     pause_point("samples:before_commit")  # fragments written, nothing committed
     samples_version, rejects_version = commit_unit_outputs(run.storage, "samples", run.partition, "samples",
                                                            results.summaries, index=index_table)
     return {"samples": samples_version, "rejects": rejects_version}
 
 
-def report_samples(run: StageRun) -> SamplesReport:
+def report_samples(run: StageRun[SamplesSettings]) -> SamplesReport:
     if run.state.get("refusal") is not None:  # every sample refused: its rejects are committed for inspection
         raise SourceRefused(run.state["refusal"])
     results = run.results["units"]
@@ -224,21 +227,40 @@ class IngestReport:
         return self.samples.summary()
 
 
-def settle_ingest(report: SamplesReport, run: StageRun) -> IngestReport:
+def settle_ingest(report: SamplesReport, run: StageRun[SamplesSettings]) -> IngestReport:
     """`then`, after the ingest's lock: repeated sample ids settled (under their own lock), then
     fragment health and a few refused files, as the partition now reads."""
     storage = run.storage
-    keys = settle_sample_ids(storage, report, run["max_duplicate_rate"])
+    keys = settle_sample_ids(storage, report, run.settings.max_duplicate_rate)
     health = maintenance.fragment_health(storage.lance_uri("samples"), storage_options=storage.lance_storage_options())
     return IngestReport(report, keys, health, rejected_files(storage, run.partition))
 
 
-SAMPLES = Stage(
+@dataclass(frozen=True, kw_only=True)
+class SamplesSettings(Settings):
+    """The ingest's settings: the source, the decode and caption caps, the unit sizes, and two checks
+    after the commit (an empty source refused unless `allow_empty`; `max_duplicate_rate`)."""
+
+    spec: SourceSpec
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    unit_bytes: int = UNIT_BYTES
+    unit_rows: int = UNIT_ROWS
+    unit_files: int = UNIT_FILES
+    max_caption_chars: int = DEFAULT_MAX_CAPTION_CHARS
+    unit_seconds: float = UNIT_SECONDS
+    allow_empty: bool = False
+    max_duplicate_rate: float = MAX_DUPLICATE_RATE
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> SamplesSettings:
+        """`pin_source` pins the spec as its dict (what the workers read): rebuilt here."""
+        return super().from_params({**params, "spec": SourceSpec.from_dict(params["spec"])})
+
+
+SAMPLES: Stage[SamplesSettings] = Stage(
     "samples", reads=("raw_source",), writes=("samples", "rejects"), after=("raw_source",),
     code_version="2", report_type=IngestReport,
-    settings={"spec": required(SourceSpec), "max_pixels": DEFAULT_MAX_PIXELS, "unit_bytes": UNIT_BYTES,
-              "unit_rows": UNIT_ROWS, "unit_files": UNIT_FILES, "max_caption_chars": DEFAULT_MAX_CAPTION_CHARS,
-              "unit_seconds": UNIT_SECONDS, "allow_empty": False, "max_duplicate_rate": MAX_DUPLICATE_RATE},
+    settings=SamplesSettings,
     unit_sizes=(
         UnitSize("unit_bytes", "Source bytes per ingest unit; one unit writes ~one Lance fragment, so this sets "
                                "fragment size (~1M rows at 64 KB per image)."),

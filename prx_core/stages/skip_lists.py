@@ -35,7 +35,8 @@ from prx_core.shards.rewrite import current_record, stream_chunks
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.stages.report import StageReport
-from prx_core.stages.stage import Stage, StageRun, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, run_partition
 from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
@@ -208,7 +209,7 @@ def plan_streams(storage: Storage, source: str) -> list[dict[str, Any]]:
     return plans
 
 
-def pin_streams(run: StageRun) -> dict[str, Any]:
+def pin_streams(run: StageRun[SkipListsSettings]) -> dict[str, Any]:
     """The published streams (their index digests), the `duplicates` and `caption_labels` versions
     and the recorded opt-outs (a new opt-out is a new attempt); the policy enters the manifest as
     its fields and version; the chunk and stream units are planned from the streams' indexes."""
@@ -224,7 +225,7 @@ def pin_streams(run: StageRun) -> dict[str, Any]:
             "opt_out_records": opt_out_records(storage, run.partition)}
 
 
-def lists_in_place(run: StageRun, report: SkipReport) -> bool:
+def lists_in_place(run: StageRun[SkipListsSettings], report: SkipReport) -> bool:
     """Every pinned stream still has the completion record of its current index and this policy,
     and the lists it counts, and the tier manifests hold the source's streams as they are now."""
     for plan in run.state["streams"]:
@@ -263,12 +264,12 @@ def plan_units(streams: list[dict[str, Any]]) -> tuple[list[Unit], list[Unit]]:
     return chunk_units, stream_units
 
 
-def write_skips(run: StageRun) -> None:
+def write_skips(run: StageRun[SkipListsSettings]) -> None:
     run.units("chunks", run.state["chunks"], skip_chunk_unit)
     run.units("streams", run.state["stream_units"], skip_stream_unit, progress=False)
 
 
-def remove_stale(run: StageRun) -> dict[str, int | None]:
+def remove_stale(run: StageRun[SkipListsSettings]) -> dict[str, int | None]:
     """The lists are written in place: what is left to make them the source's is removing the
     lists of streams no longer published. No table is written."""
     remove_stale_streams(run.storage.filesystem(), run.storage.root, run.partition,
@@ -277,7 +278,7 @@ def remove_stale(run: StageRun) -> dict[str, int | None]:
     return {}
 
 
-def report_skips(run: StageRun) -> SkipReport:
+def report_skips(run: StageRun[SkipListsSettings]) -> SkipReport:
     written = run.results["streams"]
     streams = [StreamSkips(p["label"], s["rows"], s["skipped"], s["by_reason"])
                for p, s in zip(run.state["streams"], written.summaries)]
@@ -286,11 +287,21 @@ def report_skips(run: StageRun) -> SkipReport:
                       dict(run.results))
 
 
-SKIP_LISTS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class SkipListsSettings(Settings):
+    """The `skip_lists` settings: whose captions and labels, and the policy (pinned as its fields and
+    version: `pin_streams`)."""
+
+    captioner_version: str
+    labeler_version: str
+    policy: SkipPolicy
+
+
+SKIP_LISTS: Stage[SkipListsSettings] = Stage(
     "skip_lists", reads=("mds", "duplicates", "caption_labels"), writes=("skiplists", "manifests"),  # files
     after=("mds_shards", "duplicates", "caption_labels"),
     code_version="4", report_type=SkipReport,  # 3: completion records, 4: tier manifests
-    settings={"captioner_version": required(str), "labeler_version": required(str), "policy": required(SkipPolicy)},
+    settings=SkipListsSettings,
     phases=("chunks", "streams"), pin=pin_streams, work=write_skips, commit=remove_stale, report=report_skips,
     # every `duplicates` run makes every source's lists stale in Dagster: a source whose losers, streams,
     # labels and opt-outs are what its last lists were computed from reruns as a no-op, and a crashed run

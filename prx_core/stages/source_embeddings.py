@@ -25,7 +25,8 @@ import xxhash
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, scan_row_unit
 from prx_core.compute.units import Unit, UnitRun
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, unit_outputs
 from prx_core.store.storage import Storage
@@ -127,18 +128,18 @@ def table_dim(uri: str, options: dict[str, str] | None) -> int | None:
     return None if table is None else table.schema.field("embedding").type.list_size
 
 
-def pin_source_embeddings(run: StageRun) -> dict[str, int | None]:
+def pin_source_embeddings(run: StageRun[SourceEmbeddingsSettings]) -> dict[str, int | None]:
     """The given `samples` version (the one `caption_embeddings` pinned) planned into units, and
     the table's version and width."""
     options = run.storage.lance_storage_options()
     uri = run.storage.lance_uri("source_embeddings")
     _, run.state["units"] = plan_row_units(run.storage.lance_uri("samples"), source_predicate(run.partition),
-                                           run["unit_rows"], options, run["samples_version"])
+                                           run.settings.unit_rows, options, run.settings.samples_version)
     run.state["width"] = table_dim(uri, options)
-    return {"samples": run["samples_version"], "source_embeddings": lance_io.table_version(uri, options)}
+    return {"samples": run.settings.samples_version, "source_embeddings": lance_io.table_version(uri, options)}
 
 
-def measure_and_write(run: StageRun) -> None:
+def measure_and_write(run: StageRun[SourceEmbeddingsSettings]) -> None:
     """`lengths` of the source's vectors; unless the width mismatches, `stored` (the partition's
     current rows) and, when the two differ, `write` (`run.state["replace"]`: the commit is due)."""
     units, width, source = run.state["units"], run.state["width"], run.partition
@@ -156,7 +157,7 @@ def measure_and_write(run: StageRun) -> None:
     if run.inputs["source_embeddings"] is not None:
         options = run.storage.lance_storage_options()
         _, stored_units = plan_row_units(run.storage.lance_uri("source_embeddings"), source_predicate(source),
-                                         run["unit_rows"], options, run.inputs["source_embeddings"])
+                                         run.settings.unit_rows, options, run.inputs["source_embeddings"])
         stored = run.units("stored", _units("stored", "source_embeddings", stored_units), lengths_unit, progress=False)
         have = merged_lengths(stored.summaries).get(width, have)
     want = stats.get(width, [0, 0, 0])
@@ -165,7 +166,7 @@ def measure_and_write(run: StageRun) -> None:
         run.units("write", _units("write", "samples", units, dim=width), write_unit)
 
 
-def commit_source_embeddings(run: StageRun) -> dict[str, int | None]:
+def commit_source_embeddings(run: StageRun[SourceEmbeddingsSettings]) -> dict[str, int | None]:
     """Replace the source's rows in one commit when they changed (a source of another width is not written)."""
     uri, options = run.storage.lance_uri("source_embeddings"), run.storage.lance_storage_options()
     if run.state.get("replace"):
@@ -184,7 +185,7 @@ def commit_source_embeddings(run: StageRun) -> dict[str, int | None]:
     return {"source_embeddings": lance_io.table_version(uri, options)}
 
 
-def report_source_embeddings(run: StageRun) -> SourceEmbeddings:
+def report_source_embeddings(run: StageRun[SourceEmbeddingsSettings]) -> SourceEmbeddings:
     report: SourceEmbeddings = run.state["report"]
     uri, options = run.storage.lance_uri("source_embeddings"), run.storage.lance_storage_options()
     if run.state.get("width") is not None and report.mismatch is None and lance_io.table_exists(uri, options):
@@ -198,9 +199,17 @@ def _mismatch(report: SourceEmbeddings, source: str, dim: int, width: int, total
     report.skipped = total
 
 
-SOURCE_EMBEDDINGS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class SourceEmbeddingsSettings(Settings):
+    """The `source_embeddings` settings: the `samples` version it reads (pinned as that input), rows per unit."""
+
+    samples_version: int
+    unit_rows: int = UNIT_ROWS
+
+
+SOURCE_EMBEDDINGS: Stage[SourceEmbeddingsSettings] = Stage(
     "source_embeddings", reads=("samples",), writes=("source_embeddings",), code_version="1",
-    report_type=SourceEmbeddings, settings={"samples_version": required(int), "unit_rows": UNIT_ROWS},
+    report_type=SourceEmbeddings, settings=SourceEmbeddingsSettings,
     unit_sizes=(UnitSize("unit_rows", "Rows per `source_embeddings` unit (vectors of ~2 KB)."),),
     unpinned=("samples_version",),  # pinned as the `samples` input
     phases=("lengths", "stored", "write"), pin=pin_source_embeddings, work=measure_and_write,

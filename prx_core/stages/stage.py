@@ -1,9 +1,10 @@
 """A stage declared once, and `run_partition`, the one way every stage runs a partition.
 
-A `Stage` names what it reads and writes, the assets it follows (`after`), its code version, its settings (with the unit sizes
-among them, which `prx_resources.units` offers to operators), its phases of work units, and four
-steps: `pin` the input versions the attempt computes from, `work` its phases on Ray workers,
-`commit` what the units wrote, and `report`. `run_partition` is the rest, the same for every
+A `Stage` names what it reads and writes, the assets it follows (`after`), its code version, its
+settings (a frozen dataclass, `prx_core.stages.settings`, with the unit sizes among them, which
+`prx_resources.units` offers to operators), its phases of work units, and four steps: `pin` the
+input versions the attempt computes from, `work` its phases on Ray workers, `commit` what the
+units wrote, and `report`. `run_partition` is the rest, the same for every
 stage: the source name checked, the partition lock held, the attempt opened from the manifest
 (asset, partition, pinned inputs, code version, the settings that shape outputs or units; its
 `volatile` inputs left out of the identity, so a rerun resumes across other partitions' commits), the
@@ -18,13 +19,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from prx_core.compute import wire
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.unit_results import condense_report
 from prx_core.compute.units import Manifest, Unit, UnitResults, UnitRun, run_units
+from prx_core.stages import settings as typed
+from prx_core.stages.settings import Settings
 from prx_core.stages.unchanged import committed_report, record_committed
 from prx_core.store.locks import partition_lock
 from prx_core.store.names import validate_source_name
@@ -35,53 +38,46 @@ from prx_core.store.storage import Storage
 WIRE_TYPES = wire.register_all(Storage, UnitResults)
 
 
-@dataclass(frozen=True)
-class Required:
-    """A setting without a default, of `type`: the caller must give it."""
-
-    type: Any
-
-
-def required(kind: Any) -> Required:
-    return Required(kind)
+S = TypeVar("S", bound=Settings)  # a stage's settings class (prx_core.stages.settings)
 
 
 @dataclass(frozen=True)
 class UnitSize:
     """A setting that sizes work units: it changes how work is cut, never what is written."""
 
-    setting: str  # the stage's keyword (e.g. "unit_rows")
+    setting: str  # the stage's keyword, a field of its settings class (e.g. "unit_rows")
     description: str  # what it trades, for the operator (prx_resources.units)
 
 
 @dataclass(frozen=True)
-class Stage:
+class Stage(Generic[S]):
     """One pipeline stage: what it is (tables, code version, settings, phases) and its four steps.
 
     `pin(run)` returns the pinned inputs (and may add manifest params to `run.params` and plans to
     `run.state`); `work(run)` runs the phases through `run.units`; `commit(run)` makes the units'
     outputs live and returns the Lance versions written; `report(run)` builds the report after the
     attempt is finished (it may still raise: a refusal whose rejects are committed for inspection).
-    Settings in `unpinned` never enter the manifest (time limits, escape hatches). `then(report, run)`,
-    when set, runs after the commit, still under the partition lock, and returns what the asset
-    reports (`report_type`): a step that rewrites the partition (sample-id settlement) or reads back
-    what the stage published, with no other writer in between."""
+    `settings` is the stage's frozen settings dataclass (prx_core.stages.settings): the steps read
+    `run.settings.<name>`. Settings in `unpinned` never enter the manifest (time limits, escape
+    hatches). `then(report, run)`, when set, runs after the commit, still under the partition lock,
+    and returns what the asset reports (`report_type`): a step that rewrites the partition
+    (sample-id settlement) or reads back what the stage published, with no other writer in between."""
 
     name: str  # and its asset's
     reads: tuple[str, ...]  # the tables (and published files: "mds") its steps read
     writes: tuple[str, ...]  # what it writes
     code_version: str  # enters the manifest, and begins its asset's code version (prx_assets.declared)
     report_type: type
-    settings: Mapping[str, Any]
-    pin: Callable[[StageRun], Mapping[str, Any]]
-    work: Callable[[StageRun], None]
-    commit: Callable[[StageRun], Mapping[str, int | None]]
-    report: Callable[[StageRun], Any]
+    settings: type[S]
+    pin: Callable[[StageRun[S]], Mapping[str, Any]]
+    work: Callable[[StageRun[S]], None]
+    commit: Callable[[StageRun[S]], Mapping[str, int | None]]
+    report: Callable[[StageRun[S]], Any]
     phases: tuple[str, ...] = ("units",)
     unit_sizes: tuple[UnitSize, ...] = ()
     unpinned: tuple[str, ...] = ()
     partition: str | None = None  # the one partition (and lock) of an unpartitioned stage
-    then: Callable[[Any, StageRun], Any] | None = None
+    then: Callable[[Any, StageRun[S]], Any] | None = None
     # `reusable(report)`: whether a run's final report may stand for a later run of the same manifest
     # while its outputs are still there (nothing run or committed then: prx_core.stages.unchanged)
     reusable: Callable[[Any], bool] | None = None
@@ -94,28 +90,33 @@ class Stage:
     spare: Callable[[Storage], Callable[[str], bool]] | None = None
     # `present(run, report)`: whether the files a reused report describes are still in place (tables are
     # checked by version); a reuse needs both
-    present: Callable[[StageRun, Any], bool] | None = None
+    present: Callable[[StageRun[S], Any], bool] | None = None
     # the upstream assets its asset follows (its Dagster `deps`, prx_assets.declared): what it reads,
     # each table named by the nearest asset that makes it, which decides what a new upstream version
     # reruns (tests/assets/test_stage_graph.py holds the graph to these declarations)
     after: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        """A unit size or unpinned setting that names no field fails here, at import, not in a run."""
+        typed.check_declared(self.name, self.settings, [u.setting for u in self.unit_sizes], self.unpinned)
+
     def defaults(self) -> dict[str, Any]:
-        return {k: v for k, v in self.settings.items() if not isinstance(v, Required)}
+        """Each optional setting's default (`prx_resources.units` offers the unit sizes' to operators)."""
+        return typed.defaults(self.settings)
 
     def setting_types(self) -> dict[str, Any]:
-        """The type of each setting (a required one's declared type, else its default's)."""
-        return {k: v.type if isinstance(v, Required) else type(v) for k, v in self.settings.items()}
+        """The declared type of each setting (what the wire carries into `run_stage`)."""
+        return typed.types(self.settings)
 
 
 @dataclass
-class StageRun:
+class StageRun(Generic[S]):
     """One run of a stage over one partition: what its steps share."""
 
-    stage: Stage
+    stage: Stage[S]
     storage: Storage
     partition: str
-    settings: dict[str, Any]
+    settings: S  # the bound settings: `run.settings.unit_rows`
     progress: Throttle | None
     params: dict[str, Any] = field(default_factory=dict)  # the manifest's params
     inputs: Mapping[str, Any] = field(default_factory=dict)
@@ -124,9 +125,6 @@ class StageRun:
     versions: Mapping[str, int | None] = field(default_factory=dict)  # written by `commit`
     attempt: UnitRun | None = None
     started: float = field(default_factory=time.monotonic)
-
-    def __getitem__(self, setting: str) -> Any:
-        return self.settings[setting]
 
     @property
     def seconds(self) -> float:
@@ -156,7 +154,7 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
     validate_source_name(partition)
     run = StageRun(stage, storage, partition, bind_settings(stage, settings), progress)
     with partition_lock(storage, stage.name, stage.partition or partition):
-        run.params = {k: v for k, v in run.settings.items() if k not in stage.unpinned}
+        run.params = typed.pinned(run.settings, stage.unpinned)  # the flat dict the manifest always held
         run.inputs = stage.pin(run)
         manifest = Manifest(stage.name, partition, run.inputs, stage.code_version, run.params, stage.volatile)
         reuse = manifest.digest()
@@ -183,13 +181,6 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
     return final
 
 
-def bind_settings(stage: Stage, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The stage's settings with its defaults; an unknown or missing one fails naming them all."""
-    unknown = sorted(set(given) - set(stage.settings))
-    if unknown:
-        raise TypeError(f"{stage.name}: unknown setting(s) {', '.join(unknown)}; settings: {', '.join(stage.settings)}")
-    bound = {**stage.defaults(), **given}
-    missing = sorted(k for k in stage.settings if k not in bound)
-    if missing:
-        raise TypeError(f"{stage.name}: missing setting(s) {', '.join(missing)}")
-    return bound
+def bind_settings(stage: Stage[S], given: Mapping[str, Any]) -> S:
+    """The stage's settings from keywords, with its defaults; an unknown or missing one fails naming them all."""
+    return typed.bind(stage.name, stage.settings, given)  # type: ignore[return-value]

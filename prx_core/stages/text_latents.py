@@ -33,7 +33,8 @@ from prx_core.stages.contents import (
     write_latents,
 )
 from prx_core.stages.report import StageReport
-from prx_core.stages.stage import Stage, StageRun, UnitSize, required, run_partition
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import schemas
 from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
@@ -82,21 +83,23 @@ def encode_unit(host: ModelHost, unit: Unit, run: UnitRun) -> dict[str, Any]:
             **write_latents(run.storage, rows), "truncated": truncated, "model_seconds": round(seconds, 4)}
 
 
-def pin_latents(run: StageRun) -> dict[str, int]:
+def pin_latents(run: StageRun[TextLatentsSettings]) -> dict[str, int]:
     """The pinned versions and units; the encoder's version, batch size and max_tokens in the manifest.
     A unit's fragments already hold up to gigabytes, so the appends never merge them."""
-    config: TextLatentsConfig = run["config"]
+    config = run.settings.config
     run.params.update(encoder_version=config.version(), batch_size=config.batch_size, max_tokens=config.max_tokens)
     return pin_contents(run, BatchedAppend(run.storage, "text_latents", merge_rows=0))
 
 
-def encode_units(run: StageRun) -> None:
+def encode_units(run: StageRun[TextLatentsSettings]) -> None:
     """Encoder actors, one model each (`gpus` per actor on a GPU cluster)."""
-    model_units(run, encode_unit, run["model"] or ModelSpec(partial(EncodeBatch, run["config"]), actors=run["actors"],
-                                                            num_gpus=run["gpus"]))
+    settings = run.settings
+    model = settings.model or ModelSpec(partial(EncodeBatch, settings.config), actors=settings.actors,
+                                        num_gpus=settings.gpus)
+    model_units(run, encode_unit, model)
 
 
-def report_latents(run: StageRun) -> TextLatentsReport:
+def report_latents(run: StageRun[TextLatentsSettings]) -> TextLatentsReport:
     results = run.results["units"]
     return TextLatentsReport(
         run.partition, results.total("captioned"), results.total("reused"), results.total("encoded"),
@@ -106,12 +109,24 @@ def report_latents(run: StageRun) -> TextLatentsReport:
         commits=run.state["appends"].commits, units=results, model_seconds=model_seconds(results))
 
 
-TEXT_LATENTS = Stage(
+@dataclass(frozen=True, kw_only=True)
+class TextLatentsSettings(Settings):
+    """The `text_latents` settings: whose captions, the encoder (it enters as its version), actors and
+    their GPUs, rows per unit and an in-process model (tests)."""
+
+    captioner_version: str
+    config: TextLatentsConfig
+    actors: int = 1
+    gpus: float = 0.0
+    unit_rows: int = UNIT_CONTENTS
+    model: ModelSpec | None = None
+
+
+TEXT_LATENTS: Stage[TextLatentsSettings] = Stage(
     "text_latents", reads=("samples", "buckets", "captions"), writes=("text_latents",), after=("captions", "samples"),
     code_version="1",
     report_type=TextLatentsReport,
-    settings={"captioner_version": required(str), "config": required(TextLatentsConfig), "actors": 1, "gpus": 0.0,
-              "unit_rows": UNIT_CONTENTS, "model": None},
+    settings=TextLatentsSettings,
     unit_sizes=(UnitSize("unit_rows", "Samples per `text_latents` unit: its latents are written as one fragment "
                                       "(~2 MB per caption for an 8B model), so a crash loses little."),),
     unpinned=("config", "actors", "gpus", "model"),  # the encoder enters as its version, batch size and max_tokens

@@ -30,7 +30,8 @@ from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamC
 from prx_core.stages.mds_shards import MdsReport
 from prx_core.stages.sample_keys import KeyResolution
 from prx_core.stages.samples import SamplesReport
-from prx_core.stages.stage import Stage, StageRun, required
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import Stage, StageRun
 from prx_core.store.maintenance import FragmentHealth
 from prx_core.store.storage import Storage
 
@@ -281,15 +282,20 @@ def test_values_json_cannot_carry_are_refused(value: object) -> None:
         wire.encode(value)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ToySettings(Settings):
+    rows: int
+
+
 def test_run_stage_binds_progress_to_the_log(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     lines: list[str] = []
 
     def work(run: StageRun) -> None:
         assert isinstance(run.progress, Throttle)
-        run.progress(1, 1, rows=run["rows"], total_rows=run["rows"])
+        run.progress(1, 1, rows=run.settings.rows, total_rows=run.settings.rows)
 
-    toy = Stage("toy", reads=(), writes=(), code_version="1", report_type=int, settings={"rows": required(int)},
-                pin=lambda run: {}, work=work, commit=lambda run: {}, report=lambda run: run["rows"])
+    toy = Stage("toy", reads=(), writes=(), code_version="1", report_type=int, settings=ToySettings,
+                pin=lambda run: {}, work=work, commit=lambda run: {}, report=lambda run: run.settings.rows)
     monkeypatch.setitem(entry.STAGES, "toy", toy)
     kwargs = {"storage": Storage(str(tmp_path)), "source": "web", "progress": Progress("toy[web]", unit="chunks"),
               "rows": 5}

@@ -5,7 +5,7 @@ number of units (the per-unit detail goes under the root, referenced by URI)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +14,9 @@ from test_row_stages import make_samples
 from prx_core.compute import unit_results, wire
 from prx_core.compute.unit_results import UnitResults, read_detail
 from prx_core.stages import entry
-from prx_core.stages.buckets import BUCKETS, build_buckets
-from prx_core.stages.stage import required, run_partition
+from prx_core.stages.buckets import BUCKETS, BucketsSettings, build_buckets
+from prx_core.stages.settings import Settings
+from prx_core.stages.stage import run_partition
 from prx_core.store.storage import Storage
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -29,12 +30,19 @@ def storage(tmp_path: Path) -> Storage:
     return storage
 
 
+@dataclass(frozen=True, kw_only=True)
+class Tierless(Settings):
+    """The buckets settings with a mandatory max_tier."""
+
+    max_tier: int
+    unit_rows: int = BucketsSettings().unit_rows
+
+
 def test_an_unknown_or_missing_setting_is_named(storage: Storage) -> None:
     with pytest.raises(TypeError, match="unknown setting.*unit_row\\b.*settings: max_tier, unit_rows"):
         build_buckets("photos", storage, unit_row=5)
     with pytest.raises(TypeError, match="missing setting.*max_tier"):
-        run_partition(replace(BUCKETS, settings={**BUCKETS.settings, "max_tier": required(int)}),
-                      storage, "photos")
+        run_partition(replace(BUCKETS, settings=Tierless), storage, "photos")
     with pytest.raises(ValueError, match="invalid source name '../x'"):
         build_buckets("../x", storage)
 
