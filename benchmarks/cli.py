@@ -90,7 +90,7 @@ def _cmd_scale(args: argparse.Namespace) -> int:
           f"after SIGKILL ...", flush=True)
     results = run(sizes=sizes, unit_rows=args.unit_rows, cpus=args.cpus, cache=args.cache, workdir=args.workdir,
                   resume_rows=args.resume_rows, resume=resume, fresh_ray=not args.reuse_ray, stages=stages,
-                  model_ms=args.model_ms, tiny=args.tiny)
+                  model_ms=args.model_ms, tiny=args.tiny, reference=args.reference_photos)
     return _report(results, format_table(results), started, args.json)
 
 
@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--model-ms", type=float, default=2.0,
                        help="cost per image or caption of the stand-in captioner, labeller and embedder (default 2 ms)")
     scale.add_argument("--cache", help="synthetic photos cache (default $XDG_CACHE_HOME/prx-bench-scale)")
+    scale.add_argument("--reference-photos", type=int, default=300,
+                       help="photos each process_image pass times (default 300, ~1 s a pass; 9 passes a size)")
     scale.add_argument("--tiny", action="store_true",
                        help="448x336 photos of ~7 KB (renders ~20 KB) instead of 640x480 of ~39 KB: a 1M-row run in ~50 GB")
     scale.add_argument("--workdir", help="where the corpora are built and kept (default: a temporary folder, removed "

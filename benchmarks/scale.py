@@ -222,11 +222,13 @@ def default_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prx-bench-scale"
 
 
-def run_size(rows: int, job: dict[str, Any], cluster: Cluster, names: tuple[str, ...]) -> dict[str, Any]:
+def run_size(rows: int, job: dict[str, Any], cluster: Cluster, names: tuple[str, ...],
+             reference: int = 300) -> dict[str, Any]:
     """The stages once each, in graph order, on an empty corpus root; a failed stage is reported,
-    not fatal. The graph's images/s is over the stages of GRAPH that ran (`graph_stages`)."""
+    not fatal. The graph's images/s is over the stages of GRAPH that ran (`graph_stages`);
+    `process_image` is timed over the first `reference` photos."""
     stages: dict[str, dict[str, Any]] = {}
-    photos, passes = reference_photos(Path(job["source"]["uri"])), []
+    photos, passes = reference_photos(Path(job["source"]["uri"]), reference), []
     for stage in names:
         if stage in GRAPH:
             passes.append(process_image_pass(photos))
@@ -275,11 +277,13 @@ def select(stages: tuple[str, ...] | None, resume: tuple[str, ...] | None) -> tu
 def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus: int | None = None,
         cache: str | None = None, workdir: str | None = None, resume_rows: int | None = None,
         resume: tuple[str, ...] | None = None, fresh_ray: bool = True,
-        stages: tuple[str, ...] | None = None, model_ms: float = 2.0, tiny: bool = False) -> dict[str, Any]:
+        stages: tuple[str, ...] | None = None, model_ms: float = 2.0, tiny: bool = False,
+        reference: int = 300) -> dict[str, Any]:
     """The whole benchmark. The resume trials run at `resume_rows` (default: the largest size)
     after its graph. Corpora are built in `workdir` and kept, or in a temporary folder deleted
     size by size. `stages` (default all) run in graph order; each needs the earlier ones it reads.
-    The stand-in models cost `model_ms` per image or caption; `tiny` photos fit a 1M-row run on disk."""
+    The stand-in models cost `model_ms` per image or caption; `tiny` photos fit a 1M-row run on disk.
+    Each `process_image` pass times `reference` photos (~1 s for 300; fewer for a quick run)."""
     from benchmarks.image_path import _cpu_name
 
     stages, resume = select(stages, resume)
@@ -289,7 +293,7 @@ def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus
     work = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-scale-"))
     cluster = Cluster(cpus, fresh_ray)
     results: dict[str, Any] = {"cpus": cpus, "cpu": _cpu_name(), "python": sys.version.split()[0], "unit_rows": unit_rows,
-                               "model_ms": model_ms, "tiny_photos": tiny,
+                               "model_ms": model_ms, "tiny_photos": tiny, "reference_photos": reference,
                                "fresh_ray_per_stage": fresh_ray, "resume_rows": resume_rows, "sizes": [], "resume": {}}
     try:
         for rows in sizes:
@@ -299,7 +303,7 @@ def run(sizes: tuple[int, ...] = (10_000, 100_000), unit_rows: int = 5_000, cpus
             job = {"root": str(work / f"corpus-{rows}"), "source": spec, "units": unit_sizes(unit_rows, source),
                    "cpus": cpus, "model_seconds": model_ms / 1000}
             print(f"{rows} rows, {cpus} cores: {', '.join(stages)}", flush=True)
-            size = run_size(rows, job, cluster, stages)
+            size = run_size(rows, job, cluster, stages, reference)
             results["sizes"].append(size)
             for stage in resume if rows == resume_rows else ():
                 done = size["stages"][stage]

@@ -67,12 +67,14 @@ class AutomationSettings:
     weekly_source_refresh, one run per source of `refresh_assets` (default: every per-source asset,
     the refresh_source job); `compact_cron` (default 04:00 daily) fires compact_corpus;
     `condition_sensor` is the default status of the sensor running the eager assets (an instance
-    keeps a status set in the UI or by `dagster sensor start/stop` over this default)."""
+    keeps a status set in the UI or by `dagster sensor start/stop` over this default);
+    `condition_interval_s` the least seconds between its ticks (each evaluates every asset's condition)."""
 
     refresh_cron: str = "0 2 * * 0"
     refresh_assets: tuple[str, ...] = tuple(PER_SOURCE)
     compact_cron: str = "0 4 * * *"
     condition_sensor: str = "running"  # or "stopped": the automation condition sensor's default status
+    condition_interval_s: int = 30
 
 
 def automation_settings(settings: Settings) -> AutomationSettings:
@@ -91,16 +93,21 @@ def automation_settings(settings: Settings) -> AutomationSettings:
     sensor = section.get("condition_sensor", defaults.condition_sensor)
     if sensor not in ("running", "stopped"):
         raise SettingsError(f"automation.condition_sensor: {sensor!r} must be running or stopped")
+    interval = section.get("condition_interval_s", defaults.condition_interval_s)
+    if type(interval) is not int or interval < 1:
+        raise SettingsError(f"automation.condition_interval_s: {interval!r} must be a whole number of seconds >= 1")
     return AutomationSettings(refresh_cron=section.get("refresh_cron", defaults.refresh_cron),
                               refresh_assets=tuple(a for a in PER_SOURCE if a in assets),
-                              compact_cron=section.get("compact_cron", defaults.compact_cron), condition_sensor=sensor)
+                              compact_cron=section.get("compact_cron", defaults.compact_cron), condition_sensor=sensor,
+                              condition_interval_s=interval)
 
 
-def condition_sensor(status: str = "running") -> dg.AutomationConditionSensorDefinition:
+def condition_sensor(status: str = "running", interval_s: int = 30) -> dg.AutomationConditionSensorDefinition:
     """Evaluates every asset's automation condition, RUNNING by default: without it the eager assets are
-    only labels in the UI (Dagster's own default_automation_condition_sensor starts stopped)."""
+    only labels in the UI (Dagster's own default_automation_condition_sensor starts stopped). At most
+    one tick per `interval_s` (the daemon's loop adds up to 5 s)."""
     return dg.AutomationConditionSensorDefinition(
-        "automation_condition_sensor", target=dg.AssetSelection.all(), minimum_interval_seconds=30,
+        "automation_condition_sensor", target=dg.AssetSelection.all(), minimum_interval_seconds=interval_s,
         default_status=dg.DefaultSensorStatus.RUNNING if status == "running" else dg.DefaultSensorStatus.STOPPED,
         description="Materializes the eager assets (buckets, caption_labels, caption_embeddings, duplicates, "
                     "skip_lists) when what they read changed. Stop it in Automation, or automation.condition_sensor: stopped.")
@@ -127,7 +134,7 @@ def refresh_schedule(cron: str, assets: Sequence[str] = PER_SOURCE) -> dg.Schedu
 
 AUTOMATION = automation_settings(load_settings())
 weekly_source_refresh = refresh_schedule(AUTOMATION.refresh_cron, AUTOMATION.refresh_assets)
-automation_condition_sensor = condition_sensor(AUTOMATION.condition_sensor)
+automation_condition_sensor = condition_sensor(AUTOMATION.condition_sensor, AUTOMATION.condition_interval_s)
 
 
 class CompactConfig(dg.Config):

@@ -47,6 +47,18 @@ def test_the_condition_sensor_can_ship_stopped() -> None:
         automation_settings(wrong)
 
 
+def test_the_condition_sensor_ticks_at_the_configured_interval(defs: dg.Definitions) -> None:
+    assert defs.resolve_sensor_def("automation_condition_sensor").minimum_interval_seconds == 30  # the default
+    config = Settings(root="/nowhere", sources="/nowhere/sources.yaml", config={"automation": {"condition_interval_s": 5}})
+    chosen = automation_settings(config)
+    assert chosen == AutomationSettings(condition_interval_s=5)
+    assert condition_sensor(chosen.condition_sensor, chosen.condition_interval_s).minimum_interval_seconds == 5
+    for bad in (0, 2.5, "5", True):
+        wrong = Settings(root="/nowhere", sources="/nowhere/sources.yaml", config={"automation": {"condition_interval_s": bad}})
+        with pytest.raises(SettingsError, match="automation.condition_interval_s: .* must be a whole number"):
+            automation_settings(wrong)
+
+
 def test_the_jobs_page_has_named_jobs(defs: dg.Definitions) -> None:
     build, refresh, dedup = (defs.resolve_job_def(n) for n in ("build_source", "refresh_source", "dedup_corpus"))
     assert keys(build) == keys(refresh) == set(PER_SOURCE)

@@ -2,8 +2,9 @@
 RUNNING without anyone turning it on, and `dagster dev` starts without its "superseded" warning.
 
 The command is the Makefile's own (`make -n ui`, run without its `setup` prerequisite) with DEMO
-pointing at a throwaway folder holding a one-photo catalog and no corpus yet, and UI_PORT at a
-free loopback port: the DAGSTER_HOME it names does not exist before. ~60-90 s on 2 busy cores
+pointing at a throwaway folder holding a one-photo catalog and no corpus yet, UI_PORT at a free
+loopback port, and CONFIG at demo-config.yaml plus a condition sensor ticking every TICK_S seconds
+(not 30: the daemon's ticks are what the tests wait for): the DAGSTER_HOME it names does not exist before. ~60-90 s on 2 busy cores
 (dagster dev's webserver, daemon and code server each import the definitions).
 """
 
@@ -38,6 +39,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 SHOTS = REPO / "test-artifacts" / "ui"
+TICK_S = 5  # automation.condition_interval_s; the daemon's loop adds up to 5 s per tick
 
 
 @dataclass
@@ -46,14 +48,16 @@ class UI:
     home: Path
     log: Path
     proc: subprocess.Popen
+    config: Path  # PRX_CONFIG
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
 
-def make_ui_commands(demo: Path, port: int) -> str:
+def make_ui_commands(demo: Path, port: int, config: Path) -> str:
     """The `ui` target's recipe as make would run it, without the `setup` prerequisite."""
-    shown = subprocess.run(["make", "-s", "-n", "--no-print-directory", "ui", f"DEMO={demo}", f"UI_PORT={port}"],
+    shown = subprocess.run(["make", "-s", "-n", "--no-print-directory", "ui", f"DEMO={demo}", f"UI_PORT={port}",
+                            f"CONFIG={config}"],
                            capture_output=True, text=True, cwd=REPO, timeout=60, check=True).stdout
     lines = shown.splitlines()
     assert lines[0] == "bash scripts/setup.sh", shown
@@ -83,14 +87,16 @@ def ui(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UI]:
     photo = next(p for p in load_skimage_photos() if p.image.mode == "RGB")
     photo.image.resize((512, 512), Image.Resampling.BICUBIC).save(demo / "sources" / "photos" / "img_0.jpg", quality=90)
     (demo / "sources" / "sources.yaml").write_text("sources:\n- {name: photos, format: imagefolder, uri: photos}\n")
+    config = demo / "config.yaml"
+    config.write_text((REPO / "demo-config.yaml").read_text() + f"automation: {{condition_interval_s: {TICK_S}}}\n")
     home = demo / "corpus" / "_state" / "dagster"
     assert not home.exists()
     port = free_port()
     log = demo.parent / "dagster-dev.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(["bash", "-c", make_ui_commands(demo, port)], stdout=out, stderr=subprocess.STDOUT,
-                                cwd=REPO, env=cli_env(), start_new_session=True)
-    started = UI(f"http://127.0.0.1:{port}", home, log, proc)
+        proc = subprocess.Popen(["bash", "-c", make_ui_commands(demo, port, config)], stdout=out,
+                                stderr=subprocess.STDOUT, cwd=REPO, env=cli_env(), start_new_session=True)
+    started = UI(f"http://127.0.0.1:{port}", home, log, proc, config)
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -171,7 +177,7 @@ def test_descriptions_render_as_written(ui: UI, page: Page) -> None:
 def dagster_materialize(ui: UI, select: str) -> subprocess.CompletedProcess:
     """Dagster's own CLI on make ui's instance and settings (the environment `sources sync` prints)."""
     env = cli_env(DAGSTER_HOME=str(ui.home), PRX_ROOT=str(ui.home.parents[1]),
-                  PRX_SOURCES=str(ui.home.parents[2] / "sources" / "sources.yaml"), PRX_CONFIG=str(REPO / "demo-config.yaml"))
+                  PRX_SOURCES=str(ui.home.parents[2] / "sources" / "sources.yaml"), PRX_CONFIG=str(ui.config))
     return subprocess.run([str(REPO / ".venv" / "bin" / "dagster"), "asset", "materialize", "-m", "prx_assets.definitions",
                            "--select", select, "--partition", "photos"], capture_output=True, text=True, timeout=600,
                           env=env, cwd=REPO, start_new_session=True)
@@ -210,8 +216,13 @@ def test_the_daemon_reruns_nothing_after_a_materialization_that_changed_no_data(
 
     again = dagster_materialize(ui, "samples")
     assert again.returncode == 0 and "unchanged" in again.stderr, again.stderr[-3000:]
-    produced = ticks_after(ui, len(ui.output()), 2)  # two whole ticks after the unchanged materialization
-    assert produced == ["0", "0"] and len(automation_runs(ui)) == 1, (produced, automation_runs(ui))
+    # three ticks after the unchanged materialization: the first may have begun before it was recorded, the
+    # next two evaluated it (eager() relaunched on the first of them); TICK_S apart, not 30 s
+    produced = ticks_after(ui, len(ui.output()), 3)
+    assert produced == ["0", "0", "0"] and len(automation_runs(ui)) == 1, (produced, automation_runs(ui))
+    with dg.DagsterInstance.from_config(str(ui.home)) as instance:  # the daemon ticked at CONFIG's interval
+        (state,) = [s for s in instance.all_instigator_state() if s.name == SENSOR]
+        assert state.instigator_data.min_interval == TICK_S, state.instigator_data
 
 
 def test_make_ui_stops_on_ctrl_c_leaving_nothing_behind(ui: UI, page: Page) -> None:
