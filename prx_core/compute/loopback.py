@@ -11,8 +11,9 @@ are sent) to the whole network.
 (`services.resolve_ip_for_localhost`, `get_node_ip_address`) except in Ray's single-machine mode,
 `ray_constants.ENABLE_RAY_CLUSTER` false: the macOS and Windows default, set on Linux by
 `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, which Ray reads once, when it is imported. So an embedded
-start switches that mode on around its own `ray.init`. Connections to a cluster, and starts whose
-options name a routable `_node_ip_address` (an operator's explicit choice), are left alone.
+start switches that mode on around its own `ray.init`, and so does a driver joining such a Ray by
+its loopback address. Connections to a cluster, and starts whose options name a routable
+`_node_ip_address` (an operator's explicit choice), are left alone.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def wants_loopback(options: Mapping[str, Any]) -> bool:
     """An embedded start stays on loopback unless its options name a routable node IP."""
     node_ip = options.get(NODE_IP_OPTION)
     return node_ip is None or is_loopback(str(node_ip))
+
+
+def joins_loopback(address: str) -> bool:
+    """A driver joining a Ray by a loopback GCS address (`127.0.0.1:6379`, what an embedded Ray
+    reports) must connect in the same mode: `ray.init` would rewrite that host to the routable
+    address, where the embedded GCS does not listen. Ray Client (`ray://`) addresses are not rewritten."""
+    if "://" in address:
+        return False
+    host = address.rsplit(":", 1)[0] if address.count(":") == 1 or address.startswith("[") else address
+    return is_loopback(host)
 
 
 @contextmanager

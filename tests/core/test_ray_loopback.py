@@ -27,7 +27,15 @@ from pathlib import Path
 
 import pytest
 
-from prx_core.compute.loopback import LOOPBACK, NODE_IP_OPTION, VLLM_HOST_IP, is_loopback, loopback_node, wants_loopback
+from prx_core.compute.loopback import (
+    LOOPBACK,
+    NODE_IP_OPTION,
+    VLLM_HOST_IP,
+    is_loopback,
+    joins_loopback,
+    loopback_node,
+    wants_loopback,
+)
 
 MARK = "PRX-LOOPBACK "
 CHILD = r"""
@@ -50,11 +58,21 @@ def worker_view():
 
 vllm_host, worker_ip = ray.get(worker_view.remote())
 print("PRX-LOOPBACK " + json.dumps({"node_ip": ray._private.worker._global_node.node_ip_address,
+      "gcs": ray.get_runtime_context().gcs_address,
       "worker_ip": worker_ip, "worker_vllm_host": vllm_host, "driver_vllm_host": os.environ.get("VLLM_HOST_IP")}),
       flush=True)
 sys.stdin.readline()
 resources.close()
 ray.shutdown()
+"""
+# A second driver joining that Ray by the loopback address it reports, as the tests' crash drivers do.
+JOIN = r"""
+import sys
+import ray
+from prx_core.compute.quiet import start_ray
+
+start_ray(sys.argv[1], log_to_driver=False)
+print("PRX-LOOPBACK", ray.get(ray.remote(lambda: 41 + 1).remote()), ray._private.worker._global_node.node_ip_address)
 """
 # What must be seen listening, so that "nothing off loopback" is not vacuous.
 EXPECTED = {"driver", "gcs_server", "raylet", "worker", "ray::DashboardAgent", "ray::RuntimeEnvAgent",
@@ -153,6 +171,14 @@ def run_embedded(how: str) -> tuple[dict, set[tuple[str, str, str, int]]]:
             seen |= listeners(child.pid)
             time.sleep(0.5)
         seen |= listeners(child.pid)
+        # RAY_AUTH_MODE=token: what a process the embedding one starts inherits (ray.init sets it there)
+        try:
+            joined = subprocess.run([sys.executable, "-c", JOIN, report["gcs"]], capture_output=True, text=True,
+                                    timeout=180, env={**env, "RAY_AUTH_MODE": "token"})
+            report["joined"] = next((line for line in joined.stdout.splitlines() if line.startswith(MARK)),
+                                    joined.stderr[-2000:])
+        except subprocess.TimeoutExpired:
+            report["joined"] = "the joining driver did not connect within 180 s"
         child.communicate("\n", timeout=120)
         return report, seen
     finally:
@@ -170,6 +196,8 @@ def test_no_embedded_ray_process_listens_off_loopback(how: str) -> None:
     assert report["node_ip"] == report["worker_ip"] == LOOPBACK
     assert report["worker_vllm_host"] == LOOPBACK  # vLLM's host IP agrees with Ray's node IP
     assert report["driver_vllm_host"] is None  # the driver's own environment is given back
+    assert report["gcs"].startswith(f"{LOOPBACK}:")
+    assert report["joined"] == f"{MARK}42 {LOOPBACK}"  # another driver joins it by that address
 
 
 def test_loopback_mode_is_scoped_and_an_explicit_node_ip_wins() -> None:
@@ -184,3 +212,5 @@ def test_loopback_mode_is_scoped_and_an_explicit_node_ip_wins() -> None:
     assert not wants_loopback({NODE_IP_OPTION: "10.1.2.3"})  # an operator's explicit choice
     assert all(map(is_loopback, ["localhost", "127.0.0.2", "::1", "::ffff:127.0.0.1"]))
     assert not any(map(is_loopback, ["0.0.0.0", "::", "10.1.2.3", "::ffff:10.1.2.3", "ray-head"]))
+    assert joins_loopback("127.0.0.1:6379") and joins_loopback("[::1]:6379") and joins_loopback("localhost:6379")
+    assert not any(map(joins_loopback, ["10.1.2.3:6379", "ray://127.0.0.1:10001", "auto", "head:6379"]))
