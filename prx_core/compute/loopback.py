@@ -4,8 +4,8 @@ A Ray node binds each of its servers (the GCS, the raylet's node and object mana
 worker's gRPC server, the dashboard and runtime-env agents, the metrics exporters, the autoscaler
 monitor) to the node's IP, the gRPC ones to all interfaces, unless that IP is loopback: then every
 one binds 127.0.0.1 (measured on Ray 2.60, kept true by tests/core/test_ray_loopback.py). Without
-this, a `prx-corpus build` on a shared host exposed the GCS and raylet (which run any task they
-are sent) to the whole network.
+this, a `prx-corpus build` on a shared host offered its GCS and raylet (which run any task they are
+sent, behind nothing but Ray's token) to the whole network.
 
 `ray.init` turns a loopback node IP (given or detected) into the host's routable address
 (`services.resolve_ip_for_localhost`, `get_node_ip_address`) except in Ray's single-machine mode,
