@@ -1,7 +1,8 @@
 """Compute: one `dagster_ray.RayResource` interface, embedded locally or on a cluster.
 
 `EmbeddedRay` is dagster-ray's `LocalRay` that reuses a Ray already started in this process
-(the CLI and the tests start one for many materializations; Ray takes seconds to start).
+(the CLI and the tests start one for many materializations; Ray takes seconds to start); one it
+starts itself listens on loopback only (prx_core.compute.loopback).
 `RayCluster` connects to a running cluster by address and, given the cluster's job server
 (`jobs_address`), runs every stage as a Ray job through Dagster Pipes: runs that last days do not
 hang on one Ray Client connection, and terminating the Dagster run stops the job. On Kubernetes use
@@ -19,6 +20,7 @@ from dagster_ray import Lifecycle, LocalRay, RayResource
 from pydantic import Field, PrivateAttr, field_validator
 
 from prx_core.compute import wire
+from prx_core.compute.loopback import loopback_node, wants_loopback
 from prx_core.compute.quiet import quiet_ray_start
 from prx_core.stages import entry
 from prx_core.stages.job import REPORT_KEY
@@ -48,12 +50,15 @@ class ReusesRay:
         if ray.is_initialized():
             self._reused = True
             return None
-        with quiet_ray_start(local=isinstance(self, LocalRay)):  # no token notice, no Lance fork warnings
+        local = isinstance(self, LocalRay)
+        loopback = local and wants_loopback(getattr(self, "ray_init_options", {}))
+        with quiet_ray_start(local=local), loopback_node(loopback):  # no token notice, no Lance fork warnings
             return super().connect(context)  # type: ignore[misc]
 
 
 class EmbeddedRay(ReusesRay, LocalRay):
-    """A Ray started inside the Dagster process (or the one already running there)."""
+    """A Ray started inside the Dagster process (or the one already running there), listening on
+    loopback only unless `ray_init_options` name a routable `_node_ip_address`."""
 
     ray_init_options: dict[str, Any] = Field(
         default_factory=default_init_options, description="Keyword arguments for ray.init (num_cpus, ...)."

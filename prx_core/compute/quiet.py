@@ -91,16 +91,20 @@ def quiet_ray_start(local: bool) -> Iterator[None]:
 
 
 def start_ray(address: str | None = None, **options: Any) -> None:
-    """`ray.init` for a driver: an embedded Ray (no `address`; no dashboard, warnings only) or a
-    connection to `address`, without the noise above."""
+    """`ray.init` for a driver: an embedded Ray (no `address`; no dashboard, warnings only, listening
+    on loopback only: prx_core.compute.loopback) or a connection to `address` (a loopback one joined
+    on loopback), without the noise above."""
     import ray
+
+    from prx_core.compute.loopback import joins_loopback, loopback_node, wants_loopback
 
     defaults: dict[str, Any] = {"logging_level": "warning"}
     if not address:
         defaults.update(include_dashboard=False, configure_logging=False)
     for attempt in range(1, START_ATTEMPTS + 1):
         try:
-            with quiet_ray_start(local=not address):
+            loopback = joins_loopback(address) if address else wants_loopback(options)
+            with quiet_ray_start(local=not address), loopback_node(loopback):
                 ray.init(**({"address": address} if address else {}), **{**defaults, **options})
             return
         except Exception as exc:  # Ray raises a bare Exception when its raylet misses its fixed 30 s

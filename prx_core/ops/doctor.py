@@ -109,10 +109,12 @@ def check_pillow() -> list[Check]:
 
 
 def check_ray(timeout: float = 120.0) -> Check:
-    """Start an embedded Ray in a child process (so a hang cannot block the doctor)."""
+    """Start an embedded Ray in a child process (so a hang cannot block the doctor), the way a build
+    starts one (prx_core.compute.quiet.start_ray: on loopback only)."""
     code = (
         "import ray, time; t = time.time();"
-        "ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False);"
+        "from prx_core.compute.quiet import start_ray;"
+        "start_ray(num_cpus=1, log_to_driver=False);"
         "assert ray.get(ray.remote(lambda: 41 + 1).remote()) == 42;"
         "print(f'{time.time() - t:.1f}'); ray.shutdown()"
     )

@@ -32,8 +32,10 @@ def ray_session():
     """ONE local Ray for every test of tests/assets; `EmbeddedRay` reuses it in every run."""
     import ray
 
+    from prx_core.compute.quiet import start_ray
+
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="warning", configure_logging=False)
+        start_ray(num_cpus=2)  # as `prx-corpus build` starts it: on loopback only
     yield ray
     ray.shutdown()
 

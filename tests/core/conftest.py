@@ -63,7 +63,9 @@ def ray_cluster(request: pytest.FixtureRequest, ray_for_the_session: None):
 
     ray.cloudpickle.register_pickle_by_value(request.module)
     if not ray.is_initialized():
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        from prx_core.compute.quiet import start_ray
+
+        start_ray(num_cpus=1, log_to_driver=False)  # as the product starts one: on loopback only
     ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
 

@@ -37,7 +37,8 @@ def _values() -> dict:
 
 def test_every_deploy_yaml_parses() -> None:
     files = deploy_yaml_files()
-    assert {"dagster-values.yaml", "dagster.yaml", "raycluster.yaml", "rayjob.yaml"} <= {p.name for p in files}
+    assert {"dagster-values.yaml", "dagster.yaml", "networkpolicy.yaml", "raycluster.yaml", "rayjob.yaml"} <= {
+        p.name for p in files}
     for path in files:
         assert load_documents(path), f"{path.name} is empty"
 
@@ -51,7 +52,7 @@ def test_broken_yaml_fails_to_parse(tmp_path: Path) -> None:
 
 def test_manifests_cover_the_expected_kinds() -> None:
     kinds = sorted(doc["kind"] for _, doc in manifests())
-    assert kinds == ["ConfigMap", "RayCluster", "RayJob"]
+    assert kinds == ["ConfigMap", "NetworkPolicy", "NetworkPolicy", "RayCluster", "RayJob"]
 
 
 def test_core_kinds_pass_kubernetes_schema() -> None:

@@ -6,7 +6,6 @@ environment, serving the tiny random Qwen2-VL as a text model. One engine (~1-1.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from vllm_engine import engine_python
@@ -27,9 +26,11 @@ def ray_two_cpus() -> Iterator[object]:
     """A local Ray of two CPUs: what the CPU engine placement is sized for."""
     import ray
 
+    from prx_core.compute.quiet import start_ray
+
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(num_cpus=2, log_to_driver=False)  # on loopback, as a build's: vLLM must agree on the node IP
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield ray
     ray.shutdown()

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from prx_core.compute import row_units
+from prx_core.compute.quiet import start_ray
 from prx_core.compute.groupby import gather_keys, gather_table, shuffle
 from prx_core.compute.row_units import map_groups, plan_row_units
 from prx_core.compute.shuffle import count_keys
@@ -28,8 +29,7 @@ def small_inline_ray():
 
     if ray.is_initialized():  # another module's cluster has Ray's default inline limit
         ray.shutdown()
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
-             _system_config={"max_direct_call_object_size": 1024})
+    start_ray(num_cpus=1, log_to_driver=False, _system_config={"max_direct_call_object_size": 1024})
     yield ray
     ray.shutdown()
 

@@ -14,6 +14,7 @@ import pytest
 import skimage.data
 from PIL import Image
 
+from prx_core.compute.quiet import start_ray
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult, prepare_image, word_count
 from prx_core.models.captioning import CaptionBatch, SourceCaptioner, build_captioner, checked_captions
 from prx_core.models.captioning_transformers import TransformersCaptioner
@@ -202,7 +203,7 @@ def test_caption_batch_in_a_ray_data_pipeline(
     expected = [c.result for c in checked_captions(captioner, [item["image"] for item in items], [None] * len(items))]
     started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        start_ray(num_cpus=1, log_to_driver=False)
     try:
         ray.data.DataContext.get_current().enable_progress_bars = False
         dataset = ray.data.from_items(items).map_batches(

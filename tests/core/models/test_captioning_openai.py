@@ -15,6 +15,7 @@ import pytest
 from corpora import write_contents
 from PIL import Image
 
+from prx_core.compute.quiet import start_ray
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult
 from prx_core.models.captioning import CaptionBatch, build_captioner
 from prx_core.models.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
@@ -255,7 +256,7 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     fresh.faults = Faults(schedule=[500, 429])  # the first two images sent fail, with no retries left
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        start_ray(num_cpus=1, log_to_driver=False)
     try:
         first = captions_stage.build_captions("demo", storage, serial)
         assert (first.captioned, first.failed, first.reused) == (1, 3, 0)

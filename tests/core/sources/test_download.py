@@ -266,7 +266,8 @@ import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.samples import build_samples
 from prx_core.store.storage import Storage
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 build_samples(SourceSpec.from_dict(json.loads(sys.argv[3])), Storage(sys.argv[1]), unit_bytes=1)
 """
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from prx_core.compute.quiet import start_ray
 from prx_core.models.embeddings import EMBEDDING_DIM, EmbedBatch, EmbedderConfig
 from prx_core.stages.caption_embeddings import build_caption_embeddings
 from prx_core.store import lance_io, maintenance, schemas
@@ -33,7 +34,7 @@ def ray_local():
 
     started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
     if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+        start_ray(num_cpus=1, log_to_driver=False)
     yield
     if started:
         ray.shutdown()

@@ -218,7 +218,8 @@ KILL_SCRIPT = """
 import ray, sys
 from prx_core.stages.duplicates import build_duplicates
 from prx_core.store.storage import Storage
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 build_duplicates(Storage(sys.argv[1]), unit_rows=5, rows_per_bucket=60)
 """
 

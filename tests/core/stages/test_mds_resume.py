@@ -38,7 +38,8 @@ KILL_SCRIPT = """
 import ray, sys
 from prx_core.stages.mds_shards import build_mds
 from prx_core.store.storage import Storage
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 build_mds("photos", Storage(sys.argv[1]), "cap-v1", route_rows=5, chunk_rows=int(sys.argv[3]))
 """
 

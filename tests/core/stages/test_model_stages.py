@@ -136,7 +136,8 @@ from prx_core.models.caption_base import CaptionerConfig
 from prx_core.stages.captions import build_captions
 from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.storage import Storage
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 storage = Storage(sys.argv[1])
 build_captions("a", storage, CaptionerConfig("source"), unit_rows=2, appends=BatchedAppend(storage, "captions", every_units=2))
 """

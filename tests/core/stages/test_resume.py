@@ -45,7 +45,8 @@ from prx_core.stages.samples import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store.storage import Storage
 root, spec = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3]))
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 {call}
 """
 
@@ -106,10 +107,11 @@ def tree(base: Path) -> dict[str, str]:
 
 
 TWO_WORKERS = """
-import ray, sys
+import sys
+from prx_core.compute.quiet import start_ray
 from prx_core.stages.mds_shards import build_mds
 from prx_core.store.storage import Storage
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+start_ray(num_cpus=2, log_to_driver=False)
 report = build_mds("photos", Storage(sys.argv[1]), "cap-v1", route_rows=7, chunk_rows=3)
 assert report.units["chunks"].ran == report.units["chunks"].units
 """

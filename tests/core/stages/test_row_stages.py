@@ -102,7 +102,8 @@ KILL_SCRIPT = """
 import ray, sys
 from prx_core.stages.phashes import build_phashes
 from prx_core.store.storage import Storage
-ray.init(address=sys.argv[2], log_to_driver=False)
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False)
 build_phashes("photos", Storage(sys.argv[1]), unit_rows=2)
 """
 

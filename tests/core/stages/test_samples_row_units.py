@@ -34,7 +34,8 @@ from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.samples import build_samples
 from prx_core.store.storage import Storage
 root, spec, point = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3])), sys.argv[4]
-ray.init(address=sys.argv[2], log_to_driver=False, runtime_env={"env_vars": {"PRX_PAUSE_AT": point}})
+from prx_core.compute.quiet import start_ray
+start_ray(sys.argv[2], log_to_driver=False, runtime_env={"env_vars": {"PRX_PAUSE_AT": point}})
 report = build_samples(spec, Storage(root), unit_rows=int(sys.argv[5]), unit_seconds=float(sys.argv[6]))
 print(json.dumps({"rows": report.rows, "rejected": report.rejected, "reasons": report.reasons,
                   "failed": report.units.failed(), "units": report.units.units}))
