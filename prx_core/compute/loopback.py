@@ -3,7 +3,7 @@
 A Ray node binds each of its servers (the GCS, the raylet's node and object managers, every
 worker's gRPC server, the dashboard and runtime-env agents, the metrics exporters, the autoscaler
 monitor) to the node's IP, the gRPC ones to all interfaces, unless that IP is loopback: then every
-one binds 127.0.0.1 (measured on Ray 2.60, kept true by tests/core/test_ray_loopback.py). Without
+one binds 127.0.0.1 (measured on Ray 2.60, kept true by tests/core/compute/test_ray_loopback.py). Without
 this, a `prx-corpus build` on a shared host offered its GCS and raylet (which run any task they are
 sent, behind nothing but Ray's token) to the whole network.
 
