@@ -18,8 +18,15 @@ from prx_core.compute.parallel import MAINTENANCE_RESOURCE
 @contextmanager
 def ray_cluster_with_jobs(head_cpus: int, worker_nodes: int = 0) -> Iterator[dict[str, str]]:
     """Yield the `ray:` settings that reach it: GCS address, job server, the Python jobs run with."""
+    import ray
     from ray.cluster_utils import Cluster
 
+    # A Ray this process is still connected to (tests/assets' session Ray, when test_cluster runs
+    # after them in one pytest) lends the cluster its node IP: since the embedded Ray listens on
+    # loopback (prx_core.compute.loopback) that is 127.0.0.1 while the cluster's nodes take the
+    # host's, and the cluster's job server answered 504. The cluster starts as in a fresh process.
+    if ray.is_initialized():
+        ray.shutdown()
     port = free_port()
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": head_cpus, "include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_port": port,
