@@ -176,7 +176,7 @@ class GroupsReport:
 
 
 def check_groups(report: DuplicatesReport, run: StageRun[DuplicatesSettings]) -> GroupsReport:
-    """`then` of `duplicates`, after its lock is released: the keeper check of the version it
+    """`then` of `duplicates`, under its lock after the commit: the keeper check of the version it
     committed (of the groups it changed, when it could: duplicates_check), on workers, and
     `sample_rows` rows of it for the UI."""
     storage = run.storage

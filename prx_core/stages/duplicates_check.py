@@ -179,8 +179,8 @@ def load_record(storage: Storage) -> dict[str, Any] | None:
 
 
 def save_record(storage: Storage, check: KeeperCheck, rows: int) -> None:
-    """Puts `check` on record unless a newer version is already there (checks run after the
-    stage's lock is released: two may finish out of order)."""
+    """Puts `check` on record unless a newer version is already there (a record is never replaced
+    by the check of an older version, whatever order two checks finish in)."""
     old = load_record(storage)
     if check.version is None or (old is not None and old["version"] > check.version):
         return

@@ -1,4 +1,4 @@
-"""What `mds_shards` reports: the streams it wrote (`MdsReport`), then, after its lock, the same
+"""What `mds_shards` reports: the streams it wrote (`MdsReport`), then, after its commit, the same
 streams read back and counted against `buckets` (`PublishReport`, its `then` step).
 
 Its own module so that the stage's one declaration (prx_core.stages.mds_shards) names the read-back
@@ -60,7 +60,7 @@ class PublishReport:
 
 
 def verify_published(report: MdsReport, run: StageRun) -> PublishReport:
-    """`then` of `mds_shards`, after its lock is released: the streams read back, and their counts
+    """`then` of `mds_shards`, under its lock after the commit: the streams read back, and their counts
     against `buckets`."""
     verified = verify_streams([s.uri for s in report.streams], run.storage.storage_options)
     expectations, buckets_version = count_expected(run.storage, run.partition, report)

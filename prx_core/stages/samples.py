@@ -228,7 +228,7 @@ class IngestReport:
 
 
 def settle_ingest(report: SamplesReport, run: StageRun[SamplesSettings]) -> IngestReport:
-    """`then`, after the ingest's lock: repeated sample ids settled (under their own lock), then
+    """`then`, under the ingest's lock after its commit: repeated sample ids settled, then
     fragment health and a few refused files, as the partition now reads."""
     storage = run.storage
     keys = settle_sample_ids(storage, report, run.settings.max_duplicate_rate)
