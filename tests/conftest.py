@@ -14,7 +14,6 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-import cpu_accounting
 import pyarrow.parquet as pq
 import pytest
 
@@ -39,10 +38,6 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 tempfile.tempdir = None  # re-read TMPDIR
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    cpu_accounting.register(config)  # PRX_TEST_CPU=FILE: CPU seconds per test (tests/cpu_accounting.py)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
