@@ -55,12 +55,25 @@ def register_moved(old_name: str, cls: type) -> None:
     _MOVED[old_name] = cls
 
 
+def register_moved_from(old_module: str, *classes: type) -> None:
+    """Decode `old_module:<qualname>` as each of `classes`: what a module that became one of a
+    package's modules (`prx_core.stages.samples` -> `prx_core.stages.samples.stage`) registered
+    under its former path, so a report recorded before still stands."""
+    for cls in classes:
+        register_moved(f"{old_module}:{cls.__qualname__}", cls)
+
+
 def wire_name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def registered() -> dict[str, type]:
     return dict(_REGISTRY)
+
+
+def moved() -> dict[str, type]:
+    """The former names still decoded, each with its class (`register_moved`)."""
+    return dict(_MOVED)
 
 
 def encode(value: Any, depth: int = 0) -> Any:

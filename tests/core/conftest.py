@@ -10,11 +10,13 @@ import pytest
 from jpegs import jpeg
 
 
-# The tests mirror prx_core's packages (tests/core/<package>/test_*.py), and some modules share
-# builders across them (`from test_row_stages import make_samples`): every package folder is on the
-# path, so such an import works whichever folder pytest reached first.
-sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).parent.iterdir())
-                if folder.is_dir() and not folder.name.startswith(("_", "."))]
+# The tests mirror prx_core's packages (tests/core/<package>/test_*.py, a sub-package's in
+# tests/core/<package>/<sub-package>/), and some modules share builders across them
+# (`from test_row_stages import make_samples`): every package folder is on the path, so such an
+# import works whichever folder pytest reached first (test_layout: no two test modules share a name).
+sys.path[:0] = [str(folder) for folder in sorted(Path(__file__).parent.rglob("*"))
+                if folder.is_dir() and not any(part.startswith(("_", "."))
+                                               for part in folder.relative_to(Path(__file__).parent).parts)]
 
 RAY_MODULES = pytest.StashKey[set[str]]()  # the core modules whose tests ask for `ray_cluster`, by file
 

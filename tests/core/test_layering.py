@@ -74,4 +74,9 @@ def test_the_floor_rule_finds_an_upward_import(tmp_path: Path) -> None:
     (tmp_path / "store" / "bad.py").write_text("from prx_core.compute.parallel import imap_tasks\n")
     (tmp_path / "compute").mkdir()
     (tmp_path / "compute" / "fine.py").write_text("    from prx_core.store import lance_io\n")
-    assert floor_violations(tmp_path) == [f"{tmp_path.name}/store/bad.py imports prx_core.compute"]
+    # a sub-package is on its package's floor: it may import its own package, not one above
+    (tmp_path / "shards" / "mds").mkdir(parents=True)
+    (tmp_path / "shards" / "mds" / "fine.py").write_text("from prx_core.shards.framed import write_framed\n")
+    (tmp_path / "shards" / "mds" / "bad.py").write_text("from prx_core.stages.duplicates.stage import DUPLICATES\n")
+    assert floor_violations(tmp_path) == [f"{tmp_path.name}/shards/mds/bad.py imports prx_core.stages",
+                                          f"{tmp_path.name}/store/bad.py imports prx_core.compute"]
