@@ -46,7 +46,8 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
     "captions_model": ("prx_core.stages.captions",), "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
-    "duplicates": ("prx_core.stages.duplicates",), "duplicates_incremental": ("prx_core.stages.duplicates",),
+    "duplicates": ("prx_core.stages.duplicates.stage",),
+    "duplicates_incremental": ("prx_core.stages.duplicates.stage",),
     "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
     "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.publish"),
 }
@@ -88,7 +89,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
     if stage in ("caption_labels", "caption_embeddings"):
         return model_stage(stage, spec.name, storage, captioner, job)
     if stage in ("duplicates", "duplicates_incremental"):
-        from prx_core.stages.duplicates import build_duplicates
+        from prx_core.stages.duplicates.stage import build_duplicates
 
         if stage == "duplicates_incremental":
             add_copied_source(storage, spec.name, COPIED_FRACTION)

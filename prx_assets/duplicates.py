@@ -1,7 +1,7 @@
 """Asset `duplicates` (global): groups of copies of one picture across all sources, one keeper each.
 
 Eager: it re-runs after every source's `phashes` and then recomputes only the components the
-changed sources touch (prx_core.stages.duplicates); its check is an aggregate on Ray workers."""
+changed sources touch (prx_core.stages.duplicates.stage); its check is an aggregate on Ray workers."""
 
 
 import dagster as dg
@@ -11,7 +11,7 @@ from prx_assets.common import GROUP, OWNERS, dataset_metadata, link_build_report
 from prx_assets.conditions import eager_on_new_data
 from prx_assets.versions import content_version
 from prx_assets.declared import from_stage
-from prx_core.stages.duplicates import GroupsReport
+from prx_core.stages.duplicates.stage import GroupsReport
 from prx_core.stages.entry import Progress
 from prx_resources import SkipPolicyResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage

@@ -140,14 +140,14 @@ def dataclasses_in(hint: Any, found: dict[str, type]) -> None:
 def carried() -> dict[str, type]:
     """What `run_stage` can take or return: every stage's parameters and return, the build functions
     its `**build` keywords reach, and `Progress` (a stage's `progress` argument on the wire)."""
-    from prx_core.stages import duplicates, mds_shards, samples
-    from prx_core.stages import caption_embeddings, captions, labels
+    from prx_core.stages import caption_embeddings, captions, labels, mds_shards, samples
+    from prx_core.stages.duplicates.stage import build_duplicates
 
     found: dict[str, type] = {}
     for stage in entry.STAGES.values():  # a declared stage: its settings' types and its report
         for hint in [*stage.setting_types().values(), stage.report_type]:
             dataclasses_in(hint, found)
-    functions = [samples.build_samples, mds_shards.build_mds, duplicates.build_duplicates]
+    functions = [samples.build_samples, mds_shards.build_mds, build_duplicates]
     functions += [captions.build_captions, labels.build_labels,  # typed wrappers: `model=` (a ModelSpec) in-process
                   caption_embeddings.build_caption_embeddings]
     for fn in functions:
@@ -409,7 +409,7 @@ def test_a_report_recorded_under_a_class_s_former_name_still_decodes() -> None:
 
 
 # Every wire name registered before stages/, sources/ and shards/ grouped their module families into
-# sub-packages (prx_core.stages.duplicates.stage was prx_core.stages.duplicates, ...). Reports of the
+# sub-packages (the `duplicates` stage's module became `duplicates/stage.py`, ...). Reports of the
 # reusable stages (samples, skip_lists, explorer) are recorded under these names in every corpus
 # built before (`<root>/_reports/<asset>/<partition>/latest.json`, prx_core.stages.unchanged).
 WIRE_NAMES_BEFORE_PACKAGES = [

@@ -1,5 +1,5 @@
 """How `duplicates` turns fingerprints into groups, as pure functions on Arrow and NumPy (the runs
-in prx_core.stages.duplicates_runs call them on Ray workers; `find_duplicates` chains them in one
+in prx_core.stages.duplicates.runs call them on Ray workers; `find_duplicates` chains them in one
 process for tests and small sets).
 
 1. **Candidates** (`candidate_pairs`): rows sharing a match key (prx_core.image.fingerprint).

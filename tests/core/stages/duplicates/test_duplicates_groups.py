@@ -12,7 +12,7 @@ from dup_rows import phash_rows, picture_signature
 
 from prx_core.compute.bloom import Bloom
 from prx_core.compute.components import local_components
-from prx_core.stages.duplicates_groups import (
+from prx_core.stages.duplicates.groups import (
     NODE_COLUMNS,
     candidate_pairs,
     colour_means,

@@ -15,9 +15,9 @@ from crash import kill_at, recorded_units
 from dup_rows import LOOKALIKE, phash_rows, random_items, write_source
 
 from prx_core.compute.units import RUNS
-from prx_core.stages.duplicates import build_duplicates, find_duplicates
-from prx_core.stages.duplicates_check import bad_groups, check_one_keeper
-from prx_core.stages.duplicates_state import STATE
+from prx_core.stages.duplicates.stage import build_duplicates, find_duplicates
+from prx_core.stages.duplicates.check import bad_groups, check_one_keeper
+from prx_core.stages.duplicates.state import STATE
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, source_predicate
 from prx_core.store.storage import Storage
@@ -216,7 +216,7 @@ def test_bad_groups_are_found() -> None:
 
 KILL_SCRIPT = """
 import ray, sys
-from prx_core.stages.duplicates import build_duplicates
+from prx_core.stages.duplicates.stage import build_duplicates
 from prx_core.store.storage import Storage
 from prx_core.compute.quiet import start_ray
 start_ray(sys.argv[2], log_to_driver=False)

@@ -1,4 +1,4 @@
-"""The Ray tasks of a `duplicates` run (prx_core.stages.duplicates_runs wires them), each a layer
+"""The Ray tasks of a `duplicates` run (prx_core.stages.duplicates.runs wires them), each a layer
 whose outputs are split into `buckets` parts in the object store; none returns rows to the driver.
 
 Rows are named by their row address in the pinned `phashes` version (a uint64, the graph's node).
@@ -19,7 +19,7 @@ from prx_core.compute.bloom import Bloom
 from prx_core.compute.components import both_ways, split_edges
 from prx_core.compute.parallel import take_rows
 from prx_core.compute.row_units import read_row_units
-from prx_core.stages.duplicates_groups import (
+from prx_core.stages.duplicates.groups import (
     NODE_COLUMNS,
     candidate_pairs,
     colour_means,

@@ -11,8 +11,8 @@ import pytest
 
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.units import Unit
-from prx_core.stages.duplicates_groups import candidate_pairs
-from prx_core.stages.duplicates_runs import ENTRY_BYTES, KEYS_PER_ROW, shuffle_plan
+from prx_core.stages.duplicates.groups import candidate_pairs
+from prx_core.stages.duplicates.runs import ENTRY_BYTES, KEYS_PER_ROW, shuffle_plan
 
 FRAGMENT_ROWS = 1_000_000  # phashes fragments as ingest and compaction keep them
 

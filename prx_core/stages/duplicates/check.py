@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.groupby import BUCKET_ROWS, bucket_count, fragment_units, gather_keys, hex_ids, shuffle
-from prx_core.stages.duplicates_groups import CONFIRM
-from prx_core.stages.duplicates_state import untouched_since
+from prx_core.stages.duplicates.groups import CONFIRM
+from prx_core.stages.duplicates.state import untouched_since
 from prx_core.store import lance_io, schemas
 from prx_core.store.lance_io import StorageOptions, sql_literal
 from prx_core.store.lookups import lookup_literals

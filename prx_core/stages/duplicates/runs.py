@@ -1,6 +1,7 @@
-"""How a `duplicates` run regroups on Ray (prx_core.stages.duplicates decides which way; each way
+"""How a `duplicates` run regroups on Ray (prx_core.stages.duplicates.stage decides which way; each way
 is a plan for its `pin`, a `work` and a `commit` step of the stage). The task bodies are in
-prx_core.stages.duplicates_tasks; what they compute, in prx_core.stages.duplicates_groups.
+prx_core.stages.duplicates.tasks, the work units' in prx_core.stages.duplicates.units; what they
+compute, in prx_core.stages.duplicates.groups.
 
 Both ways regroup a set of rows the same way, in layers of tasks over `buckets` parts:
 
@@ -26,23 +27,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import lance
 import numpy as np
-import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 
 from prx_core.compute.bloom import Bloom
 from prx_core.compute.components import connected_components
 from prx_core.compute.groupby import bucket_count, fragment_units
 from prx_core.compute.row_units import map_groups, plan_row_units
-from prx_core.compute.units import COMMITTED, Unit, UnitRun
-from prx_core.stages import duplicates_tasks as tasks
-from prx_core.stages.duplicates_groups import NODE_COLUMNS, group_component
-from prx_core.stages.duplicates_state import Layout
+from prx_core.compute.units import COMMITTED, Unit
+from prx_core.stages.duplicates import tasks, units
+from prx_core.stages.duplicates.groups import NODE_COLUMNS
+from prx_core.stages.duplicates.state import Layout
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io, schemas
 from prx_core.store.lance_io import sql_literal
-from prx_core.store.storage import Storage, put_atomic
+from prx_core.store.storage import put_atomic
 
 COLUMNS = NODE_COLUMNS
 KEYS_PER_ROW = 7  # match keys of a photo (a flat picture has 8, or 15 near the threshold)
@@ -171,7 +170,7 @@ def reduce_changed(run: StageRun) -> None:
     fragments = _delete_targets(deletes)
     run.state["affected_components"] = fragments.pop(None, 0)
     run.units("delete", [Unit(f"d{f:07d}", rows, {"fragment": f, "rows": rows, "parts": deletes})
-                         for f, rows in sorted(fragments.items())], _delete_unit)
+                         for f, rows in sorted(fragments.items())], units.delete_unit)
 
 
 def commit_changed(run: StageRun) -> dict[str, Any]:
@@ -216,41 +215,8 @@ def _regroup(run: StageRun, entries: Callable[[], list[list[Any]]], lazy: bool =
         labels, run.state["rounds"] = connected_components(edges, buckets)
         parts = _by_bucket(_layer(tasks.label_bucket, [(labels[b], payloads[b], buckets) for b in range(buckets)],
                                   buckets), buckets)
-    run.units("reduce", [Unit(f"b{b:05d}", 0, {"bucket": b, "parts": parts[b]}) for b in range(buckets)], _group_unit)
-
-
-def _group_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: the groups of one bucket of components; writes its `duplicates` fragments."""
-    tables = tasks.gathered(unit.spec["parts"])
-    groups = schemas.DUPLICATES.empty_table()
-    if tables:
-        rows = pa.concat_tables(tables)
-        rows = rows.take(pa.array(np.argsort(rows["_label"].to_numpy(), kind="stable")))
-        labels = rows["_label"].to_numpy()
-        starts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
-        confirm = run.manifest.params.get("rule", "keys") != "phash"
-        groups = pa.concat_tables([groups] + [group_component(rows.slice(s, e - s).select(NODE_COLUMNS), confirm)
-                                              for s, e in zip(starts, np.r_[starts[1:], len(labels)])])
-    return {"rows": groups.num_rows, "components": len(set(groups["component_id"].to_pylist())),
-            **_write(run.storage, groups)}
-
-
-def _delete_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: delete the affected components' previous rows from one `duplicates` fragment (the
-    only task touching it); returns its new metadata, None when no row is left. Uncommitted."""
-    fragment_id = unit.spec["fragment"]
-    ids = sorted({c for t in tasks.gathered(unit.spec["parts"])
-                  for c, f in zip(t["component_id"].to_pylist(), t["fragment"].to_pylist()) if f == fragment_id})
-    table = lance.dataset(run.storage.lance_uri("duplicates"), version=run.manifest.inputs["duplicates"],
-                          storage_options=run.storage.lance_storage_options() or None)
-    fragment = table.get_fragment(fragment_id)
-    before = fragment.count_rows()
-    meta = fragment.delete(f"component_id IN ({', '.join(sql_literal(c) for c in ids)})")
-    removed = before - (meta.num_rows if meta is not None else 0)
-    if removed != unit.spec["rows"]:
-        raise RuntimeError(f"duplicates fragment {fragment_id}: deleted {removed} rows, the lookups found "
-                           f"{unit.spec['rows']}")
-    return {"rows": removed, "fragment": fragment_id, "updated": None if meta is None else meta.to_json()}
+    run.units("reduce", [Unit(f"b{b:05d}", 0, {"bucket": b, "parts": parts[b]}) for b in range(buckets)],
+              units.group_unit)
 
 
 def _delete_targets(deletes: Sequence[Any]) -> dict[Any, int]:
@@ -258,29 +224,7 @@ def _delete_targets(deletes: Sequence[Any]) -> dict[Any, int]:
     computed where the ids are (one small task), never the ids in the driver."""
     import ray
 
-    return ray.get(ray.remote(_count_deletes).remote(list(deletes)))
-
-
-def _count_deletes(refs: Sequence[Any]) -> dict[Any, int]:
-    tables = tasks.gathered(refs)
-    if not tables:
-        return {None: 0}
-    rows = pa.concat_tables(tables)
-    fragments, counts = np.unique(rows["fragment"].to_numpy(), return_counts=True)
-    return {**{int(f): int(n) for f, n in zip(fragments, counts)}, None: len(set(rows["component_id"].to_pylist()))}
-
-
-def _write(storage: Storage, groups: pa.Table) -> dict[str, Any]:
-    """Uncommitted `duplicates` fragments of a unit's groups, and what it reports of them."""
-    uri = storage.lance_uri("duplicates")
-    fragments = lance_io.write_fragments(uri, groups, schemas.DUPLICATES, storage.lance_storage_options()) \
-        if groups.num_rows else []
-    keepers = groups.filter(pa.array(np.asarray(groups["keeper"].to_numpy(zero_copy_only=False), bool) &
-                                     (groups["group_size"].to_numpy() >= 2))).num_rows if groups.num_rows else 0
-    losers = groups.num_rows - int(np.asarray(groups["keeper"].to_numpy(zero_copy_only=False), bool).sum()) \
-        if groups.num_rows else 0
-    return {"written": groups.num_rows, "groups": keepers, "losers": losers,
-            "fragments": [f.to_json() for f in fragments], "outputs": lance_io.fragment_files(uri, fragments)}
+    return ray.get(ray.remote(units.count_deletes).remote(list(deletes)))
 
 
 def _counts(run: StageRun) -> dict[str, Any]:

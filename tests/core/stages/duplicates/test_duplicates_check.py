@@ -12,8 +12,8 @@ from lance import LanceDataset, LanceOperation
 from dup_rows import write_source
 from test_duplicates_stage import SMALL_CHANGE, storage  # noqa: F401 (storage: a fixture)
 
-from prx_core.stages.duplicates import DUPLICATES, build_duplicates
-from prx_core.stages.duplicates_check import RECORD, check_changed_groups, check_keepers, load_record
+from prx_core.stages.duplicates.stage import DUPLICATES, build_duplicates
+from prx_core.stages.duplicates.check import RECORD, check_changed_groups, check_keepers, load_record
 from prx_core.stages.stage import run_partition
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage

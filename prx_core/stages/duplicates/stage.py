@@ -2,15 +2,15 @@
 
 Copies are found by their match keys and confirmed by their signatures (prx_core.image.fingerprint);
 groups are the connected components of confirmed pairs, cut around keepers so that every member is
-confirmed with its keeper directly (prx_core.stages.duplicates_groups). The keeper is the copy
+confirmed with its keeper directly (prx_core.stages.duplicates.groups). The keeper is the copy
 with the most pixels; among equal sizes a lossless file, then the highest estimated JPEG quality,
 then the most bytes, then the smallest `sample_id`, so the choice never depends on read order.
 Every row of a component gets a `duplicates` row (a row confirmed with no better keeper is a
 group of one, kept), so a later run can recompute the component whole.
 
-At a billion rows the grouping is layers of Ray tasks (prx_core.stages.duplicates_runs), committed
+At a billion rows the grouping is layers of Ray tasks (prx_core.stages.duplicates.runs), committed
 once. The asset re-runs after every source's `phashes`, so a run recomputes only the components the
-changed sources touch (which sources changed: prx_core.stages.duplicates_state). Without a state,
+changed sources touch (which sources changed: prx_core.stages.duplicates.state). Without a state,
 after someone else changed the table, or when the changed sources hold more than `full_fraction`
 of the rows, it recomputes every group. The driver holds object references and one summary per
 work unit, never rows.
@@ -27,9 +27,9 @@ from prx_core.compute import wire
 from prx_core.compute.groupby import BUCKET_ROWS
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import UnitResults
-from prx_core.stages.duplicates_check import KeeperCheck, check_keepers
-from prx_core.stages.duplicates_groups import find_duplicates, keeper_order
-from prx_core.stages.duplicates_runs import (
+from prx_core.stages.duplicates.check import KeeperCheck, check_keepers
+from prx_core.stages.duplicates.groups import find_duplicates, keeper_order
+from prx_core.stages.duplicates.runs import (
     commit_all,
     commit_changed,
     plan_all,
@@ -37,7 +37,7 @@ from prx_core.stages.duplicates_runs import (
     reduce_all,
     reduce_changed,
 )
-from prx_core.stages.duplicates_state import (
+from prx_core.stages.duplicates.state import (
     Layout,
     State,
     changed_sources,
@@ -177,7 +177,7 @@ class GroupsReport:
 
 def check_groups(report: DuplicatesReport, run: StageRun[DuplicatesSettings]) -> GroupsReport:
     """`then` of `duplicates`, under its lock after the commit: the keeper check of the version it
-    committed (of the groups it changed, when it could: duplicates_check), on workers, and
+    committed (of the groups it changed, when it could: `check`), on workers, and
     `sample_rows` rows of it for the UI."""
     storage = run.storage
     check = check_keepers(storage, report, run.settings.unit_rows, run.settings.rows_per_bucket)
@@ -213,6 +213,9 @@ DUPLICATES: Stage[DuplicatesSettings] = Stage(
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(GroupsReport, DuplicatesReport, KeeperCheck)
+# their names before this module and the check's moved into the duplicates package
+wire.register_moved_from("prx_core.stages.duplicates", GroupsReport, DuplicatesReport)
+wire.register_moved_from("prx_core.stages.duplicates_check", KeeperCheck)
 
 
 def build_duplicates(storage: Storage, progress: Throttle | None = None, unit_rows: int = UNIT_ROWS,
