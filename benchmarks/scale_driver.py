@@ -48,7 +48,7 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
     "duplicates": ("prx_core.stages.duplicates.stage",),
     "duplicates_incremental": ("prx_core.stages.duplicates.stage",),
-    "mds_shards": ("prx_core.stages.mds_shards",), "skip_lists": ("prx_core.stages.skip_lists",),
+    "mds_shards": ("prx_core.stages.mds_shards.stage",), "skip_lists": ("prx_core.stages.skip_lists",),
     "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.publish"),
 }
 
@@ -99,7 +99,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
                               "member_rows": r.member_rows, "buckets": r.buckets})
     if stage == "mds_shards":
         from prx_core.image.decode import DEFAULT_MAX_PIXELS
-        from prx_core.stages.mds_shards import MDS_SHARDS
+        from prx_core.stages.mds_shards.stage import MDS_SHARDS
         from prx_core.stages.stage import run_partition
 
         began = time.monotonic()

@@ -23,7 +23,7 @@ from prx_assets.versions import streams_version
 from prx_assets.declared import from_stage
 from prx_core.shards.merged import merged_sizes
 from prx_core.stages.entry import Progress
-from prx_core.stages.mds_report import PublishReport
+from prx_core.stages.mds_shards.report import PublishReport
 from prx_resources import (
     CaptionerResource,
     CatalogResource,

@@ -24,8 +24,8 @@ from prx_core.stages.captions import CAPTIONS
 from prx_core.stages.duplicates.stage import DUPLICATES, GroupsReport
 from prx_core.stages.explorer import EXPLORER
 from prx_core.stages.labels import CAPTION_LABELS
-from prx_core.stages.mds_report import PublishReport, StreamCount
-from prx_core.stages.mds_shards import MDS_SHARDS
+from prx_core.stages.mds_shards.report import PublishReport, StreamCount
+from prx_core.stages.mds_shards.stage import MDS_SHARDS
 from prx_core.stages.phashes import PHASHES
 from prx_core.stages.samples import SAMPLES, IngestReport
 from prx_core.stages.skip_lists import SKIP_LISTS

@@ -17,8 +17,8 @@ from prx_core.models.caption_base import CaptionerConfig, Captioner, CaptionResu
 from prx_core.models.serving import CaptionServer
 from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
 from prx_core.stages.captions import build_captions
-from prx_core.stages.mds_chunks import CAPTION_REJECTED
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.chunks import CAPTION_REJECTED
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate
 from prx_core.store.storage import Storage

@@ -22,7 +22,7 @@ from test_stage_functions import jpeg
 
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
@@ -109,7 +109,7 @@ def tree(base: Path) -> dict[str, str]:
 TWO_WORKERS = """
 import sys
 from prx_core.compute.quiet import start_ray
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store.storage import Storage
 start_ray(num_cpus=2, log_to_driver=False)
 report = build_mds("photos", Storage(sys.argv[1]), "cap-v1", route_rows=7, chunk_rows=3)

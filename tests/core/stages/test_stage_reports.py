@@ -13,7 +13,7 @@ from prx_core.compute.unit_results import UnitResults
 from prx_core.shards.verify import VerifyReport
 from prx_core.stages.captions import CaptionsReport
 from prx_core.stages.entry import STAGES, PublishReport
-from prx_core.stages.mds_shards import MdsReport
+from prx_core.stages.mds_shards.report import MdsReport
 from prx_core.stages.phashes import PhashesReport
 from prx_core.stages.report import StageReport
 from prx_core.stages.skip_lists import SkipReport

@@ -24,8 +24,8 @@ from prx_core.shards.mds_read import read_stream_rows
 from prx_core.shards.publish import write_source_streams
 from prx_core.shards.retention import prune_streams
 from prx_core.shards.verify import verify_streams
-from prx_core.stages.mds_chunks import NO_CAPTION
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.chunks import NO_CAPTION
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -156,7 +156,7 @@ def _raw_jpeg(dataset: streaming.StreamingDataset, index: int) -> bytes:
 
 KILL_SCRIPT = """
 import ray, sys
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store.storage import Storage
 from prx_core.compute.quiet import start_ray
 start_ray(sys.argv[2], log_to_driver=False)
@@ -185,7 +185,7 @@ def test_drop_leaves_small_streams_unpublished_and_their_rows_rejects(storage: S
     listing the folders never meets it), its rows are `small_stream` rejects naming it, not lost;
     the others are exactly what `warn` publishes; lowering the minimum publishes it again."""
     from prx_core.shards.manifest import load_manifest
-    from prx_core.stages.mds_shards import SMALL_STREAM
+    from prx_core.stages.mds_shards.index import SMALL_STREAM
 
     everything = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=1000)
     sizes = {s.name: s.samples for s in everything.streams}

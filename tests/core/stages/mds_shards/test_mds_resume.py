@@ -27,7 +27,7 @@ from prx_core.compute.units import RUNS
 from prx_core.shards.mds import list_streams
 from prx_core.shards.retention import prune_streams, referenced_chunks
 from prx_core.shards.verify import verify_streams
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 KILL_SCRIPT = """
 import ray, sys
-from prx_core.stages.mds_shards import build_mds
+from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store.storage import Storage
 from prx_core.compute.quiet import start_ray
 start_ray(sys.argv[2], log_to_driver=False)

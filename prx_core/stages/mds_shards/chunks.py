@@ -25,7 +25,7 @@ from prx_core.models.caption_keys import caption_keys
 from prx_core.models.captioning import missing_caption_message, rejected_caption_message
 from prx_core.shards.encodings import latent_columns
 from prx_core.shards.mds import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
-from prx_core.stages.mds_latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
+from prx_core.stages.mds_shards.latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
 from prx_core.store.lookups import caption_gaps, caption_texts
 from prx_core.store.storage import join_uri
 

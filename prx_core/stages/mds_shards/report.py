@@ -1,7 +1,7 @@
 """What `mds_shards` reports: the streams it wrote (`MdsReport`), then, after its commit, the same
 streams read back and counted against `buckets` (`PublishReport`, its `then` step).
 
-Its own module so that the stage's one declaration (prx_core.stages.mds_shards) names the read-back
+Its own module so that the stage's one declaration (prx_core.stages.mds_shards.stage) names the read-back
 as its last step: the asset, the Ray job, the tests and the scale benchmark all run it.
 """
 
