@@ -42,7 +42,7 @@ REPO = str(Path(__file__).resolve().parents[1])
 COPIED_FRACTION = 0.05  # duplicates_incremental: a new source of 5% of the rows, copies of existing photos
 
 MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a cost per process, not per row
-    "samples": ("prx_core.stages.samples",), "buckets": ("prx_core.stages.buckets",),
+    "samples": ("prx_core.stages.samples.stage",), "buckets": ("prx_core.stages.buckets",),
     "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
     "captions_model": ("prx_core.stages.captions",), "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
@@ -64,7 +64,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
     spec, storage, units = SourceSpec.from_dict(job["source"]), Storage(job["root"]), job["units"]
     captioner, labeler = CaptionerConfig("source").version(), LabelerConfig().version()
     if stage == "samples":
-        from prx_core.stages.samples import build_samples
+        from prx_core.stages.samples.stage import build_samples
 
         r = build_samples(spec, storage, unit_bytes=units["samples_unit_bytes"])
         return (*counted(r), {"rejected": r.rejected, "files": r.fragments_read})

@@ -22,7 +22,7 @@ from prx_assets.rate_checks import rate_check, rate_description
 from prx_assets.versions import content_version
 from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
-from prx_core.stages.samples import IngestReport, SourceRefused
+from prx_core.stages.samples.stage import IngestReport, SourceRefused
 from prx_resources import CaptionerResource, CatalogResource, ExplorerResource, StorageResource, UnitsResource
 from prx_resources.checks import ChecksResource
 from prx_resources.ray import run_stage

@@ -3,7 +3,7 @@ read afterwards, not only in the scrollback.
 
 `<root>/_reports/builds/<UTC time>-<pid>.md`, Markdown: the outcome and its problems (each failure,
 failed check and warning with its why and fix), the corpus summary table, rejects by source, stage
-and reason with the likely fix (`prx_core.stages.source_causes`' table), the duplicate and caption
+and reason with the likely fix (`prx_core.stages.samples.refusals`' table), the duplicate and caption
 quality rates, the runs' and assets' timings (from the instance's run records, tagged with the
 report: `prx/build_report`), and explorer links (`explorer.base_url`, else the command that serves
 one). Its path is chosen before the first run and set as every run's tag, so each materialization
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from prx_core.stages.source_causes import fix_for
+from prx_core.stages.samples.refusals import fix_for
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
@@ -28,7 +28,9 @@ REPORT_TAG = "prx/build_report"
 REPORT_ENV = "PRX_BUILD_REPORT"  # set by `prx-corpus build` for its runs' tags (prx_cli.build.run_tags)
 FOLDER = ("_reports", "builds")
 TOP_REASONS = 12
-HINTS = {  # rejects of the stages after ingest: what they mean for a source, beside source_causes' fixes
+# rejects of the stages after ingest: what they mean for a source, beside the ingest's fixes
+# (prx_core.stages.samples.refusals)
+HINTS = {
     "below_floor": "smaller than the smallest bucket (384x384 at tier 512): thumbnails and icons; expected unless most are",
     "aspect_ratio": "outside the buckets' aspect range (1:2 to 2:1): banners, panoramas; expected unless most are",
     "no_caption": "no source caption: give the source a caption column or files, or configure a VLM captioner",

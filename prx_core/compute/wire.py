@@ -57,8 +57,8 @@ def register_moved(old_name: str, cls: type) -> None:
 
 def register_moved_from(old_module: str, *classes: type) -> None:
     """Decode `old_module:<qualname>` as each of `classes`: what a module that became one of a
-    package's modules (`prx_core.stages.samples` -> `prx_core.stages.samples.stage`) registered
-    under its former path, so a report recorded before still stands."""
+    package's modules (a stage's module became its package's `stage`) registered under its former
+    path, so a report recorded before still stands."""
     for cls in classes:
         register_moved(f"{old_module}:{cls.__qualname__}", cls)
 

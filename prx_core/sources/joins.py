@@ -1,7 +1,7 @@
 """Joins of a source's records with tables keyed like it (captions, CLIP vectors, metadata kept
 apart from the images), done by the ingest worker for its own keys.
 
-Every joined table is first staged (`prx_core.stages.join_tables`) as a Lance table of one shape,
+Every joined table is first staged (`prx_core.stages.samples.join_tables`) as a Lance table of one shape,
 `STAGED_SCHEMA`, with a BTREE index on `key`; a `Joiner` then looks up each record batch's keys in
 IN-lists the index answers, so no joined table is loaded whole and no unit scans one. The join is
 applied in one place, to every reader's `RECORD_SCHEMA` batches in the `samples` unit (tables, tar
@@ -102,7 +102,7 @@ class Joiner:
     """The staged tables of a source's joins, opened for one unit; `join` fills a record batch.
 
     `staged` holds one staged table URI per `spec.joins` entry, in catalog order (what
-    `prx_core.stages.join_tables.stage_joins` returned on the driver)."""
+    `prx_core.stages.samples.join_tables.stage_joins` returned on the driver)."""
 
     def __init__(self, spec: SourceSpec, staged: Sequence[str], storage_options: dict[str, str] | None = None) -> None:
         if len(staged) != len(spec.joins):

@@ -29,7 +29,7 @@ from prx_core.models.caption_text import clean_caption
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import content_id, inspect_image
 from prx_core.sources.readers import fragment_sizes, read_fragment
-from prx_core.stages.source_causes import EXAMPLE_CHARS, KEY_CHARS, one_line
+from prx_core.stages.samples.refusals import EXAMPLE_CHARS, KEY_CHARS, one_line
 from prx_core.store.storage import filesystem_for
 
 SAMPLE = 1_000

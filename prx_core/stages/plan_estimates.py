@@ -23,7 +23,7 @@ from prx_core.shards.mds import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.plan import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
 from prx_core.stages.plan_machine import Prices
-from prx_core.stages.source_causes import GENERIC_HINT, fix_for
+from prx_core.stages.samples.refusals import GENERIC_HINT, fix_for
 from prx_core.upkeep.compaction import TARGET_BYTES
 
 ROW_MS = {"samples": 0.8, "buckets": 0.05, "phashes": 0.04, "captions": 0.33, "mds_shards": 2.5,
@@ -165,7 +165,7 @@ def estimate(source: str, fmt: str, stats: SampleStats, size: SourceSize, models
 
 def reject_reasons(stats: SampleStats, scale: float, fmt: str, top: int = REJECT_REASONS) -> list[dict[str, Any]]:
     """The sample's most frequent reject reasons, each with its first example and the likely fix
-    (`source_causes`' table, the one a build's refused source names)."""
+    (`samples.refusals`' table, the one a build's refused source names)."""
     ranked = sorted(stats.rejected.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     out = []
     for reason, count in ranked:

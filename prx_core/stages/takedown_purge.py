@@ -190,7 +190,7 @@ def purge_joins(storage: Storage, source: str, ids: pa.Array) -> int:
     """Delete the taken-down keys' rows from the source's staged joins, rewrite, keep no old version."""
     import lance
 
-    from prx_core.stages.join_tables import STATE
+    from prx_core.stages.samples.join_tables import STATE
 
     fs, folder, deleted = storage.filesystem(), storage.uri(*STATE, source), 0
     fs.invalidate_cache()

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 Key = tuple[object, ...]
 
 
-TARGET_BYTES = 64 << 30  # what one ingest unit writes (samples.UNIT_BYTES): under Lance's 90 GiB file cap
+TARGET_BYTES = 64 << 30  # what one ingest unit writes (stages.samples.units.UNIT_BYTES): under Lance's 90 GiB file cap
 GROUP_SECONDS = 2 * 3600  # time limit of one group's rewrite: a stuck one is left for the next night
 
 

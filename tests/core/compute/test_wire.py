@@ -29,8 +29,8 @@ from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
 from prx_core.stages import entry
 from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamCount
 from prx_core.stages.mds_shards.report import MdsReport
-from prx_core.stages.sample_keys import KeyResolution
-from prx_core.stages.samples import SamplesReport
+from prx_core.stages.samples.repeated_ids import KeyResolution
+from prx_core.stages.samples.stage import SamplesReport
 from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun
 from prx_core.store.maintenance import FragmentHealth
@@ -140,15 +140,16 @@ def dataclasses_in(hint: Any, found: dict[str, type]) -> None:
 def carried() -> dict[str, type]:
     """What `run_stage` can take or return: every stage's parameters and return, the build functions
     its `**build` keywords reach, and `Progress` (a stage's `progress` argument on the wire)."""
-    from prx_core.stages import caption_embeddings, captions, labels, samples
+    from prx_core.stages import caption_embeddings, captions, labels
     from prx_core.stages.duplicates.stage import build_duplicates
     from prx_core.stages.mds_shards.stage import build_mds
+    from prx_core.stages.samples.stage import build_samples
 
     found: dict[str, type] = {}
     for stage in entry.STAGES.values():  # a declared stage: its settings' types and its report
         for hint in [*stage.setting_types().values(), stage.report_type]:
             dataclasses_in(hint, found)
-    functions = [samples.build_samples, build_mds, build_duplicates]
+    functions = [build_samples, build_mds, build_duplicates]
     functions += [captions.build_captions, labels.build_labels,  # typed wrappers: `model=` (a ModelSpec) in-process
                   caption_embeddings.build_caption_embeddings]
     for fn in functions:

@@ -30,7 +30,7 @@ from prx_core.models.openai_http import BadResponse, Reply, parse_chat
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import RECORD_SCHEMA
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.storage import Storage
 
 CONTROLS = "".join(map(chr, [*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), *range(0x7F, 0xA0)]))

@@ -21,8 +21,8 @@ from prx_core.sources.catalog import DownloadSettings, SourceSpec
 from prx_core.sources.download import url_metadata_columns
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.sources.robots import opt_out
-from prx_core.stages.samples import build_samples
-from prx_core.stages.samples_units import group_fragments
+from prx_core.stages.samples.stage import build_samples
+from prx_core.stages.samples.units import group_fragments
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
@@ -264,7 +264,7 @@ def test_the_samples_stage_fetches_keeps_urls_and_metadata_and_rejects_each_fail
 RESUME = """
 import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.storage import Storage
 from prx_core.compute.quiet import start_ray
 start_ray(sys.argv[2], log_to_driver=False)

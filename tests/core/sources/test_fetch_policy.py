@@ -130,7 +130,7 @@ def test_preflight_says_what_a_source_may_reach() -> None:
 
 
 def test_a_source_refused_for_what_it_may_reach_says_which_setting_allows_it() -> None:
-    from prx_core.stages.source_causes import refused_line
+    from prx_core.stages.samples.refusals import refused_line
 
     line = refused_line(spec_for(Path("/laion")), {"url_not_allowed": 2}, {})
     assert "url_not_allowed 2" in line and "allow_networks, allow_object_prefixes, allow_files" in line

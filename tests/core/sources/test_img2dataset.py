@@ -18,7 +18,7 @@ from PIL import Image
 
 from prx_core.image.buckets import FLOOR_SIDE
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 

@@ -304,7 +304,7 @@ def test_catalog_limits(tmp_path: Path) -> None:
 def test_samples_stage_turns_a_hostile_folder_into_rejects(tmp_path: Path) -> None:
     """The review's folder (`x.gif` and `x.webp`) plus links, a FIFO and an oversized image: the
     source publishes its good samples, every refusal is a reject with its reason, ids are unique."""
-    from prx_core.stages.samples import build_samples, count_sample_ids
+    from prx_core.stages.samples.stage import build_samples, count_sample_ids
     from prx_core.store.storage import Storage
 
     root, outside = tmp_path / "src", tmp_path / "outside"

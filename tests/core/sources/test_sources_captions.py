@@ -21,7 +21,7 @@ from PIL import Image
 from prx_core.sources import folder_metadata
 from prx_core.sources.catalog import CatalogError, SourceSpec, parse_catalog
 from prx_core.sources.readers import RECORD_SCHEMA, read_source
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
 

@@ -288,7 +288,7 @@ def test_samples_stage_ingests_hf_sources(photos, tmp_path: Path) -> None:
     captions, and a table of paths gives its rows plus one reject per refused path."""
     import datasets
 
-    from prx_core.stages.samples import build_samples
+    from prx_core.stages.samples.stage import build_samples
     from prx_core.store.partitions import rejects_predicate, source_predicate
     from prx_core.store.storage import Storage
 

@@ -100,7 +100,8 @@ def test_a_corrupt_source_file_becomes_a_reject_not_a_crash(tmp_path) -> None:
 
     from prx_core.compute.units import Manifest, Unit, UnitRun
     from prx_core.sources.catalog import SourceSpec
-    from prx_core.stages.samples import UNREADABLE_FRAGMENT, ingest_unit
+    from prx_core.stages.samples.ingest import ingest_unit
+    from prx_core.stages.samples.losses import UNREADABLE_FRAGMENT
     from prx_core.store import lance_io
     from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate
     from prx_core.store.storage import Storage

@@ -24,7 +24,7 @@ from prx_core.stages.captions import build_captions
 from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, explore_rows, sample_base
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate

@@ -24,7 +24,7 @@ from test_stage_functions import jpeg
 from prx_core.shards.mds import list_streams
 from prx_core.shards.mds_read import read_stream_rows
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate

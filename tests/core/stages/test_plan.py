@@ -22,7 +22,7 @@ from prx_core.stages.captions import build_captions
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.plan import SampleStats, spread, sample_source
 from prx_core.stages.plan_estimates import Models, estimate
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage

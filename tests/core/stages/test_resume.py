@@ -23,7 +23,7 @@ from test_stage_functions import jpeg
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
@@ -41,7 +41,7 @@ SCRIPT = """
 import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store.storage import Storage
 root, spec = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3]))

@@ -16,7 +16,7 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.sources.records import RECORD_SCHEMA, record
 from prx_core.sources.tables import ReadGuard
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.takedowns import record_takedowns, taken_down_ids, taken_down_keys
 from prx_core.store.storage import Storage
 

@@ -21,8 +21,8 @@ from PIL import Image
 from prx_core.compute.parallel import Throttle
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.sources.catalog import JoinSpec, load_catalog
-from prx_core.stages.join_tables import STATE, JoinStagingError, staged_batch
-from prx_core.stages.samples import SourceRefused, build_samples
+from prx_core.stages.samples.join_tables import STATE, JoinStagingError, staged_batch
+from prx_core.stages.samples.stage import SourceRefused, build_samples
 from prx_core.store import lance_io
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage

@@ -13,7 +13,7 @@ from s3_proxy import Proxy, client_pid
 from test_faults_s3 import s3, storage_for  # noqa: F401  (the fixture)
 from test_resume import parquet_source
 
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage

@@ -21,8 +21,8 @@ from http_server import serving
 
 from prx_core.sources.catalog import DownloadSettings, SourceSpec
 from prx_core.sources.readers import fragment_sizes, read_fragment
-from prx_core.stages.samples import build_samples
-from prx_core.stages.samples_units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, group_fragments, plan_units
+from prx_core.stages.samples.stage import build_samples
+from prx_core.stages.samples.units import UNIT_BYTES, UNIT_FILES, UNIT_ROWS, group_fragments, plan_units
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
 
@@ -31,7 +31,7 @@ FAST = DownloadSettings(read_timeout_s=2, retries=0, allow_networks=("127.0.0.1/
 SCRIPT = """
 import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.storage import Storage
 root, spec, point = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3])), sys.argv[4]
 from prx_core.compute.quiet import start_ray

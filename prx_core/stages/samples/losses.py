@@ -4,7 +4,7 @@ A fragment that fails while read is one reject for its unread rest; a unit that 
 hang past its time limit, a worker killed out of memory again and again) is one reject per
 fragment, or per range of a fragment it was to read; a row range of a table with default keys is
 one reject per row, under the key its reader gives that row, so every row of the source is a
-sample or a reject (`prx_core.stages.samples_units` cuts the ranges).
+sample or a reject (`prx_core.stages.samples.units` cuts the ranges).
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import EmptySource, SourceRefused, build_samples
-from prx_core.stages.source_causes import FILE_HINTS, HINTS, examples_by_reason, first_examples, refused_line
+from prx_core.stages.samples.stage import EmptySource, SourceRefused, build_samples
+from prx_core.stages.samples.refusals import FILE_HINTS, HINTS, examples_by_reason, first_examples, refused_line
 from prx_core.store import lance_io
 from prx_core.store.partitions import reject_row, rejects_predicate, source_predicate
 from prx_core.store.storage import Storage

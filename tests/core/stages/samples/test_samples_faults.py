@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 SCRIPT = """
 import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.samples import build_samples
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store.storage import Storage
 root, spec, point = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3])), sys.argv[4]
 from prx_core.compute.quiet import start_ray

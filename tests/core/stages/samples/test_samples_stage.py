@@ -14,8 +14,9 @@ import pytest
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import RUNS
 from prx_core.sources.catalog import load_catalog
-from prx_core.stages.samples import EmptySource, SourceRefused, build_samples, count_sample_ids, rejected_files
-from prx_core.stages.samples_units import group_fragments
+from prx_core.stages.samples.refusals import EmptySource, SourceRefused
+from prx_core.stages.samples.stage import build_samples, count_sample_ids, rejected_files
+from prx_core.stages.samples.units import group_fragments
 from prx_core.store import lance_io
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
