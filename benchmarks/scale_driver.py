@@ -43,8 +43,9 @@ COPIED_FRACTION = 0.05  # duplicates_incremental: a new source of 5% of the rows
 
 MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a cost per process, not per row
     "samples": ("prx_core.stages.samples.stage",), "buckets": ("prx_core.stages.buckets",),
-    "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions",),
-    "captions_model": ("prx_core.stages.captions",), "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
+    "phashes": ("prx_core.stages.phashes",), "captions": ("prx_core.stages.captions.stage",),
+    "captions_model": ("prx_core.stages.captions.stage",),
+    "caption_labels": ("prx_core.stages.labels", "benchmarks.scale_models"),
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
     "duplicates": ("prx_core.stages.duplicates.stage",),
     "duplicates_incremental": ("prx_core.stages.duplicates.stage",),
@@ -79,7 +80,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
         r = build_phashes(spec.name, storage, unit_rows=units["row_unit_rows"])
         return (*counted(r), {"failed": r.failed})
     if stage in ("captions", "captions_model"):
-        from prx_core.stages.captions import build_captions
+        from prx_core.stages.captions.stage import build_captions
 
         seconds = job["model_seconds"] * (1 + 1e-6 * job.get("trial", 0)) if stage == "captions_model" else 0.0
         r = build_captions(spec.name, storage, CaptionerConfig("source", seconds_per_image=seconds), actors=job["cpus"],

@@ -23,8 +23,8 @@ from prx_assets.versions import content_version
 from prx_assets.declared import from_stage
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.models.fused import check_fusable
-from prx_core.stages.captions import CaptionsReport
-from prx_core.stages.captions_quality import quality_table, verdict_counts
+from prx_core.stages.captions.report import CaptionsReport
+from prx_core.stages.captions.quality import quality_table, verdict_counts
 from prx_core.stages.entry import Progress
 from prx_resources import (
     CaptionerResource,

@@ -113,7 +113,7 @@ def build_captioner(config: CaptionerConfig) -> Captioner:
     if config.backend == VLLM:
         raise ValueError(
             "the vllm captioner backend runs as a whole Ray Data stage (prx_core.models.captioning_vllm."
-            "build_vllm_processor, used by prx_core.stages.captions.build_captions), not per batch"
+            "build_vllm_processor, used by prx_core.stages.captions.stage.build_captions), not per batch"
         )
     raise ValueError(f"no captioner for backend {config.backend!r}")  # unreachable: config validates
 

@@ -3,7 +3,7 @@
 Unlike the other backends this is not a per-batch `Captioner`: `ray.data.llm.build_processor`
 turns a Ray Dataset of (content_id, image bytes, original_caption) rows into caption rows with
 the same columns `CaptionBatch` yields (content_id, caption, captioner_id, captioner_version,
-prompt_version, word_count, error), so `prx_core.stages.captions.build_captions` upserts them the
+prompt_version, word_count, error), so `prx_core.stages.captions.stage.build_captions` upserts them the
 same way. vLLM itself (which pins its own torch and transformers) is imported only inside the
 engine actors, i.e. in the Ray GPU workers' environment (`CaptionerConfig.runtime_env` or the GPU
 worker image); building the processor here needs Ray and transformers, not vLLM.

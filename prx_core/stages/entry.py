@@ -20,7 +20,7 @@ from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.stages.buckets import BUCKETS
 from prx_core.stages.caption_embeddings import CAPTION_EMBEDDINGS
-from prx_core.stages.captions import CAPTIONS
+from prx_core.stages.captions.stage import CAPTIONS
 from prx_core.stages.duplicates.stage import DUPLICATES, GroupsReport
 from prx_core.stages.explorer import EXPLORER
 from prx_core.stages.labels import CAPTION_LABELS

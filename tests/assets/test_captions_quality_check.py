@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from prx_assets.captions import CHECKS, quality_check
-from prx_core.stages.captions import CaptionsReport
+from prx_core.stages.captions.report import CaptionsReport
 from prx_resources.checks import ChecksResource
 
 

@@ -23,7 +23,7 @@ from test_build import RUN_LINE, run_cli, run_lines
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.models.caption_base import Captioner, CaptionerConfig, CaptionResult
 from prx_core.models.serving import CaptionServer
-from prx_core.stages.captions import CAPTIONS
+from prx_core.stages.captions.stage import CAPTIONS
 from prx_resources import CaptionerResource
 
 pytestmark = pytest.mark.slow

@@ -140,7 +140,8 @@ def dataclasses_in(hint: Any, found: dict[str, type]) -> None:
 def carried() -> dict[str, type]:
     """What `run_stage` can take or return: every stage's parameters and return, the build functions
     its `**build` keywords reach, and `Progress` (a stage's `progress` argument on the wire)."""
-    from prx_core.stages import caption_embeddings, captions, labels
+    from prx_core.stages import caption_embeddings, labels
+    from prx_core.stages.captions.stage import build_captions
     from prx_core.stages.duplicates.stage import build_duplicates
     from prx_core.stages.mds_shards.stage import build_mds
     from prx_core.stages.samples.stage import build_samples
@@ -150,7 +151,7 @@ def carried() -> dict[str, type]:
         for hint in [*stage.setting_types().values(), stage.report_type]:
             dataclasses_in(hint, found)
     functions = [build_samples, build_mds, build_duplicates]
-    functions += [captions.build_captions, labels.build_labels,  # typed wrappers: `model=` (a ModelSpec) in-process
+    functions += [build_captions, labels.build_labels,  # typed wrappers: `model=` (a ModelSpec) in-process
                   caption_embeddings.build_caption_embeddings]
     for fn in functions:
         for hint in typing.get_type_hints(inspect.unwrap(fn)).values():

@@ -246,7 +246,7 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     """build_captions with a real local Ray: CaptionBatch actors call the loopback server."""
     import ray
 
-    from prx_core.stages import captions as captions_stage
+    from prx_core.stages.captions import stage as captions_stage
     from prx_core.store import lance_io
     from prx_core.store.storage import Storage
 

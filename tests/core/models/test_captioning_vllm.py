@@ -19,7 +19,7 @@ from prx_core.models import captioning_vllm as cv
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.captioning import build_captioner
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
-from prx_core.stages import captions as captions_stage
+from prx_core.stages.captions import stage as captions_stage
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 

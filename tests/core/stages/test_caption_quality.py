@@ -16,7 +16,7 @@ from corpora import write_contents
 from prx_core.models.caption_base import CaptionerConfig, Captioner, CaptionResult
 from prx_core.models.serving import CaptionServer
 from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.mds_shards.chunks import CAPTION_REJECTED
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas

@@ -15,7 +15,7 @@ from test_model_stages import CONFIG, storage  # noqa: F401  (the fixture: sourc
 from prx_core.compute.units import ModelSpec
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
 from prx_core.store.storage import Storage
 

@@ -23,7 +23,7 @@ from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SourceCaptioner
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, write_partition
@@ -133,7 +133,7 @@ def test_labels_units_give_the_reference_labels_once_per_content(storage: Storag
 SCRIPT = """
 import ray, sys
 from prx_core.models.caption_base import CaptionerConfig
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.upkeep.appends import BatchedAppend
 from prx_core.store.storage import Storage
 from prx_core.compute.quiet import start_ray

@@ -18,7 +18,7 @@ from prx_core.demo.photos import load_skimage_photos
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.plan import SampleStats, spread, sample_source
 from prx_core.stages.plan_estimates import Models, estimate

@@ -29,7 +29,7 @@ from prx_core.shards.skiplists_publish import write_skip_lists
 from prx_core.sources.catalog import SourceSpec, validate_source_name
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.caption_embeddings import build_caption_embeddings
-from prx_core.stages.captions import build_captions
+from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.phashes import build_phashes

@@ -13,7 +13,7 @@ from prx_core.models.caption_base import NO_SOURCE_CAPTION, CaptionerConfig
 from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SOURCE_HAS_NONE, SourceCaptioner, missing_caption_message
 from prx_core.models.serving import CaptionServer, Faults
-from prx_core.stages.captions import NoSourceCaptions, build_captions
+from prx_core.stages.captions.stage import NoSourceCaptions, build_captions
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 

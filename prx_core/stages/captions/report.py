@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from prx_core.compute.unit_results import UnitResults
 from prx_core.models.caption_checks import FLAGGED, REJECTED, RETRIED
-from prx_core.stages.captions_quality import verdict_counts
+from prx_core.stages.captions.quality import verdict_counts
 from prx_core.stages.report import StageReport
 
 

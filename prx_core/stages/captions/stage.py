@@ -5,7 +5,7 @@ captioned. A model's captions are keyed by (`content_id`, captioner version) and
 sources, so re-ingests, byte-identical images in two sources and reruns after a crash reuse them;
 the `source` captioner's are keyed by (content, the sample's own caption), so a sample never
 ships another source's text (prx_core.models.caption_keys). Every caption is checked before it is
-stored (prx_core.models.caption_checks, prx_core.stages.captions_quality): a refused one is
+stored (prx_core.models.caption_checks, prx_core.stages.captions.quality): a refused one is
 generated once more with the fallback decoding, then stored `rejected` and refused by mds_shards.
 The source runs as work units (prx_core.stages.contents) on captioner actors (one model each);
 each unit looks up which of its contents are captioned already, captions the rest and writes
@@ -54,7 +54,7 @@ from prx_core.stages.contents import (
     stored_rows,
     write_latents,
 )
-from prx_core.stages.captions_quality import (
+from prx_core.stages.captions.quality import (
     QUALITY_COLUMNS,
     detail_owners,
     rejected_detail,
@@ -63,7 +63,7 @@ from prx_core.stages.captions_quality import (
     refused_unchecked,
     stored_quality,
 )
-from prx_core.stages.captions_report import CaptionsReport
+from prx_core.stages.captions.report import CaptionsReport
 from prx_core.stages.model_pipeline import pipeline_units
 from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
@@ -314,6 +314,7 @@ CAPTIONS: Stage[CaptionsSettings] = Stage(
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(CaptionsReport, CaptionerConfig, TextLatentsConfig)
+wire.register_moved_from("prx_core.stages.captions_report", CaptionsReport)  # before the captions package
 
 
 def build_captions(
