@@ -22,7 +22,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from prx_core.stages.explorer import build_explorer
+from prx_core.stages.explorer.stage import build_explorer
 from prx_core.stages.source_embeddings import fixed_size_vectors
 from prx_core.store import schemas
 from prx_core.store.maintenance import refresh_table_indexes

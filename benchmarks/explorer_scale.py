@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from benchmarks.explorer_data import build_vocabulary, hex_strings, zipf_cdf
 from benchmarks.explorer_pages import latency
-from prx_core.stages.explorer_rows import count_facets, facet_rows, search_text
+from prx_core.stages.explorer.rows import count_facets, facet_rows, search_text
 from prx_core.store import schemas
 from prx_core.store.maintenance import refresh_table_indexes
 from prx_core.store.storage import Storage

@@ -9,7 +9,7 @@ from prx_assets.common import GROUP, OWNERS, SOURCES, catalog_source, counts_tab
 from prx_assets.versions import content_version
 from prx_assets.declared import from_stage
 from prx_core.stages.entry import Progress
-from prx_core.stages.explorer import ExplorerReport
+from prx_core.stages.explorer.stage import ExplorerReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, StorageResource, UnitsResource
 from prx_resources.ray import run_stage
 

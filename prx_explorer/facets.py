@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 import pyarrow as pa
 
-from prx_core.stages.explorer_rows import META_KEY, REPETITION_SCALE, WORST, count_values
+from prx_core.stages.explorer.rows import META_KEY, REPETITION_SCALE, WORST, count_values
 from prx_core.store import lance_io
 from prx_explorer.query import COLUMN, FILTERS, Query
 from prx_explorer.view import View

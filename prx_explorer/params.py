@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from prx_core.stages.explorer_rows import MAX_META_VALUE  # longer values are shown, not filtered on
+from prx_core.stages.explorer.rows import MAX_META_VALUE  # longer values are shown, not filtered on
 
 MAX_TEXT = 500  # characters: a sample id, a reason or a search, never a document
 MAX_META_KEY = 64  # characters of a metadata key in the `meta` filter

@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from prx_core.image.buckets import FLOOR_SIDE, MAX_UPSCALE, TIERS  # noqa: E402
-from prx_core.stages.explorer_rows import ASPECT_BINS, SIDE_BINS  # noqa: E402
+from prx_core.stages.explorer.rows import ASPECT_BINS, SIDE_BINS  # noqa: E402
 from prx_explorer.facets import by_source  # noqa: E402
 
 MIN_ASPECT, MAX_ASPECT = 0.5, 2.0
@@ -42,7 +42,7 @@ def _empty(fig: plt.Figure, ax: plt.Axes) -> bytes:
 
 def _log_histogram(rows: Sequence[dict], facet: str, per_octave: int, title: str, xlabel: str,
                    decorate: Callable[[plt.Axes], None]) -> bytes:
-    """The facet's log-spaced bins (bin i covers [2^(i/n), 2^((i+1)/n)), `explorer_rows.size_bins`)
+    """The facet's log-spaced bins (bin i covers [2^(i/n), 2^((i+1)/n)), `prx_core.stages.explorer.rows.size_bins`)
     stacked by source on a log axis, with the cut-offs `decorate` draws."""
     parts = sorted(by_source(rows, facet).items())
     fig, ax = plt.subplots(figsize=(9, 4.2))

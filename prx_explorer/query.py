@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
-from prx_core.stages.explorer_rows import META_KEY
+from prx_core.stages.explorer.rows import META_KEY
 from prx_core.store import lance_io
 from prx_explorer.metadata import has_metadata, split_filter
 from prx_explorer.params import choice_param, int_param, meta_param, text_param
@@ -26,7 +26,7 @@ BY = ("caption", "clip")
 FILTERS = ("source", "label", "tier", "bucket", "group", "skipped", "rejected", "caption")
 COLUMN = {"source": "source", "label": "label", "tier": "tier", "bucket": "bucket", "group": "group_id",
           "skipped": "skip_reason", "rejected": "reject_reason", "caption": "caption_problem"}
-WORST = ("shortest", "longest", "repetitive", "retried")  # the "worst captions" views (explorer_rows.WORST)
+WORST = ("shortest", "longest", "repetitive", "retried")  # the "worst captions" views (explorer.rows.WORST)
 META_IDS = 5000  # sample ids a metadata filter on another key than `label` may select (an IN list)
 META_SCAN_ROWS = 2_000_000  # rows of `samples` such a filter reads at most (its map column has no index)
 NO_METADATA = "this corpus's samples carry no metadata"

@@ -22,7 +22,7 @@ from prx_core.stages.buckets import BUCKETS
 from prx_core.stages.caption_embeddings import CAPTION_EMBEDDINGS
 from prx_core.stages.captions.stage import CAPTIONS
 from prx_core.stages.duplicates.stage import DUPLICATES, GroupsReport
-from prx_core.stages.explorer import EXPLORER
+from prx_core.stages.explorer.stage import EXPLORER
 from prx_core.stages.labels import CAPTION_LABELS
 from prx_core.stages.mds_shards.report import PublishReport, StreamCount
 from prx_core.stages.mds_shards.stage import MDS_SHARDS

@@ -185,7 +185,7 @@ MDS_INDEX = pa.schema(
     ]
 )
 
-# The explorer's own tables (prx_core.stages.explorer): one denormalized row per sample or ingest
+# The explorer's own tables (prx_core.stages.explorer.stage): one denormalized row per sample or ingest
 # reject of a source, the columns its pages filter on and show, so a page is one filtered Lance scan
 # with a limit, never a join of corpus-sized tables in the explorer's memory.
 EXPLORER = pa.schema(

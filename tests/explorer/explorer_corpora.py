@@ -88,8 +88,8 @@ def write_explorer(storage: Storage, captioner_version: str = "cap-1", labeler_v
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from prx_core.stages.explorer import JOINED
-    from prx_core.stages.explorer_rows import count_facets, explore_rows, facet_rows, sample_base
+    from prx_core.stages.explorer.stage import JOINED
+    from prx_core.stages.explorer.rows import count_facets, explore_rows, facet_rows, sample_base
     from prx_core.store import lance_io, schemas
     from prx_core.store.maintenance import refresh_table_indexes
 

@@ -21,7 +21,7 @@ from prx_core.shards.mds_read import read_stream_rows
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.captions.stage import build_captions
-from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, explore_rows, sample_base
+from prx_core.stages.explorer.rows import SAMPLE_COLUMNS, explore_rows, sample_base
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples.stage import build_samples

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from prx_core.shards.skiplists import SkipList, encode, skiplist_uri
-from prx_core.stages.explorer_rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_rows, search_text
+from prx_core.stages.explorer.rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_rows, search_text
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 
@@ -121,7 +121,7 @@ def test_summed_unit_facets_keep_the_top_values_every_bin_and_every_total() -> N
     """Units count their own top values; the partition's sum would otherwise grow with its units."""
     from collections import Counter
 
-    from prx_core.stages.explorer_rows import FACET_VALUES
+    from prx_core.stages.explorer.rows import FACET_VALUES
 
     units = 5
     summed = {"group": Counter({f"g{u}-{i}": 2 + (i == 0) for u in range(units) for i in range(FACET_VALUES)}),

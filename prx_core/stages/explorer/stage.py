@@ -32,7 +32,7 @@ from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.skiplists import source_folder
-from prx_core.stages.explorer_rows import (
+from prx_core.stages.explorer.rows import (
     REJECT_COLUMNS,
     SAMPLE_COLUMNS,
     count_facets,
@@ -230,6 +230,8 @@ EXPLORER: Stage[ExplorerSettings] = Stage(
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(ExplorerReport)
+# its name before this module moved into the explorer package: a reused run's report is recorded under it
+wire.register_moved_from("prx_core.stages.explorer", ExplorerReport)
 
 
 def build_explorer(source: str, storage: Storage, progress: Throttle | None = None, **settings: Any) -> ExplorerReport:

@@ -11,7 +11,7 @@ from corpora import write_captions, write_contents
 from dup_rows import write_source
 
 from prx_core.stages.duplicates.stage import build_duplicates
-from prx_core.stages.explorer import build_explorer
+from prx_core.stages.explorer.stage import build_explorer
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
