@@ -10,9 +10,9 @@ from pydantic import Field
 from prx_assets.common import GROUP, OWNERS, md_table
 from prx_core.models.text_latents import latent_sizing
 from prx_core.sources.preflight import check_source
-from prx_core.stages.plan_machine import Machine, Prices
-from prx_core.stages.plan_estimates import (CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus,
+from prx_core.stages.plan.estimates import (CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus,
                                             reject_lines)
+from prx_core.stages.plan.machine import Machine, Prices
 from prx_resources import (
     CaptionerResource,
     CatalogResource,

@@ -2,9 +2,9 @@
 
 Reads a sample of each source's images (no table is written, no Dagster run is made), measures
 what the stages will do to them on this machine, and scales it by each source's size
-(prx_core.stages.plan, plan_estimates): rows, MDS samples, streams and the small ones, bytes,
+(prx_core.stages.plan: sample, estimates): rows, MDS samples, streams and the small ones, bytes,
 GPU-hours, core-hours, the wall time on this machine, the Ray cluster the settings name, or `--cpus`
-and `--gpus` (it says which: prx_core.stages.plan_machine), and the cost when given prices.
+and `--gpus` (it says which: prx_core.stages.plan.machine), and the cost when given prices.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def add_parser(sub: Any) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     from prx_assets.settings import SettingsError, load_settings
     from prx_core.sources.catalog import load_catalog
-    from prx_core.stages.plan_estimates import CAPTION_RATE, format_plan, plan_corpus
-    from prx_core.stages.plan_machine import Prices, choose
+    from prx_core.stages.plan.estimates import CAPTION_RATE, format_plan, plan_corpus
+    from prx_core.stages.plan.machine import Prices, choose
 
     if args.sample < 1:
         raise SettingsError(f"--sample: must be at least 1, got {args.sample}")

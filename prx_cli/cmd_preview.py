@@ -36,7 +36,7 @@ def run_preview(args: argparse.Namespace) -> int:
     from prx_cli.cmd_plan import preflight_sources
     from prx_assets.settings import SettingsError, load_settings
     from prx_core.sources.catalog import load_catalog
-    from prx_core.stages.plan_estimates import CAPTION_RATE
+    from prx_core.stages.plan.estimates import CAPTION_RATE
     from prx_core.stages.preview import TABLE, preview_rows, preview_source, write_preview
     from prx_core.store.storage import Storage
     from prx_resources.models import CaptionerResource, LabelerResource

@@ -32,8 +32,8 @@ from prx_core.models.captioning import build_captioner, checked_captions
 from prx_core.sources.catalog import SourceSpec
 from prx_core.sources.ingest import inspect_image
 from prx_core.sources.readers import fragment_sizes, read_fragment
-from prx_core.stages.plan import sample_source, spread
-from prx_core.stages.plan_estimates import CAPTION_RATE, RETRY_SHARE, Models, estimate
+from prx_core.stages.plan.estimates import CAPTION_RATE, RETRY_SHARE, Models, estimate
+from prx_core.stages.plan.sample import sample_source, spread
 
 SAMPLE = 16
 PLAN_SAMPLE = 200  # images the projection's estimate of the source's contents reads

@@ -11,8 +11,8 @@ import pytest
 from demo_corpus import Corpus, SOURCES
 
 from prx_cli.main import main
-from prx_core.stages.plan import sample_source
-from prx_core.stages.plan_estimates import Models, estimate
+from prx_core.stages.plan.estimates import Models, estimate
+from prx_core.stages.plan.sample import sample_source
 from prx_core.store.partitions import source_predicate
 
 

@@ -166,8 +166,8 @@ def test_the_plan_sizes_the_latents_within_10_percent_of_the_build(encoded, corp
     the `text_latents` table's latent bytes against what the build wrote."""
     from prx_cli.cmd_plan import plan_models
     from prx_assets.settings import Settings
-    from prx_core.stages.plan import sample_source
-    from prx_core.stages.plan_estimates import estimate
+    from prx_core.stages.plan.sample import sample_source
+    from prx_core.stages.plan.estimates import estimate
 
     root, _, _ = encoded
     models = plan_models(Settings(str(root), str(corpus.sources), latents_config(tiny_vlm)), 20.0)

@@ -9,7 +9,7 @@ sample itself when it read every record, and from the listing otherwise (bytes d
 sampled bytes per record). A URL table's sampled images are fetched, as ingest will fetch them
 (the source's download settings; a failure is a `download_error` reject). Captions kept in a
 joined table are not joined here: such a source's samples count as captioned. The arithmetic that turns
-both into rows, streams, bytes and hours is `prx_core.stages.plan_estimates`.
+both into rows, streams, bytes and hours is `prx_core.stages.plan.estimates`.
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from prx_core.stages.plan import Bucketed, SampleStats, SourceSize
-from prx_core.stages.plan_estimates import CorpusPlan, Models, estimate, format_plan
-from prx_core.stages.plan_machine import Machine, Prices, choose, local_gpus, this_machine
+from prx_core.stages.plan.estimates import CorpusPlan, Models, estimate, format_plan
+from prx_core.stages.plan.machine import Machine, Prices, choose, local_gpus, this_machine
+from prx_core.stages.plan.sample import Bucketed, SampleStats, SourceSize
 
 
 def fake_smi(folder: Path, gpus: int) -> None:

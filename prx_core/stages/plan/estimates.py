@@ -1,4 +1,4 @@
-"""The arithmetic of `prx-corpus plan`: a source's sample (prx_core.stages.plan) scaled to its
+"""The arithmetic of `prx-corpus plan`: a source's sample (prx_core.stages.plan.sample) scaled to its
 size, then rows, MDS streams and bytes, storage, GPU-hours, core-hours and wall time.
 
 Rates that a sample of 1,000 images cannot measure are constants, each from a measurement: the
@@ -21,8 +21,8 @@ from typing import Any
 
 from prx_core.shards.mds import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
-from prx_core.stages.plan import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
-from prx_core.stages.plan_machine import Prices
+from prx_core.stages.plan.machine import Prices
+from prx_core.stages.plan.sample import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source
 from prx_core.stages.samples.refusals import GENERIC_HINT, fix_for
 from prx_core.upkeep.compaction import TARGET_BYTES
 
@@ -190,7 +190,7 @@ class CorpusPlan:
     sources: list[SourcePlan]
     cpus: int
     gpus: int
-    machine: str = ""  # what the wall time is for (prx_core.stages.plan_machine): this machine, a cluster, given
+    machine: str = ""  # what the wall time is for (prx_core.stages.plan.machine): this machine, a cluster, given
     prices: Prices | None = None
 
     def totals(self) -> dict[str, float]:

@@ -20,8 +20,8 @@ from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.plan import SampleStats, spread, sample_source
-from prx_core.stages.plan_estimates import Models, estimate
+from prx_core.stages.plan.estimates import Models, estimate
+from prx_core.stages.plan.sample import SampleStats, spread, sample_source
 from prx_core.stages.samples.stage import build_samples
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
@@ -86,7 +86,7 @@ def test_a_sampled_plan_is_within_10_percent_of_the_build(tmp_path: Path) -> Non
 
 
 def test_a_vlm_plan_costs_gpu_hours_per_distinct_content() -> None:
-    from prx_core.stages.plan import Bucketed, SourceSize
+    from prx_core.stages.plan.sample import Bucketed, SourceSize
 
     same = [Bucketed("512/640x480", False, 50_000, 0, "c1"), Bucketed("512/640x480", True, 50_000, 40, "c1")]
     stats = SampleStats(read=4, record_bytes=4 * 60_000, bucketed=same + [Bucketed("512/480x640", True, 40_000, 40, "c2")],
