@@ -53,7 +53,7 @@ def _errors() -> tuple[type[BaseException], ...]:
 
 def _cmd_opt_out(args: argparse.Namespace) -> int:
     from prx_core.sources.catalog import load_catalog
-    from prx_core.stages.opt_out import opt_out
+    from prx_core.stages.opt_out.apply import opt_out
 
     if not os.path.isfile(args.ids):
         return _fail("opt-out", f"--ids {args.ids}: no such file (one sample id a line: <source>/<source_key>)", 2)
@@ -149,7 +149,7 @@ def _cmd_rewrite_stream(args: argparse.Namespace) -> int:
 def _cmd_manifest(args: argparse.Namespace) -> int:
     from prx_core.shards.manifest import read_manifest_header
     from prx_core.shards.manifest_publish import manifest_sources, publish_source_manifest
-    from prx_core.stages.opt_out import SKIP_LOCKS
+    from prx_core.stages.opt_out.apply import SKIP_LOCKS
     from prx_core.store.locks import partition_locks
 
     storage = _storage(args.root, args.config)

@@ -88,7 +88,7 @@ def ingest_batch(
     """Split source records (`prx_core.sources.readers.RECORD_SCHEMA`) into samples and rejects.
     Captions of accepted samples are cleaned and capped; `counts` (if given) gains
     `captions_cleaned` and `captions_truncated`. A key in `taken_down` is a `taken_down` reject
-    whatever its bytes (`prx_core.stages.takedowns`)."""
+    whatever its bytes (`prx_core.stages.opt_out.takedowns`)."""
     counts = Counter() if counts is None else counts
     samples: list[dict[str, Any]] = []
     rejects: list[dict[str, Any]] = []

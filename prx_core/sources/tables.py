@@ -81,7 +81,7 @@ class Rows:
 @dataclass(frozen=True)
 class ReadGuard:
     """What an ingest unit keeps out while reading a table: the source keys taken down (refused
-    before any fetch, `prx_core.stages.takedowns`), and when its time for fetching ends (wall clock)."""
+    before any fetch, `prx_core.stages.opt_out.takedowns`), and when its time for fetching ends (wall clock)."""
 
     deadline: float | None = None
     taken_down: frozenset[str] = frozenset()

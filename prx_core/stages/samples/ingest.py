@@ -21,10 +21,10 @@ from prx_core.sources.joins import Joiner
 from prx_core.sources.readers import read_fragment
 from prx_core.sources.row_ranges import range_label
 from prx_core.sources.tables import ReadGuard
+from prx_core.stages.opt_out.takedowns import taken_down_keys
 from prx_core.stages.samples.losses import UNREADABLE_FRAGMENT, lost_unit, unreadable_fragment
 from prx_core.stages.samples.refusals import examples_by_reason
 from prx_core.stages.samples.settings import SamplesSettings
-from prx_core.stages.takedowns import taken_down_keys
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import unit_outputs, write_rejects
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
-from prx_core.stages.opt_out import delete_rows
+from prx_core.stages.opt_out.apply import delete_rows
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
 from prx_core.store.storage import Storage

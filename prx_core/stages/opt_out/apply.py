@@ -35,12 +35,12 @@ from prx_core.shards.rewrite import (
     rewrite_stream,
 )
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
-from prx_core.store.names import validate_source_name
-from prx_core.stages.opt_out_ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
-from prx_core.stages.takedown_purge import PurgeReport, purge_source
-from prx_core.stages.takedowns import contents_of, find_copies, record_contents, record_takedowns
+from prx_core.stages.opt_out.ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
+from prx_core.stages.opt_out.purge import PurgeReport, purge_source
+from prx_core.stages.opt_out.takedowns import contents_of, find_copies, record_contents, record_takedowns
 from prx_core.store import fencing, lance_io
 from prx_core.store.locks import partition_locks
+from prx_core.store.names import validate_source_name
 from prx_core.store.storage import Storage, put_atomic
 
 # every asset that writes a source's rows or pins their versions: a purge holds all their locks
@@ -123,7 +123,7 @@ def apply_source(storage: Storage, match: SourceMatch, found: list[pa.Array], de
 
 
 def purge_recorded(storage: Storage, sources: Sequence[str], discard: bool, report: OptOutReport) -> None:
-    """Purge what the recorded takedowns of `sources` deleted (`prx_core.stages.takedown_purge`),
+    """Purge what the recorded takedowns of `sources` deleted (`prx_core.stages.opt_out.purge`),
     under each source's locks of every asset that writes or pins its rows."""
     for source in sources:
         with partition_locks(storage, source, PURGE_LOCKS, "prx-corpus opt-out (purge)"):

@@ -16,8 +16,8 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.sources.readers import fragment_sizes, read_fragment
 from prx_core.sources.records import RECORD_SCHEMA, record
 from prx_core.sources.tables import ReadGuard
+from prx_core.stages.opt_out.takedowns import record_takedowns, taken_down_ids, taken_down_keys
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.takedowns import record_takedowns, taken_down_ids, taken_down_keys
 from prx_core.store.storage import Storage
 
 
@@ -86,7 +86,7 @@ def test_a_purge_deletes_the_taken_down_keys_from_the_staged_joins(tmp_path: Pat
     captions of taken-down keys: they go, index and old versions included."""
     import lance
 
-    from prx_core.stages.takedown_purge import PurgeReport, purge_source
+    from prx_core.stages.opt_out.purge import PurgeReport, purge_source
 
     storage = Storage(str(tmp_path / "corpus"))
     staged = tmp_path / "corpus" / "_state" / "joins" / "laion" / "abc.lance"

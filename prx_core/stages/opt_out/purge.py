@@ -1,6 +1,6 @@
 """Takedowns that finish: `opt-out --delete-bytes --purge` removes every copy under the root now.
 
-What a takedown deleted is recorded (`prx_core.stages.takedowns`: the ids, and the contents they
+What a takedown deleted is recorded (`prx_core.stages.opt_out.takedowns`: the ids, and the contents they
 held), so a purge acts on the record, not on what still matches: a second run with `--purge` after
 a first without it purges what the first deleted. Per source, under its partition locks:
 
@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.shards.mds import read_chunk_record
-from prx_core.shards.rewrite import remove_superseded_now
 from prx_core.shards.retention import SUPERSEDED, read_superseded
-from prx_core.stages.takedowns import taken_down_contents, taken_down_ids
+from prx_core.shards.rewrite import remove_superseded_now
+from prx_core.stages.opt_out.takedowns import taken_down_contents, taken_down_ids
 from prx_core.store import fencing, lance_io
 from prx_core.store.maintenance import refresh_table_indexes
 from prx_core.store.partitions import source_predicate
