@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.image.decode import EMPTY
-from prx_core.sources.folders import read_bounded, read_local
+from prx_core.sources.folders.reader import read_bounded, read_local
 from prx_core.sources.records import IMAGE_TOO_LARGE, PATH_OUTSIDE_SOURCE, UNREADABLE_FILE
 from prx_core.store.storage import filesystem_for, is_remote
 

@@ -103,7 +103,7 @@ def _source_columns(spec: SourceSpec) -> dict[str, str]:
 
 
 def _wanted(fmt: str) -> Callable[[str], bool]:
-    from prx_core.sources.folders import extension
+    from prx_core.sources.folders.reader import extension
     from prx_core.sources.hf_datasets import is_data_file
     from prx_core.sources.tars import is_shard
 

@@ -22,7 +22,7 @@ import tarfile
 from typing import Any
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.sources.folder_metadata import METADATA_FILENAMES
+from prx_core.sources.folders.metadata import METADATA_FILENAMES
 from prx_core.sources.listing import exists, first_files
 from prx_core.sources.records import CAPTION_EXTENSIONS
 from prx_core.sources.sample_metadata import field_at

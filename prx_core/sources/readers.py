@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.sources.catalog import CatalogError, SourceSpec
-from prx_core.sources.folder_walk import FolderEntry, fingerprint_lines, fragments_of, walk_folders
-from prx_core.sources.folders import read_folder, relative_folder
+from prx_core.sources.folders.reader import read_folder, relative_folder
+from prx_core.sources.folders.walk import FolderEntry, fingerprint_lines, fragments_of, walk_folders
 from prx_core.sources.hf_datasets import is_data_file, read_huggingface
 from prx_core.sources.records import BATCH_ROWS, CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, RECORD_SCHEMA, printable_name
 from prx_core.sources.tables import ReadGuard, lance_options, read_lance, read_parquet, table_key_prefix
@@ -40,7 +40,7 @@ def list_fragments(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = None) -> list[tuple[str, int]]:
     """(fragment id, bytes) in id order: parquet files, tar shards (`.tar`, `.tar.gz`, `.tgz`), Lance
     fragments, a Hugging Face dataset's `.arrow`/`.parquet` files, or the folders of an image folder
-    (walked in parallel, each folder reduced where it is listed: `prx_core.sources.folder_walk`;
+    (walked in parallel, each folder reduced where it is listed: `prx_core.sources.folders.walk`;
     the driver holds one entry per folder, never one per image). A folder holding none of its format's files but others is a
     `CatalogError` naming what it holds and the format it looks like."""
     if spec.format == "lance":
@@ -65,7 +65,7 @@ def fragment_sizes(spec: SourceSpec, storage_options: dict[str, Any] | None = No
 
 def folder_entries(spec: SourceSpec, storage_options: dict[str, Any] | None = None,
                    cut_every: int = 0) -> list[FolderEntry]:
-    """An image folder's walk, one record per folder (`prx_core.sources.folder_walk`); with
+    """An image folder's walk, one record per folder (`prx_core.sources.folders.walk`); with
     `cut_every`, where each folder of more image files may be cut (the `samples` planner's)."""
     if not filesystem_for(spec.uri, storage_options).exists(spec.uri):
         raise FileNotFoundError(f"source {spec.name!r}: {spec.uri} does not exist")

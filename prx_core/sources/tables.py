@@ -298,7 +298,7 @@ def table_key_prefix(uri: str, path: str) -> str:
     (`a/part-0`, `b/part-0`: two folders' files never share keys), its stem for a one-file source."""
     import posixpath
 
-    from prx_core.sources.folders import relative_folder
+    from prx_core.sources.folders.reader import relative_folder
 
     if path == uri or posixpath.normpath(path.split("://", 1)[-1]) == posixpath.normpath(uri.split("://", 1)[-1]):
         relative = posixpath.basename(path)

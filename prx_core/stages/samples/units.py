@@ -25,7 +25,7 @@ from typing import Any
 
 from prx_core.compute.units import Unit
 from prx_core.sources.catalog import SourceSpec
-from prx_core.sources.folder_walk import fragments_of
+from prx_core.sources.folders.walk import fragments_of
 from prx_core.sources.readers import folder_entries, fragment_sizes
 from prx_core.sources.row_ranges import cut_rows, files_row_groups
 

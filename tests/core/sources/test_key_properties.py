@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.sources.folders import folder_leaf_keys
+from prx_core.sources.folders.reader import folder_leaf_keys
 from prx_core.sources.readers import read_source, table_key_prefix
 from prx_core.sources.tars import member_key
 

@@ -18,8 +18,8 @@ import pytest
 import webdataset as wds
 from PIL import Image
 
-from prx_core.sources import folder_metadata
 from prx_core.sources.catalog import CatalogError, SourceSpec, parse_catalog
+from prx_core.sources.folders import metadata as folder_metadata
 from prx_core.sources.readers import RECORD_SCHEMA, read_source
 from prx_core.stages.samples.stage import build_samples
 from prx_core.store.partitions import rejects_predicate, source_predicate

@@ -2,7 +2,7 @@
 
 Captions, in order: the image's sidecar `<stem>.txt` / `<stem>.caption` file, then its row in
 the nearest covering metadata file (`caption_column`, default `text`; HF's `imagefolder`
-convention, `prx_core.sources.folder_metadata`). A (non-empty) sidecar wins: it is per image, the metadata
+convention, `prx_core.sources.folders.metadata`). A (non-empty) sidecar wins: it is per image, the metadata
 file is a table for the whole dataset (a caption tool run over a HF dataset writes sidecars next
 to the images); the row's caption is then kept in `samples.metadata` under its column name,
 so nothing is lost. The row's other columns are metadata too.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from prx_core.sources.folder_metadata import MetadataFile, Row, covering_files, folder_rows
+from prx_core.sources.folders.metadata import MetadataFile, Row, covering_files, folder_rows
 from prx_core.sources.sample_metadata import CAPTION_ERROR, LABEL, caption_value, other_fields
 
 DEFAULT_CAPTION_COLUMN = "text"  # HF's

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prx_core.compute.parallel import chunk, imap_tasks, on_cluster
-from prx_core.sources.folders import extension
+from prx_core.sources.folders.reader import extension
 from prx_core.sources.records import CAPTION_EXTENSIONS, IMAGE_EXTENSIONS, printable_name
 from prx_core.store.storage import filesystem_for, is_remote
 

@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.sources.folder_walk import list_folders, walk_folders
+from prx_core.sources.folders.walk import list_folders, walk_folders
 from prx_core.sources.readers import fragment_sizes, observe_source
 from prx_core.store.storage import filesystem_for
 

@@ -2,7 +2,7 @@
 
 Captions and metadata also come from HF `imagefolder` metadata files (`metadata.jsonl` /
 `metadata.csv` in the folder or an ancestor), and a class folder's name is a `label`
-(`prx_core.sources.folder_captions` says which wins); metadata files are never samples.
+(`prx_core.sources.folders.captions` says which wins); metadata files are never samples.
 
 A folder source never reads outside its root: symbolic links (files or directories) and
 non-regular files (FIFOs, devices) are never opened; each becomes a reject with a reason, so a
@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from prx_core.sources.catalog import SourceSpec
-from prx_core.sources.folder_captions import FolderCaptions
+from prx_core.sources.folders.captions import FolderCaptions
 from prx_core.sources.records import (
     BAD_NAME,
     CAPTION_EXTENSIONS,
