@@ -111,7 +111,7 @@ def measure(spec: SourceSpec, root: Path) -> dict[str, Any]:
 
 def measure_fetch(spec: SourceSpec) -> dict[str, Any]:
     """The fetching alone, in this process, one window per file as a worker fetches (no decode, no write)."""
-    from prx_core.sources.fetch_window import fetch_http
+    from prx_core.sources.fetch.window import fetch_http
 
     started, fetched, urls = time.monotonic(), 0, []
     for path in sorted(Path(spec.uri).glob("*.parquet")):

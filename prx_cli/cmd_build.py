@@ -35,7 +35,7 @@ def _preflight_build(settings: object, catalog: object, sources: list[str] | Non
     sources). Each problem on one line; returns how many. Then, for each source that fetches, what
     its fetches may reach."""
     from prx_core.sources.catalog import DownloadSettings
-    from prx_core.sources.fetch_policy import FetchPolicy
+    from prx_core.sources.fetch.policy import FetchPolicy
     from prx_core.sources.preflight import preflight
     from prx_core.store.storage import Storage
 
@@ -48,7 +48,7 @@ def _preflight_build(settings: object, catalog: object, sources: list[str] | Non
     if problems:
         print(f"prx-corpus: {len(problems)} problem(s) found before starting: nothing was run "
               "(--no-preflight skips these checks)", file=sys.stderr)
-    for spec in specs if not problems else ():  # what a source that fetches may reach (fetch_policy)
+    for spec in specs if not problems else ():  # what a source that fetches may reach (prx_core.sources.fetch.policy)
         if spec.url_column or spec.download != DownloadSettings():
             print(f"source {spec.name!r}: {FetchPolicy(spec.download, spec.uri).describe()}", flush=True)
     return len(problems)

@@ -47,7 +47,7 @@ class DownloadSettings:
     retry_within_s: float = 10.0  # a dropped attempt is retried only when it dropped this soon (not after a long drip)
     window_rows: int = 8192  # rows read ahead of the oldest row still fetching: a sliding window, no barrier per batch
     window_bytes: int = 512 << 20  # fetched bytes held by the window; no new fetch starts while over it
-    # what a source may reach (prx_core.sources.fetch_policy): by default public http(s) hosts and its own objects
+    # what a source may reach (prx_core.sources.fetch.policy): by default public http(s) hosts and its own objects
     allow_networks: tuple[str, ...] = ()  # non-public networks it may reach ("10.0.0.0/8", "127.0.0.1/32"); "*": any
     allow_files: bool = False  # file:// URLs and absolute local paths
     allow_object_prefixes: tuple[str, ...] = ()  # object-store URL prefixes beyond the source's uri; "*": any

@@ -22,7 +22,7 @@ from prx_core.sources.folders.reader import read_bounded, read_local
 from prx_core.sources.records import IMAGE_TOO_LARGE, PATH_OUTSIDE_SOURCE, UNREADABLE_FILE
 from prx_core.store.storage import filesystem_for, is_remote
 
-FETCHED_SCHEMES = ("http://", "https://", "s3://")  # handed to the downloader (`prx_core.sources.download`)
+FETCHED_SCHEMES = ("http://", "https://", "s3://")  # handed to the downloader (`prx_core.sources.fetch.download`)
 REMOTE_READS = 16  # ranged reads of one batch's paths in flight (an object store's latency, not its bandwidth)
 
 

@@ -3,7 +3,7 @@
 A batch of a table goes through one pipeline in the worker that reads it: keys (given or
 `<file>:<row>`, null and repeated keys refused) and image bytes (a binary column, a Hugging Face
 `Image()` struct) in `prepare`; URLs fetched in the reader's sliding window
-(`prx_core.sources.fetch_window`); then caption, embedding and metadata columns and the size
+(`prx_core.sources.fetch.window`); then caption, embedding and metadata columns and the size
 limits in `finish`. Joined tables are applied later, to every reader's
 records alike (`prx_core.sources.joins`, in the `samples` unit).
 Each refusal is recorded on its row with a reason; a refused row carries no bytes.
@@ -91,7 +91,7 @@ class ReadGuard:
 class TableFile:
     """Where a batch came from: the default keys' file part, the file an HF `Image()` path is
     relative to, and the metadata columns this file carries (the spec's, plus the defaults of a
-    URL table that the file has: `prx_core.sources.download.url_metadata_columns`)."""
+    URL table that the file has: `prx_core.sources.fetch.download.url_metadata_columns`)."""
 
     stem: str
     path: str
@@ -264,7 +264,7 @@ def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFi
              first_row: int = 0) -> Iterator[pa.RecordBatch]:
     """The file's batches on `RECORD_SCHEMA`, in order, their URLs fetched in one sliding window;
     rows are numbered from `first_row` (a range's first row in its file)."""
-    from prx_core.sources.fetch_window import FetchWindow
+    from prx_core.sources.fetch.window import FetchWindow
 
     def prepared() -> Iterator[tuple[pa.RecordBatch, Rows]]:
         row, seen = first_row, SeenKeys()
@@ -280,7 +280,7 @@ def _batches(spec: SourceSpec, batches: Iterator[pa.RecordBatch], where: TableFi
 def _present(spec: SourceSpec, names: list[str], path: str, where: TableFile) -> list[str]:
     """The columns to read from a file with these `names` (a missing named column is an error that
     names the file); sets `where.metadata_columns`."""
-    from prx_core.sources.download import url_metadata_columns
+    from prx_core.sources.fetch.download import url_metadata_columns
 
     columns = source_columns(spec)
     missing = [c for c in columns if c not in names]

@@ -6,7 +6,7 @@ instead a reader's rows enter one window (`FetchWindow`, one event loop thread a
 per reader) and their fetches start in row order, `concurrency` at a time, while later batches
 keep being read and fetched: a batch is emitted once all its rows are done, and a slow URL holds
 only its own row (and, once the window is full, the rows after it), up to its deadline
-(`http_fetch`). While the window is full or over its bytes, the oldest batch's done rows go out at
+(`client`). While the window is full or over its bytes, the oldest batch's done rows go out at
 once (a prefix: rows stay in order, so a rerun writes the same fragments). What it holds is bounded:
 
 - rows: at most `window_rows` read ahead of the oldest row not emitted;
@@ -18,7 +18,7 @@ once (a prefix: rows stay in order, so a rerun writes the same fragments). What 
 
 Object-store keys, `file://` URLs and absolute paths are read in a thread pool of the same size
 (`download.read_file`), under the same window. What a fetch may reach is the source's
-`fetch_policy.FetchPolicy` (refused: `url_not_allowed`).
+`policy.FetchPolicy` (refused: `url_not_allowed`).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from prx_core.sources.download import describe, is_http, read_file
-from prx_core.sources.fetch_policy import FetchPolicy
-from prx_core.sources.http_fetch import Fetched, HttpClient
+from prx_core.sources.fetch.client import Fetched, HttpClient
+from prx_core.sources.fetch.download import describe, is_http, read_file
+from prx_core.sources.fetch.policy import FetchPolicy
 from prx_core.sources.records import NOT_FETCHED, URL_NOT_ALLOWED
 
 WAKE_S = 0.5  # the consumer looks again at least this often while it waits

@@ -2,9 +2,9 @@
 
 A table with `url_column` (LAION, DataComp, COYO: url, caption, width, similarity, ...) carries no
 image bytes. Its rows' URLs (and the URL paths of Hugging Face `Image()` structs) are fetched in a
-sliding window over the reader's batches (`prx_core.sources.fetch_window`): http and https through
-`prx_core.sources.http_fetch` (per-host bounds, timeouts, one deadline per URL, retries,
-redirects, the size cap, `X-Robots-Tag` opt-outs: `prx_core.sources.robots`); s3:// keys, other
+sliding window over the reader's batches (`prx_core.sources.fetch.window`): http and https through
+`prx_core.sources.fetch.client` (per-host bounds, timeouts, one deadline per URL, retries,
+redirects, the size cap, `X-Robots-Tag` opt-outs: `prx_core.sources.fetch.robots`); s3:// keys, other
 object-store URIs, `file://` URLs and absolute local paths through fsspec (`read_file`), one
 ranged read of at most the size cap each. Every failure is a reject of its row naming the URL
 (`download_error`, `download_timeout`, `not_fetched`, `opted_out`, `image_too_large`), never a
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prx_core.sources.http_fetch import Fetched
+from prx_core.sources.fetch.client import Fetched
 from prx_core.sources.records import DOWNLOAD_ERROR, IMAGE_TOO_LARGE
 from prx_core.store.storage import filesystem_for, is_remote
 

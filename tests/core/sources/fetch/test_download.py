@@ -18,15 +18,15 @@ from crash import kill_at, recorded_units
 from http_server import PhotoServer, load_photos, serving
 
 from prx_core.sources.catalog import DownloadSettings, SourceSpec
-from prx_core.sources.download import url_metadata_columns
+from prx_core.sources.fetch.download import url_metadata_columns
+from prx_core.sources.fetch.robots import opt_out
 from prx_core.sources.readers import fragment_sizes, read_fragment
-from prx_core.sources.robots import opt_out
 from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.samples.units import group_fragments
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
-LOOPBACK = ("127.0.0.1/32",)  # the test server's network: a source must opt in to reach it (fetch_policy)
+LOOPBACK = ("127.0.0.1/32",)  # the test server's network: a source must opt in to reach it (fetch.policy)
 FAST = DownloadSettings(read_timeout_s=0.5, backoff_s=0.05, retries=2, allow_networks=LOOPBACK)
 CAP = 1 << 20  # under BIG_BYTES
 
@@ -312,7 +312,7 @@ def test_download_settings_come_from_the_catalog_and_wrong_ones_name_the_field(t
 def test_a_fetch_from_inside_a_running_event_loop_runs_its_own(server: PhotoServer, photos: dict[str, bytes]) -> None:
     import asyncio
 
-    from prx_core.sources.fetch_window import fetch_http
+    from prx_core.sources.fetch.window import fetch_http
 
     async def caller() -> list:  # as an async Ray actor would call it
         return fetch_http([server.url("/photo/coffee/in-loop")], FAST, CAP)

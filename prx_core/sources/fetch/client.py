@@ -1,4 +1,4 @@
-"""http(s) fetches of image URLs (aiohttp), one session per reader (`prx_core.sources.fetch_window`).
+"""http(s) fetches of image URLs (aiohttp), one session per reader (`prx_core.sources.fetch.window`).
 
 Bounded: at most `per_host` requests to one host:port (the window bounds them all); each attempt
 has a connect timeout, a read timeout (the longest silence) and a whole-attempt timeout, and each
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from prx_core.compute.retries import retry_after_seconds
-from prx_core.sources.fetch_policy import AddressRefused, FetchPolicy, guarded_resolver
+from prx_core.sources.fetch.policy import AddressRefused, FetchPolicy, guarded_resolver
+from prx_core.sources.fetch.robots import agent_token, opt_out
 from prx_core.sources.records import (
     DOWNLOAD_ERROR,
     DOWNLOAD_TIMEOUT,
@@ -31,7 +32,6 @@ from prx_core.sources.records import (
     OPTED_OUT,
     URL_NOT_ALLOWED,
 )
-from prx_core.sources.robots import agent_token, opt_out
 
 REDIRECTS = (301, 302, 303, 307, 308)
 CHUNK_BYTES = 1 << 16

@@ -15,11 +15,11 @@ import pytest
 from http_server import PhotoServer, load_photos, serving
 from test_download import CAP, FAST, records, spec_for, url_table
 
-from prx_core.sources.fetch_window import FetchWindow
+from prx_core.sources.fetch.window import FetchWindow
 from prx_core.sources.records import SeenKeys
 from prx_core.sources.tables import TableFile, finish, prepare
-from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.samples.refusals import refused_line
+from prx_core.stages.samples.stage import build_samples
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 

@@ -16,9 +16,9 @@ import pytest
 from http_server import PhotoServer, load_photos, serving
 from test_download import FAST, LOOPBACK, records, spec_for, url_table
 
-from prx_core.sources.ingest import inspect_image
 from prx_core.sources.catalog import DownloadSettings, SourceSpec
-from prx_core.sources.fetch_policy import FetchPolicy
+from prx_core.sources.fetch.policy import FetchPolicy
+from prx_core.sources.ingest import inspect_image
 from prx_core.sources.readers import read_source
 
 DEFAULT = replace(FAST, allow_networks=())  # FAST's timeouts, the default reach
