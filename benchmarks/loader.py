@@ -1,7 +1,7 @@
 """Loader benchmark: `CorpusDataset` throughput with and without skip-lists (one process, one core).
 
 The corpus is demo-like and real: JPEG q92 crops of the offline photos in five tier-512 buckets
-of two sources, written with `prx_core.shards.publish.write_source_streams` (unequal bucket sizes, like a
+of two sources, written with `prx_core.shards.mds.publish.write_source_streams` (unequal bucket sizes, like a
 real source). The same MDS is read three ways, in alternated runs so background load hits all
 of them alike; each loader keeps its best run (load only ever slows a run down):
 
@@ -36,8 +36,8 @@ from PIL import Image
 from benchmarks.image_path import _cpu_name, one_core
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.image.imaging import encode_jpeg
-from prx_core.shards.mds import list_streams
-from prx_core.shards.publish import StreamSummary, write_source_streams
+from prx_core.shards.mds.publish import StreamSummary, write_source_streams
+from prx_core.shards.mds.streams import list_streams
 from prx_core.shards.skiplists import SkipList, index_digest
 from prx_core.shards.skiplists_publish import write_skip_lists
 

@@ -50,7 +50,7 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "duplicates": ("prx_core.stages.duplicates.stage",),
     "duplicates_incremental": ("prx_core.stages.duplicates.stage",),
     "mds_shards": ("prx_core.stages.mds_shards.stage",), "skip_lists": ("prx_core.stages.skip_lists",),
-    "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.publish"),
+    "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.mds.publish"),
 }
 
 

@@ -16,7 +16,7 @@ from pydantic import Field
 from prx_assets.common import SOURCES
 from prx_assets.settings import CPU_STAGES, GPU_CHAIN, PER_SOURCE, THEN_TAG, Settings, SettingsError, load_settings
 from prx_core.ops.compaction import TableMaintenance, maintain_corpus
-from prx_core.shards.retention import RETENTION_SECONDS
+from prx_core.shards.mds.retention import RETENTION_SECONDS
 from prx_resources import CatalogResource, StorageResource
 
 # In one process: every step reuses the run's Ray (embedded, or its connection to the cluster) instead

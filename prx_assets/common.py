@@ -19,8 +19,8 @@ import pyarrow as pa
 
 from prx_assets.settings import UNSTORED
 from prx_core.compute.units import UnitResults
-from prx_core.shards.encodings import latent_columns
-from prx_core.shards.mds import MDS_COLUMNS
+from prx_core.shards.mds.encodings import latent_columns
+from prx_core.shards.mds.streams import MDS_COLUMNS
 from prx_core.sources.catalog import NAME_PATTERN, Catalog, CatalogError, SourceSpec
 from prx_core.store.locks import RUN_LABEL
 from prx_core.store.schemas import TABLES

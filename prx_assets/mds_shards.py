@@ -21,7 +21,7 @@ from prx_assets.common import (
 )
 from prx_assets.versions import streams_version
 from prx_assets.declared import from_stage
-from prx_core.shards.merged import merged_sizes
+from prx_core.shards.mds.merged import merged_sizes
 from prx_core.stages.entry import Progress
 from prx_core.stages.mds_shards.report import PublishReport
 from prx_resources import (

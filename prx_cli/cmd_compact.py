@@ -14,7 +14,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from prx_assets.settings import load_settings
     from prx_core.compute.quiet import start_ray
     from prx_core.ops.compaction import maintain_corpus
-    from prx_core.shards.retention import RETENTION_SECONDS
+    from prx_core.shards.mds.retention import RETENTION_SECONDS
     from prx_core.store import lance_io
     from prx_core.store.storage import Storage
 

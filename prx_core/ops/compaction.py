@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from prx_core.compute.parallel import run_on_worker
 from prx_core.shards.manifest_publish import prune_tier_manifests
-from prx_core.shards.retention import RETENTION_SECONDS, PruneReport, prune_streams
+from prx_core.shards.mds.retention import RETENTION_SECONDS, PruneReport, prune_streams
 from prx_core.store import lance_io
 from prx_core.store.maintenance import IndexReport
 from prx_core.store.retention import pinned_versions

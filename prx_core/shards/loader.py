@@ -47,10 +47,10 @@ from prx_core.shards.batching import (
     usable_streams,
     warn_left_out,
 )
-from prx_core.shards.encodings import convert_text_columns, register_encodings
 from prx_core.shards.manifest import Manifest, StreamPlan, check_indexes, current_name, load_manifest
 from prx_core.shards.manifest_publish import list_plans
-from prx_core.shards.mds import INDEX
+from prx_core.shards.mds.encodings import convert_text_columns, register_encodings
+from prx_core.shards.mds.streams import INDEX
 from prx_core.shards.node_cache import default_cache_dir
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.substitutes import Substitutes
@@ -122,7 +122,7 @@ class CorpusDataset(StreamingDataset):
     Streams left out, with one warning naming them: those whose samples are all skipped, and those
     too small to fill one batch under per_stream / device_per_stream batching (streaming would raise).
 
-    A sample is the dict MDS stores (prx_core.shards.mds): `image` (PIL.Image, RGB JPEG of exactly
+    A sample is the dict MDS stores (prx_core.shards.mds.streams): `image` (PIL.Image, RGB JPEG of exactly
     `width` x `height`, the stream's bucket), `caption` (str: the captioner's, or the cleaned source
     caption), `original_caption` (str), `width`, `height`, `original_width`, `original_height` (int:
     the bucket and the source image's upright size), `sample_id` (str, `<source>/<source_key>`) and

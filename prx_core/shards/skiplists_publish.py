@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.mds import list_streams, stream_key_of
+from prx_core.shards.mds.streams import list_streams, stream_key_of
 from prx_core.shards.skiplists import (
     SkipList,
     digest_index,

@@ -2,7 +2,7 @@
 it saves. The loader substitutes every skipped position with a kept sample of the same stream,
 so past ~10% skipped an epoch over-samples the kept ones noticeably (`skip_lists_fraction`
 warns); rewriting drops the skipped samples from the shards, leaving an empty skip-list and a
-fresh completion record bound to the new index (`prx_core.shards.rewrite`). The same samples are
+fresh completion record bound to the new index (`prx_core.shards.mds.rewrite`). The same samples are
 trained on, each once per epoch.
 """
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.mds import StreamKey, list_streams, stream_uri
-from prx_core.shards.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
+from prx_core.shards.mds.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
+from prx_core.shards.mds.streams import StreamKey, list_streams, stream_uri
 from prx_core.shards.skiplists import stream_key
 from prx_core.store.locks import partition_locks
 from prx_core.store.names import MERGED

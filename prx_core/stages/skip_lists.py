@@ -29,9 +29,9 @@ from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.manifest_publish import publish_source_manifest, source_in_manifests
-from prx_core.shards.mds import BUCKET_FOLDER, list_streams, read_chunk_record
-from prx_core.shards.merged import merged_current
-from prx_core.shards.rewrite import current_record, stream_chunks
+from prx_core.shards.mds.merged import merged_current
+from prx_core.shards.mds.rewrite import current_record, stream_chunks
+from prx_core.shards.mds.streams import BUCKET_FOLDER, list_streams, read_chunk_record
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
 from prx_core.stages.report import StageReport

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 NAME_PATTERN = re.compile(r"^[a-z0-9_]+$")
-MERGED = "_merged"  # the pseudo-source of merged small streams (`prx_core.shards.merged`): no catalog source
+MERGED = "_merged"  # the pseudo-source of merged small streams (`prx_core.shards.mds.merged`): no catalog source
 
 
 def validate_source_name(name: object) -> str:

@@ -23,7 +23,7 @@ from PIL import Image
 from prx_assets.common import human_bytes, human_seconds
 from prx_assets.definitions import build_assets, build_definitions, build_resources
 from prx_assets.settings import ALL_ASSETS, load_settings
-from prx_core.shards.mds import MDS_COLUMNS
+from prx_core.shards.mds.streams import MDS_COLUMNS
 from prx_core.sources.catalog import load_catalog
 from prx_core.store.schemas import TABLES
 

@@ -14,8 +14,8 @@ from materializing import make_settings
 from prx_cli.build import run_build
 from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
-from prx_core.shards.mds import list_streams
-from prx_core.shards.mds_read import verify_stream
+from prx_core.shards.mds.read import verify_stream
+from prx_core.shards.mds.streams import list_streams
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.sources.catalog import load_catalog
 from prx_core.store import lance_io

@@ -13,7 +13,7 @@ from PIL import Image
 
 from prx_core.image.imaging import process_image
 from prx_core.models.caption_base import CaptionerConfig
-from prx_core.shards.mds_read import read_stream_rows
+from prx_core.shards.mds.read import read_stream_rows
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 

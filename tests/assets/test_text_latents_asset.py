@@ -15,7 +15,7 @@ from demo_corpus import Corpus, copy_corpus, read, stream_dirs, tree_digest
 from materializing import check, fresh_instance, materialize, materialized, resources_for, transformers_config
 
 from prx_core.models.text_latents import clean_caption, encode_captions
-from prx_core.shards.encodings import latent_key, mask_key, register_encodings
+from prx_core.shards.mds.encodings import latent_key, mask_key, register_encodings
 
 SOURCE = "crawl_wds"
 PRESET = "tiny-16-bf16"

@@ -688,7 +688,7 @@ def test_sigkill_during_samples_loses_and_duplicates_nothing(ok_build: Built, tm
 def stream_contents(streams: list[Path]) -> dict[str, list[tuple[str, str, str]]]:
     """stream folder -> (sample_id, SHA-256 of the stored image, caption) in index order: what a
     trainer reads, whatever the chunk folders are called."""
-    from prx_core.shards.mds_read import read_stream_rows
+    from prx_core.shards.mds.read import read_stream_rows
 
     return {f"{s.parent.parent.name}/{s.parent.name}/{s.name}": [
         (r["sample_id"], hashlib.sha256(r["image"]).hexdigest(), r["caption"]) for r in read_stream_rows(str(s))]

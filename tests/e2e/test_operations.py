@@ -84,7 +84,7 @@ def loaded(root: Path) -> list[str]:
 
 def stream_ids(root: Path) -> dict[str, list[str]]:
     """<source>/<tier>/<w>x<h> -> its sample ids in stream order, read with mosaicml-streaming."""
-    from prx_core.shards.mds_read import read_stream_rows
+    from prx_core.shards.mds.read import read_stream_rows
 
     return {"/".join(p.parent.parts[-3:]): [r["sample_id"] for r in read_stream_rows(str(p.parent), ["sample_id"])]
             for p in sorted((root / "mds").glob("*/*/*/index.json"))}
@@ -155,7 +155,7 @@ def file_bytes(base: Path, needles: list[bytes]) -> set[bytes]:
 
 
 def test_a_takedown_deletes_the_bytes(corpus: Corpus) -> None:
-    from prx_core.shards.mds_read import read_stream_rows
+    from prx_core.shards.mds.read import read_stream_rows
 
     victim = [i for i in stream_ids(corpus.root)["photos_b/512/512x512"] if i not in skipped(corpus.root)][0]
     stored = [r["image"] for p in (corpus.root / "mds" / "photos_b").glob("*/*/index.json")
@@ -179,7 +179,7 @@ def test_a_takedown_deletes_the_bytes(corpus: Corpus) -> None:
 def test_a_taken_down_id_stays_down_through_a_re_ingest(corpus: Corpus) -> None:
     """The source still holds the image: a forced re-ingest (the runbook's) read it back into
     `samples`, a new MDS chunk and the explorer. It is now a `taken_down` reject, never stored."""
-    from prx_core.shards.mds_read import read_stream_rows
+    from prx_core.shards.mds.read import read_stream_rows
 
     victim = corpus.victim
     (corpus.root / "_reports" / "samples" / "photos_b" / "latest.json").unlink()  # force the re-ingest

@@ -72,7 +72,7 @@ def test_the_readme_quickstart_runs_on_a_demo_build(explorer_corpus: ExplorerCor
 
 
 def test_the_sample_keys_are_those_the_docs_document() -> None:
-    from prx_core.shards.mds import MDS_COLUMNS
+    from prx_core.shards.mds.streams import MDS_COLUMNS
 
     section = training_section()
     documented = {key for row in re.findall(r"^\| (`.+?`) \|", section, re.M) for key in re.findall(r"`(\w+)`", row)}

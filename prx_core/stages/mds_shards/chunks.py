@@ -2,7 +2,7 @@
 their captions by caption key (the content, or under the `source` captioner the sample's own
 caption: prx_core.models.caption_keys; a caption the checks rejected is refused), decodes and encodes each image once (`process_image`, without the pHash and quality ingest
 stored) and writes the chunk folder
-(`prx_core.shards.mds`), named after everything its bytes depend on, so a rerun over the same
+(`prx_core.shards.mds.streams`), named after everything its bytes depend on, so a rerun over the same
 content reuses the complete folder instead of rewriting it."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from prx_core.image.decode import Rejection
 from prx_core.image.imaging import process_image
 from prx_core.models.caption_keys import caption_keys
 from prx_core.models.captioning import missing_caption_message, rejected_caption_message
-from prx_core.shards.encodings import latent_columns
-from prx_core.shards.mds import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
+from prx_core.shards.mds.encodings import latent_columns
+from prx_core.shards.mds.streams import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
 from prx_core.stages.mds_shards.latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
 from prx_core.store.lookups import caption_gaps, caption_texts
 from prx_core.store.storage import join_uri

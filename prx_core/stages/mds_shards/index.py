@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.units import Unit, UnitResults, UnitRun
-from prx_core.shards.mds import StreamKey, read_chunk_record, stream_name, stream_uri
+from prx_core.shards.mds.streams import StreamKey, read_chunk_record, stream_name, stream_uri
 from prx_core.stages.mds_shards.settings import MdsSettings
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import unit_outputs, write_rejects

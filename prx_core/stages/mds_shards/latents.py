@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_core.shards.encodings import CAPTION_KEY, latent_key, mask_key
+from prx_core.shards.mds.encodings import CAPTION_KEY, latent_key, mask_key
 from prx_core.store import lance_io
 from prx_core.store.lookups import lookup_keys
 from prx_core.store.storage import Storage

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from prx_core.compute.unit_results import UnitResults
-from prx_core.shards.publish import StreamReport
-from prx_core.shards.verify import VerifyReport, verify_streams
+from prx_core.shards.mds.publish import StreamReport
+from prx_core.shards.mds.verify import VerifyReport, verify_streams
 from prx_core.stages.report import ReportSummary, StageReport, summarize
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io

@@ -17,7 +17,7 @@ from prx_core.compute.row_units import read_row_unit
 from prx_core.compute.shuffle import hash_values
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import Bucket, assign_buckets
-from prx_core.shards.mds import StreamKey, stream_name
+from prx_core.shards.mds.streams import StreamKey, stream_name
 from prx_core.stages.mds_shards.chunks import ROUTE_SCHEMA
 from prx_core.stages.mds_shards.settings import MdsSettings
 from prx_core.store.partitions import source_predicate

@@ -26,10 +26,10 @@ from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.units import Unit, UnitResults
-from prx_core.shards.mds import StreamKey, stream_name
-from prx_core.shards.publish import StreamReport, publish_source
-from prx_core.shards.retention import named_by_index
-from prx_core.shards.verify import VerifyReport
+from prx_core.shards.mds.publish import StreamReport, publish_source
+from prx_core.shards.mds.retention import named_by_index
+from prx_core.shards.mds.streams import StreamKey, stream_name
+from prx_core.shards.mds.verify import VerifyReport
 from prx_core.stages.mds_shards.chunks import chunk_unit
 from prx_core.stages.mds_shards.index import SMALL_STREAM, drop_message, index_unit, small_streams
 from prx_core.stages.mds_shards.report import MdsReport, PublishReport, StreamCount, verify_published
@@ -140,6 +140,8 @@ MDS_SHARDS: Stage[MdsSettings] = Stage(
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(PublishReport, MdsReport, StreamReport, StreamCount, VerifyReport)
 wire.register_moved_from("prx_core.stages.mds_report", PublishReport, MdsReport, StreamCount)  # before the package
+wire.register_moved_from("prx_core.shards.publish", StreamReport)  # before shards/mds/ was a package
+wire.register_moved_from("prx_core.shards.verify", VerifyReport)
 
 
 def build_mds(source: str, storage: Storage, captioner_version: str, progress: Throttle | None = None,

@@ -1,7 +1,7 @@
 """Opting samples out at scale: a file of sample ids becomes `opt_out` skip-list entries of the
 streams that hold them (the loader skips them at once), or, for a takedown (`delete_bytes`), the
 rows leave `samples` (and the per-source tables keyed by sample_id) and the streams that held
-them are republished without them (`prx_core.shards.rewrite`).
+them are republished without them (`prx_core.shards.mds.rewrite`).
 
 Skip-lists are only extended, never recomputed here: a stream whose completion record is not
 for its current index is refused (materialize `skip_lists` first), so a fresh record never
@@ -27,13 +27,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.mds import StreamKey, read_stream_index, stream_uri
-from prx_core.shards.rewrite import (
+from prx_core.shards.mds.rewrite import (
     StreamRewrite,
     current_record,
     read_stream_lists,
     rewrite_stream,
 )
+from prx_core.shards.mds.streams import StreamKey, read_stream_index, stream_uri
 from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
 from prx_core.stages.opt_out.ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
 from prx_core.stages.opt_out.purge import PurgeReport, purge_source

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_core.shards.mds import StreamKey, list_streams, read_chunk_record, stream_key_of
-from prx_core.shards.rewrite import stream_chunks
+from prx_core.shards.mds.rewrite import stream_chunks
+from prx_core.shards.mds.streams import StreamKey, list_streams, read_chunk_record, stream_key_of
 from prx_core.sources.catalog import NAME_PATTERN, validate_source_name
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate

@@ -30,9 +30,9 @@ from datetime import timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.shards.mds import read_chunk_record
-from prx_core.shards.retention import SUPERSEDED, read_superseded
-from prx_core.shards.rewrite import remove_superseded_now
+from prx_core.shards.mds.retention import SUPERSEDED, read_superseded
+from prx_core.shards.mds.rewrite import remove_superseded_now
+from prx_core.shards.mds.streams import read_chunk_record
 from prx_core.stages.opt_out.takedowns import taken_down_contents, taken_down_ids
 from prx_core.store import fencing, lance_io
 from prx_core.store.maintenance import refresh_table_indexes

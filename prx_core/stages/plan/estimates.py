@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from prx_core.shards.mds import SIZE_LIMIT
+from prx_core.shards.mds.streams import SIZE_LIMIT
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.plan.machine import Prices
 from prx_core.stages.plan.sample import SAMPLE, Bucketed, SampleStats, SourceSize, sample_source

@@ -23,8 +23,8 @@ from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.unit_results import UnitResults
 from prx_core.models.caption_base import CaptionerConfig
-from prx_core.shards.publish import StreamReport
-from prx_core.shards.verify import VerifyReport
+from prx_core.shards.mds.publish import StreamReport
+from prx_core.shards.mds.verify import VerifyReport
 from prx_core.sources.catalog import DownloadSettings, JoinSpec, SourceSpec
 from prx_core.stages import entry
 from prx_core.stages.entry import IngestReport, Progress, PublishReport, StreamCount

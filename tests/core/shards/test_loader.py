@@ -1,4 +1,4 @@
-"""The training loader over real MDS (written by prx_core.shards.mds) and real skip-lists.
+"""The training loader over real MDS (written by prx_core.shards.mds.streams) and real skip-lists.
 
 Small shards (a few samples each, SIZE_LIMIT patched) so substitution inside a shard, and the
 fallback when a whole shard is skipped, run on real data.
@@ -22,16 +22,16 @@ from PIL import Image
 from skimage import data as skdata
 from streaming import Stream, StreamingDataLoader, StreamingDataset
 
-import prx_core.shards.mds as mds
-import prx_core.shards.publish as publish
+import prx_core.shards.mds.streams as mds
+import prx_core.shards.mds.publish as publish
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset, StreamPlan, collate
 from prx_core.shards.manifest import MissingManifest
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.substitutes import Substitutes
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import SkipList, index_digest
 from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.substitutes import Substitutes
 
 REPO = Path(__file__).resolve().parents[3]
 # (source, tier, w, h, count): counts of the main streams are multiples of 8 (two ranks x batch 4)

@@ -21,8 +21,8 @@ from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.manifest import CURRENT, Manifest, MissingManifest, current_name, load_manifest
 from prx_core.shards.manifest_publish import assemble_tier, list_plans, publish_manifests, publish_source_manifest
-from prx_core.shards.publish import write_source_streams
-from prx_core.shards.retention import RETENTION_SECONDS
+from prx_core.shards.mds.publish import write_source_streams
+from prx_core.shards.mds.retention import RETENTION_SECONDS
 from prx_core.shards.skiplists import SkipList, index_digest
 from prx_core.shards.skiplists_publish import write_skip_lists
 

@@ -19,7 +19,7 @@ from test_row_stages import make_samples
 
 from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.manifest import load_manifest
-from prx_core.shards.retention import prune_streams
+from prx_core.shards.mds.retention import prune_streams
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.sources.catalog import CatalogError, parse_catalog

@@ -16,8 +16,8 @@ from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
-from prx_core.shards.mds import list_streams
-from prx_core.shards.mds_read import read_stream_rows
+from prx_core.shards.mds.read import read_stream_rows
+from prx_core.shards.mds.streams import list_streams
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.captions.stage import build_captions

@@ -21,8 +21,8 @@ from test_resume import parquet_source
 from test_row_stages import SIZES
 from test_stage_functions import jpeg
 
-from prx_core.shards.mds import list_streams
-from prx_core.shards.mds_read import read_stream_rows
+from prx_core.shards.mds.read import read_stream_rows
+from prx_core.shards.mds.streams import list_streams
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples.stage import build_samples
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists

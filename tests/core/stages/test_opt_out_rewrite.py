@@ -17,9 +17,9 @@ from test_mds_stage import CAPTIONER, add_captions
 from test_row_stages import make_samples
 
 from prx_core.shards.loader import CorpusDataset
-from prx_core.shards.mds import list_streams
-from prx_core.shards.mds_read import read_stream_rows
-from prx_core.shards.rewrite import remap_lists
+from prx_core.shards.mds.read import read_stream_rows
+from prx_core.shards.mds.rewrite import remap_lists
+from prx_core.shards.mds.streams import list_streams
 from prx_core.shards.skip_records import UnfilteredStream
 from prx_core.shards.skiplists import read_skip_lists
 from prx_core.stages.mds_shards.stage import build_mds

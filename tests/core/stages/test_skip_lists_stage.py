@@ -95,7 +95,7 @@ def test_the_loader_takes_the_lists_and_refuses_them_for_a_republished_stream(st
 def test_every_stream_gets_a_completion_record_also_with_nothing_to_skip(storage: Storage) -> None:
     """A policy that skips nothing writes no list but a record per stream, which is what lets the
     loader tell "nothing to skip" from "skip_lists never ran"; before it ran, the loader refuses."""
-    from prx_core.shards.mds import list_streams
+    from prx_core.shards.mds.streams import list_streams
     from prx_core.shards.skip_records import UnfilteredStream, read_record
 
     build_mds("photos", storage, CAPTIONER)  # republished: the records of earlier tests are stale now

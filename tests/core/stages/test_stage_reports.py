@@ -10,7 +10,7 @@ import pytest
 
 from prx_core.compute import wire
 from prx_core.compute.unit_results import UnitResults
-from prx_core.shards.verify import VerifyReport
+from prx_core.shards.mds.verify import VerifyReport
 from prx_core.stages.captions.report import CaptionsReport
 from prx_core.stages.entry import STAGES, PublishReport
 from prx_core.stages.mds_shards.report import MdsReport

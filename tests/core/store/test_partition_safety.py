@@ -21,9 +21,9 @@ import lance
 import pytest
 from PIL import Image
 
-from prx_core.shards.mds import list_streams, stream_uri
-from prx_core.shards.publish import write_source_streams
-from prx_core.shards.retention import prune_streams
+from prx_core.shards.mds.publish import write_source_streams
+from prx_core.shards.mds.retention import prune_streams
+from prx_core.shards.mds.streams import list_streams, stream_uri
 from prx_core.shards.skiplists import list_skip_files, remove_stale_streams, stream_folder
 from prx_core.shards.skiplists_publish import write_skip_lists
 from prx_core.sources.catalog import SourceSpec, validate_source_name

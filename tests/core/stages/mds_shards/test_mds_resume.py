@@ -24,9 +24,9 @@ from test_mds_stage import CAPTIONER, add_captions
 from test_row_stages import make_samples
 
 from prx_core.compute.units import RUNS
-from prx_core.shards.mds import list_streams
-from prx_core.shards.retention import prune_streams, referenced_chunks
-from prx_core.shards.verify import verify_streams
+from prx_core.shards.mds.retention import prune_streams, referenced_chunks
+from prx_core.shards.mds.streams import list_streams
+from prx_core.shards.mds.verify import verify_streams
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate

@@ -19,11 +19,11 @@ from test_row_stages import make_samples
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import RUNS
 from prx_core.image.imaging import process_image
-from prx_core.shards.mds import list_streams
-from prx_core.shards.mds_read import read_stream_rows
-from prx_core.shards.publish import write_source_streams
-from prx_core.shards.retention import prune_streams
-from prx_core.shards.verify import verify_streams
+from prx_core.shards.mds.publish import write_source_streams
+from prx_core.shards.mds.read import read_stream_rows
+from prx_core.shards.mds.retention import prune_streams
+from prx_core.shards.mds.streams import list_streams
+from prx_core.shards.mds.verify import verify_streams
 from prx_core.stages.mds_shards.chunks import NO_CAPTION
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.store import lance_io, schemas

@@ -1,7 +1,7 @@
 """MDS streams: real shards written, then read back by mosaicml-streaming itself.
 
 Stored images are also parsed straight from the shard bytes (the MDS layout, by hand) so a bug in
-`prx_core.shards.mds`'s reading helpers cannot hide a bug in its writer.
+`prx_core.shards.mds.streams`'s reading helpers cannot hide a bug in its writer.
 """
 
 from __future__ import annotations
@@ -24,10 +24,18 @@ from streaming.base.util import clean_stale_shared_memory
 
 from prx_core.image.imaging import encode_jpeg
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
-from prx_core.shards.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, list_streams, stream_name, stream_uri, write_chunk
-from prx_core.shards.mds_read import read_stream_rows, verify_stream
-from prx_core.shards.publish import publish_stream, write_source_streams
-from prx_core.shards.retention import prune_streams
+from prx_core.shards.mds.publish import publish_stream, write_source_streams
+from prx_core.shards.mds.read import read_stream_rows, verify_stream
+from prx_core.shards.mds.retention import prune_streams
+from prx_core.shards.mds.streams import (
+    HASHES,
+    MDS_COLUMNS,
+    SIZE_LIMIT,
+    list_streams,
+    stream_name,
+    stream_uri,
+    write_chunk,
+)
 
 B512, B576, B448, B1024 = (512, 512, 512), (512, 576, 448), (512, 448, 576), (1024, 1024, 1024)
 
@@ -188,7 +196,7 @@ def test_prune_keeps_what_an_index_references_and_what_is_recent(photos, tmp_pat
 
 
 def test_many_shards_keep_order_and_verify(photos, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("prx_core.shards.mds.SIZE_LIMIT", 250_000)  # ~3 images per shard
+    monkeypatch.setattr("prx_core.shards.mds.streams.SIZE_LIMIT", 250_000)  # ~3 images per shard
     rows = make_rows(photos, [B512] * 10)
     (summary,) = write_source_streams(rows, str(tmp_path), "alpha")
     assert summary.shards >= 3 and summary.sample_ids == [r["sample_id"] for r in rows]

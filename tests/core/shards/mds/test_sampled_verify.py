@@ -1,4 +1,4 @@
-"""The budgeted read-back of MDS shards (prx_core.shards.sampled_read) on real shards, local and
+"""The budgeted read-back of MDS shards (prx_core.shards.mds.sampled_read) on real shards, local and
 on a real S3 endpoint: a few ranged reads per shard instead of the whole shard, catching a wrong
 object size, a wrong header and a sampled image that differs from the chunk's record."""
 
@@ -10,9 +10,9 @@ import boto3
 import pytest
 from test_mds import B512, make_rows, photos  # noqa: F401  (the fixture: skimage photos as PIL images)
 
-from prx_core.shards.mds_read import read_index
-from prx_core.shards.publish import write_source_streams
-from prx_core.shards.sampled_read import sample_positions, verify_shard_sample
+from prx_core.shards.mds.publish import write_source_streams
+from prx_core.shards.mds.read import read_index
+from prx_core.shards.mds.sampled_read import sample_positions, verify_shard_sample
 
 
 def shards_with_hashes(uri: str, image_sha256: list[str], options: dict | None = None) -> list[tuple[dict, list[str]]]:
@@ -26,7 +26,7 @@ def shards_with_hashes(uri: str, image_sha256: list[str], options: dict | None =
 
 @pytest.fixture()
 def stream(photos, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr("prx_core.shards.mds.SIZE_LIMIT", 1_000_000)  # 14 images per shard
+    monkeypatch.setattr("prx_core.shards.mds.streams.SIZE_LIMIT", 1_000_000)  # 14 images per shard
     (summary,) = write_source_streams(make_rows(photos, [B512] * 30), str(tmp_path), "alpha")
     assert summary.shards >= 2
     return summary
@@ -65,7 +65,7 @@ def test_a_sampled_read_on_s3_fetches_ranges_not_the_shard(photos, s3_endpoint, 
     options = s3_endpoint["storage_options"]
     boto3.client("s3", endpoint_url=s3_endpoint["endpoint"], region_name="us-east-1",
                  aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="sampled")
-    monkeypatch.setattr("prx_core.shards.mds.SIZE_LIMIT", 1_000_000)
+    monkeypatch.setattr("prx_core.shards.mds.streams.SIZE_LIMIT", 1_000_000)
     (summary,) = write_source_streams(make_rows(photos, [B512] * 14), "s3://sampled/corpus", "alpha", options)
     for info, expected in shards_with_hashes(summary.uri, summary.image_sha256, options):
         report, read = verify_shard_sample(summary.uri, info, options, expected, 92, sample_rows=2)
@@ -74,8 +74,8 @@ def test_a_sampled_read_on_s3_fetches_ranges_not_the_shard(photos, s3_endpoint, 
 
 def test_verify_streams_reads_each_chunk_record_once_and_counts_it(stream, ray_cluster) -> None:
     """One task per chunk: the bytes read are the shards' sampled reads plus each chunk's record once."""
-    from prx_core.shards.mds import CHUNK_RECORD
-    from prx_core.shards.verify import verify_streams
+    from prx_core.shards.mds.streams import CHUNK_RECORD
+    from prx_core.shards.mds.verify import verify_streams
 
     shards = shards_with_hashes(stream.uri, stream.image_sha256)
     chunks = {info["raw_data"]["basename"].split("/", 1)[0] for info, _ in shards}

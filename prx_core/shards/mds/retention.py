@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import fsspec
 
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, MEMBER_INDEX
+from prx_core.shards.mds.streams import BUCKET_FOLDER, INDEX, MEMBER_INDEX
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 RETENTION_SECONDS = 7 * 24 * 3600  # superseded chunks outlive the index that dropped them by this much
 SUPERSEDED = "superseded.json"
 RECORD_VERSION = 1
-MEMBERS = ".members"  # a merged stream's member registrations (prx_core.shards.merged)
+MEMBERS = ".members"  # a merged stream's member registrations (prx_core.shards.mds.merged)
 
 
 def index_chunks(index: dict) -> set[str]:

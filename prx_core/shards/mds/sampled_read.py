@@ -17,8 +17,8 @@ import random
 
 import numpy as np
 
-from prx_core.shards.mds import BUCKET_FOLDER
-from prx_core.shards.mds_read import ShardReport, check_image, split_columns
+from prx_core.shards.mds.read import ShardReport, check_image, split_columns
+from prx_core.shards.mds.streams import BUCKET_FOLDER
 from prx_core.store.storage import filesystem_for, join_uri
 
 SAMPLE_ROWS = 8  # samples decoded per shard (plus its first and last)

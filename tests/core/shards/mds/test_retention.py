@@ -3,7 +3,7 @@ MDS chunks an index dropped outlive it by the retention (a real mosaicml-streami
 holding the old index.json keeps reading), and Lance versions go only once the version after them
 is the retention old and no uncommitted stage attempt pinned them. Old times are faked by old
 file mtimes (what the write-time rule read) and by the clock `prx_core` reads
-(`prx_core.shards.retention.time`, `prx_core.store.retention.time`)."""
+(`prx_core.shards.mds.retention.time`, `prx_core.store.retention.time`)."""
 
 from __future__ import annotations
 
@@ -25,14 +25,14 @@ from test_lance_io import SCHEMA, rows, where
 from test_mds import B512, B1024, make_rows
 
 from prx_core.compute.units import Manifest, UnitRun
-from prx_core.shards import retention as mds_retention
-from prx_core.shards.mds_read import read_stream_rows, verify_stream
-from prx_core.shards.publish import write_source_streams
-from prx_core.shards.retention import RETENTION_SECONDS, prune_streams
+from prx_core.shards.mds import retention as mds_retention
+from prx_core.shards.mds.publish import write_source_streams
+from prx_core.shards.mds.read import read_stream_rows, verify_stream
+from prx_core.shards.mds.retention import RETENTION_SECONDS, prune_streams
 from prx_core.store import lance_io as lio
-from prx_core.upkeep import compaction
 from prx_core.store import retention as lance_retention
 from prx_core.store.storage import Storage
+from prx_core.upkeep import compaction
 
 DAY = 24 * 3600
 

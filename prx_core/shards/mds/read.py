@@ -23,9 +23,9 @@ import numpy as np
 from PIL import Image
 
 from prx_core.image.jpeg_quality import estimate_jpeg_quality
-from prx_core.shards.encodings import is_text_column, register_encodings
-from prx_core.shards.mds import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS, read_stream_index
-from prx_core.shards.mds_writer import file_hash
+from prx_core.shards.mds.encodings import is_text_column, register_encodings
+from prx_core.shards.mds.streams import BUCKET_FOLDER, INDEX, INDEX_VERSION, MDS_COLUMNS, read_stream_index
+from prx_core.shards.mds.writer import file_hash
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 

@@ -29,7 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from prx_core.shards.mds import (
+from prx_core.shards.mds.merged import assemble_merged, leave_merged, member_keys
+from prx_core.shards.mds.publish import publish_member, publish_stream, unpublish_streams
+from prx_core.shards.mds.read import iter_raw_rows, local_copy
+from prx_core.shards.mds.retention import read_superseded, referenced_chunks, write_superseded
+from prx_core.shards.mds.streams import (
     INDEX,
     MDS_COLUMNS,
     StreamKey,
@@ -41,10 +45,6 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
-from prx_core.shards.mds_read import iter_raw_rows, local_copy
-from prx_core.shards.merged import assemble_merged, leave_merged, member_keys
-from prx_core.shards.publish import publish_member, publish_stream, unpublish_streams
-from prx_core.shards.retention import read_superseded, referenced_chunks, write_superseded
 from prx_core.shards.skip_records import check_record, read_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
 from prx_core.store import lance_io, schemas

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import pyarrow.compute as pc
 
 from prx_core.compute.parallel import imap_tasks
-from prx_core.shards.mds import CHUNK_RECORD, read_chunk_record
-from prx_core.shards.mds_read import read_index, verify_shard
-from prx_core.shards.sampled_read import SAMPLE_ROWS, verify_shard_sample
+from prx_core.shards.mds.read import read_index, verify_shard
+from prx_core.shards.mds.sampled_read import SAMPLE_ROWS, verify_shard_sample
+from prx_core.shards.mds.streams import CHUNK_RECORD, read_chunk_record
 from prx_core.store.storage import filesystem_for, join_uri
 
 MAX_PROBLEMS = 50

@@ -1,7 +1,7 @@
 """Publishing MDS streams: a stream's index.json merged from its chunks and written last, in one
 atomic step; streams a source lost unpublished; the chunks an index drops recorded as superseded
-(pruned a retention later: `prx_core.shards.retention`); and the single-process writer that
-tests, scripts and the distributed stage's reference use. See `prx_core.shards.mds` for the
+(pruned a retention later: `prx_core.shards.mds.retention`); and the single-process writer that
+tests, scripts and the distributed stage's reference use. See `prx_core.shards.mds.streams` for the
 layout and the chunk writer."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
-from prx_core.shards.mds import (
+from prx_core.shards.manifest_publish import publish_source_manifest
+from prx_core.shards.mds.merged import join_merged, leave_merged
+from prx_core.shards.mds.retention import note_superseded, referenced_chunks
+from prx_core.shards.mds.streams import (
     BUCKET_FOLDER,
     INDEX,
     MEMBER_INDEX,
@@ -28,9 +31,6 @@ from prx_core.shards.mds import (
     stream_uri,
     write_chunk,
 )
-from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.merged import join_merged, leave_merged
-from prx_core.shards.retention import note_superseded, referenced_chunks
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 
@@ -166,7 +166,7 @@ def publish_source(root: str, source: str, chunks: Sequence[tuple[StreamKey, str
                    storage_options: dict | None = None, members: Set[StreamKey] = frozenset()) -> list[StreamReport]:
     """Publish every stream of `source` from its chunks, given as (stream, chunk folder, rows
     stored, rows refused) in stream order; chunks that stored nothing are left out. The streams in
-    `members` join their merged streams instead (`prx_core.shards.merged`); the source's streams
+    `members` join their merged streams instead (`prx_core.shards.mds.merged`); the source's streams
     with no stored row any more are unpublished, and its former members leave."""
     by_stream: dict[StreamKey, list[str]] = {}
     rejected: dict[StreamKey, int] = {}

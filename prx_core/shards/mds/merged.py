@@ -28,7 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prx_core.shards.mds import (
+from prx_core.shards.mds.retention import MEMBERS, index_chunks, note_superseded, referenced_chunks
+from prx_core.shards.mds.streams import (
     BUCKET_FOLDER,
     INDEX,
     MEMBER_INDEX,
@@ -38,7 +39,6 @@ from prx_core.shards.mds import (
     merge_indexes,
     stream_uri,
 )
-from prx_core.shards.retention import MEMBERS, index_chunks, note_superseded, referenced_chunks
 from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record, record_uri, write_record
 from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
 from prx_core.store.names import MERGED, validate_source_name

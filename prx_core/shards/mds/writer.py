@@ -35,7 +35,7 @@ def column_size(encoding: str) -> int | None:
         return STOCK_SIZES[encoding]
     from streaming.base.format.mds.encodings import get_mds_encoded_size, is_mds_encoding
 
-    from prx_core.shards.encodings import register_encodings
+    from prx_core.shards.mds.encodings import register_encodings
 
     register_encodings()
     if not is_mds_encoding(encoding):

@@ -14,9 +14,9 @@ import torch
 from PIL import Image
 from streaming import MDSWriter, StreamingDataset
 
-from prx_core.shards.encodings import latent_columns, register_encodings
-from prx_core.shards.mds import HASHES, MDS_COLUMNS
-from prx_core.shards.mds_writer import MDSShardWriter
+from prx_core.shards.mds.encodings import latent_columns, register_encodings
+from prx_core.shards.mds.streams import HASHES, MDS_COLUMNS
+from prx_core.shards.mds.writer import MDSShardWriter
 
 
 def jpeg(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:
@@ -78,7 +78,7 @@ def test_jpeg_columns_refuse_what_is_not_jpeg_bytes(tmp_path: Path) -> None:
 
 def test_writing_stock_columns_loads_no_torch(tmp_path: Path) -> None:
     """Each worker that writes a chunk would otherwise import streaming, torch and transformers (~5 s)."""
-    probe = ("import io, sys; from PIL import Image; from prx_core.shards.mds import write_chunk; "
+    probe = ("import io, sys; from PIL import Image; from prx_core.shards.mds.streams import write_chunk; "
              "b = io.BytesIO(); Image.new('RGB', (24, 16)).save(b, format='JPEG'); "
              "write_chunk([{'jpeg': b.getvalue(), 'caption': 'c', 'original_caption': '', 'width': 24, 'height': 16, "
              "'original_width': 24, 'original_height': 16, 'sample_id': 's', 'source': 'x'}], sys.argv[1]); "

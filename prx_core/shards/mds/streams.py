@@ -3,7 +3,7 @@
 Layout `<root>/mds/<source>/<tier>/<w>x<h>/index.json` (version 2, ~128 MB shards, xxh64), read by
 the PRX trainer with mosaicml-streaming's stock encodings, with one exception: the text-latent
 columns (`latent_caption_<preset>`, present only when text latents are configured) use the `bf16`
-encoding PRX's trainer registers itself; `prx_core.shards.encodings` registers the same bytes under
+encoding PRX's trainer registers itself; `prx_core.shards.mds.encodings` registers the same bytes under
 that name for our writer and loader (their masks, `attention_mask_caption_<preset>`, use the stock
 `ndarray:uint8`). A stream is written as chunk folders `<w>x<h>/<chunk>/` (each a complete MDS
 folder with its own index.json, written by one worker, plus `prx-chunk.parquet`, what it holds)
@@ -15,7 +15,7 @@ Publishing never breaks a reader: a chunk folder's name is never reused for othe
 index.json is written last in one atomic step (os.replace, or one PUT), and chunk folders an
 index no longer references are removed only by `prune_streams` after a retention window, so a
 trainer holding the old index keeps reading the old, complete stream.
-Reading back and verifying streams lives in `prx_core.shards.mds_read`.
+Reading back and verifying streams lives in `prx_core.shards.mds.read`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ SIZE_LIMIT = 1 << 27
 HASHES = ["xxh64"]
 INDEX_VERSION = 2
 INDEX = "index.json"
-MEMBER_INDEX = "member.json"  # a small stream merged into `_merged` (prx_core.shards.merged): no trainer lists it
+MEMBER_INDEX = "member.json"  # a small stream merged into `_merged` (prx_core.shards.mds.merged): no trainer lists it
 CHUNK_RECORD = "prx-chunk.parquet"  # what a chunk holds, in order: ignored by streaming (not in index.json)
 CHUNK_RECORD_SCHEMA = pa.schema([  # the stored samples in stream order (reason null), then the refused ones
     ("sample_id", pa.string()), ("content_id", pa.string()), ("source_key", pa.string()),
@@ -117,7 +117,7 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
     `refused` (sample_id, content_id, source_key, reason, message; it may fill while `rows` is
     consumed) is recorded after the stored samples, so a reused chunk still knows its rejects.
     `columns` (name -> MDS encoding, default MDS_COLUMNS) adds columns such as the text latents
-    (`prx_core.shards.encodings.latent_columns`), each taken from the rows as is."""
+    (`prx_core.shards.mds.encodings.latent_columns`), each taken from the rows as is."""
     columns = dict(MDS_COLUMNS if columns is None else columns)
     if missing := [c for c in MDS_COLUMNS if columns.get(c) != MDS_COLUMNS[c]]:
         raise ValueError(f"columns must extend MDS_COLUMNS (PRX reads them): {missing} missing or re-encoded")
@@ -148,7 +148,7 @@ def write_chunk(rows: Iterable[dict], folder: str, storage_options: dict | None 
 
 def _write_local_chunk(rows: Iterable[dict], local: str, name: str, refused: Sequence[dict],
                        columns: dict[str, str]) -> ChunkSummary:
-    from prx_core.shards.mds_writer import MDSShardWriter
+    from prx_core.shards.mds.writer import MDSShardWriter
 
     writer = MDSShardWriter(columns, local, HASHES, SIZE_LIMIT)
     record: dict[str, list[str | None]] = {c: [] for c in CHUNK_RECORD_SCHEMA.names}

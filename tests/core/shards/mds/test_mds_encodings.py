@@ -22,7 +22,7 @@ from streaming.base.format.mds import encodings as mds_encodings
 from streaming.base.format.mds.encodings import Encoding, mds_decode, mds_encode
 from streaming.base.util import clean_stale_shared_memory
 
-from prx_core.shards.encodings import (
+from prx_core.shards.mds.encodings import (
     BF16,
     MASK_ENCODING,
     BFloat16Tensor,
@@ -32,10 +32,10 @@ from prx_core.shards.encodings import (
     mask_key,
     register_encodings,
 )
-from prx_core.shards.mds import HASHES, MDS_COLUMNS, SIZE_LIMIT, read_chunk_record, write_chunk
-from prx_core.shards.mds_read import decode_int, iter_raw_rows, open_jpeg, read_stream_rows, verify_shard, verify_stream
-from prx_core.shards.publish import publish_stream
-from prx_core.shards.rewrite import rewrite_chunk
+from prx_core.shards.mds.publish import publish_stream
+from prx_core.shards.mds.read import decode_int, iter_raw_rows, open_jpeg, read_stream_rows, verify_shard, verify_stream
+from prx_core.shards.mds.rewrite import rewrite_chunk
+from prx_core.shards.mds.streams import HASHES, MDS_COLUMNS, SIZE_LIMIT, read_chunk_record, write_chunk
 from prx_core.store.storage import Storage
 
 PROMPT_TOKENS, HIDDEN = 256, 32
@@ -174,7 +174,7 @@ def test_columns_must_extend_mds_columns(tmp_path) -> None:
 
 def test_importing_the_column_names_loads_no_torch() -> None:
     """The Dagster definitions import `latent_columns`: they must load without streaming (torch)."""
-    probe = ("import sys, prx_core.shards.encodings as e; e.latent_columns('p', masks=True); "
+    probe = ("import sys, prx_core.shards.mds.encodings as e; e.latent_columns('p', masks=True); "
              "print(sorted(m for m in ('torch', 'streaming') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -201,7 +201,8 @@ def test_the_sampled_read_back_loads_no_torch(tmp_path) -> None:
     """Each worker that checks a few samples of a published shard would otherwise import streaming,
     torch and transformers first (~5 s a process, most of an unchanged rebuild's CPU)."""
     probe = ("import io, sys, numpy as np; from PIL import Image; "
-             "from prx_core.shards.mds import BUCKET_FOLDER; from prx_core.shards.sampled_read import check_image; "
+             "from prx_core.shards.mds.streams import BUCKET_FOLDER; "
+             "from prx_core.shards.mds.sampled_read import check_image; "
              "b = io.BytesIO(); Image.new('RGB', (8, 8)).save(b, format='JPEG', quality=92); "
              "row = {'image': b.getvalue(), 'width': np.int64(8).tobytes(), 'height': np.int64(8).tobytes()}; "
              "print(check_image(row, BUCKET_FOLDER.fullmatch('8x8'), 92), "
