@@ -38,8 +38,8 @@ from prx_core.demo.photos import load_skimage_photos
 from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.mds.publish import StreamSummary, write_source_streams
 from prx_core.shards.mds.streams import list_streams
-from prx_core.shards.skiplists import SkipList, index_digest
-from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.skiplists.files import SkipList, index_digest
+from prx_core.shards.skiplists.publish import write_skip_lists
 
 BUCKETS = ((512, 512, 0.34), (576, 448, 0.22), (448, 576, 0.18), (640, 384, 0.14), (384, 640, 0.12))
 SOURCES = (("photos", 0.6), ("scans", 0.4))

@@ -45,7 +45,7 @@ def _fail(command: str, exc: BaseException, code: int = 1) -> int:
 
 
 def _errors() -> tuple[type[BaseException], ...]:
-    from prx_core.shards.skip_records import UnfilteredStream
+    from prx_core.shards.skiplists.records import UnfilteredStream
     from prx_core.store.locks import LockLost, LockUnsupported, PartitionLocked
 
     return UnfilteredStream, PartitionLocked, LockLost, LockUnsupported

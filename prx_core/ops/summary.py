@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from prx_core.models.caption_keys import source_caption_key
-from prx_core.shards.skiplists import read_skip_lists
+from prx_core.shards.skiplists.files import read_skip_lists
 from prx_core.sources.records import TAKEN_DOWN
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage

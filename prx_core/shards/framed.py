@@ -1,6 +1,6 @@
 """Framed int64 files: a magic, a JSON header and one little-endian int64 array a reader maps.
 
-The layout shared by skip-lists (`prx_core.shards.skiplists`) and corpus manifests
+The layout shared by skip-lists (`prx_core.shards.skiplists.files`) and corpus manifests
 (`prx_core.shards.manifest`): 8 magic bytes, a little-endian u32 header length, a JSON header
 (sorted keys) padded with spaces to 8 bytes, then the array. Mapped, the array's pages are shared
 by every process of a node that opens the same file.

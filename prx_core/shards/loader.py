@@ -52,7 +52,7 @@ from prx_core.shards.manifest_publish import list_plans
 from prx_core.shards.mds.encodings import convert_text_columns, register_encodings
 from prx_core.shards.mds.streams import INDEX
 from prx_core.shards.node_cache import default_cache_dir
-from prx_core.shards.skip_records import UnfilteredStream
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.shards.substitutes import Substitutes
 from prx_core.store.storage import is_remote, normalize_root
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from prx_core.shards.framed import frame_head, map_framed, read_head
 from prx_core.shards.node_cache import node_lock
-from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import stream_key
+from prx_core.shards.skiplists.files import stream_key
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.store.storage import filesystem_for, is_remote, join_uri
 
 MAGIC = b"PRXMANI1"

@@ -49,9 +49,9 @@ from prx_core.shards.mds.retention import (
 )
 from prx_core.shards.mds.streams import INDEX, StreamKey, list_streams
 from prx_core.shards.node_cache import default_cache_dir, skip_union
-from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record
-from prx_core.shards.skiplists import SUFFIX as SKIP_SUFFIX
-from prx_core.shards.skiplists import list_skip_files, stream_folder, stream_key
+from prx_core.shards.skiplists.files import SUFFIX as SKIP_SUFFIX
+from prx_core.shards.skiplists.files import list_skip_files, stream_folder, stream_key
+from prx_core.shards.skiplists.records import UnfilteredStream, check_record, read_record
 from prx_core.store import fencing
 from prx_core.store.names import MERGED, validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic

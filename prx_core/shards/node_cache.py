@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from prx_core.shards.skiplists import open_indices
+from prx_core.shards.skiplists.files import open_indices
 from prx_core.store.storage import is_remote
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds.rewrite import StreamRewrite, current_record, read_stream_lists, rewrite_stream
 from prx_core.shards.mds.streams import StreamKey, list_streams, stream_uri
-from prx_core.shards.skiplists import stream_key
+from prx_core.shards.skiplists.files import stream_key
 from prx_core.store.locks import partition_locks
 from prx_core.store.names import MERGED
 from prx_core.store.storage import Storage

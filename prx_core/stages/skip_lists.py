@@ -2,7 +2,7 @@
 shards. Changing the policy re-materializes only this stage.
 
 Two passes of work units over the source's published streams (each stream's lists end with its
-completion record, `prx_core.shards.skip_records`, so the loader refuses a stream this stage has
+completion record, `prx_core.shards.skiplists.records`, so the loader refuses a stream this stage has
 not finished for its current index); the driver holds one entry per
 stream and per chunk. Per chunk (the chunk's own record lists its samples in stream order) a
 worker looks up the chunk's losing duplicates by sample_id and its labels by caption key (batched
@@ -32,8 +32,8 @@ from prx_core.shards.manifest_publish import publish_source_manifest, source_in_
 from prx_core.shards.mds.merged import merged_current
 from prx_core.shards.mds.rewrite import current_record, stream_chunks
 from prx_core.shards.mds.streams import BUCKET_FOLDER, list_streams, read_chunk_record
-from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import remove_stale_streams, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.files import remove_stale_streams, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.stages.report import StageReport
 from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, run_partition

@@ -16,7 +16,7 @@ from prx_assets.common import sync_partitions
 from prx_assets.definitions import build_definitions
 from prx_core.shards.mds.read import verify_stream
 from prx_core.shards.mds.streams import list_streams
-from prx_core.shards.skiplists import read_skip_lists
+from prx_core.shards.skiplists.files import read_skip_lists
 from prx_core.sources.catalog import load_catalog
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage

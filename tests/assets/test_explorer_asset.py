@@ -11,7 +11,7 @@ import pytest
 from demo_corpus import Corpus, SOURCES, copy_corpus, read, version_of
 from materializing import fresh_instance, materialize, materialized, resources_for
 
-from prx_core.shards.skiplists import list_skip_files, read_skip_lists
+from prx_core.shards.skiplists.files import list_skip_files, read_skip_lists
 from prx_core.store import lance_io
 
 

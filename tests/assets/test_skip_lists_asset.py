@@ -10,7 +10,7 @@ import pytest
 from demo_corpus import Corpus, SOURCES, caption_keys_by_sample, copy_corpus, read, stream_dirs, tree_digest
 from materializing import fresh_instance, materialize, materialized, resources_for
 
-from prx_core.shards.skiplists import read_skip_lists, skipped_indices
+from prx_core.shards.skiplists.files import read_skip_lists, skipped_indices
 from prx_core.stages.skip_lists import SkipPolicy
 
 

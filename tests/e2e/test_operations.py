@@ -91,7 +91,7 @@ def stream_ids(root: Path) -> dict[str, list[str]]:
 
 
 def skipped(root: Path, reason: str | None = None) -> set[str]:
-    from prx_core.shards.skiplists import read_skip_lists
+    from prx_core.shards.skiplists.files import read_skip_lists
 
     return {i for s in read_skip_lists(str(root)) if reason in (None, s.reason) for i in s.sample_ids}
 

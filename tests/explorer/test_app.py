@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 from prx_core.image.buckets import Bucket, crop_box
 from prx_core.models.caption_keys import source_caption_key
-from prx_core.shards.skiplists import read_skip_lists
+from prx_core.shards.skiplists.files import read_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 from prx_explorer.search import PAGE_SIZE

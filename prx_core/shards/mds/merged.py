@@ -39,8 +39,8 @@ from prx_core.shards.mds.streams import (
     merge_indexes,
     stream_uri,
 )
-from prx_core.shards.skip_records import UnfilteredStream, check_record, read_record, record_uri, write_record
-from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.files import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.records import UnfilteredStream, check_record, read_record, record_uri, write_record
 from prx_core.store.names import MERGED, validate_source_name
 from prx_core.store.storage import filesystem_for, join_uri, normalize_root, put_atomic
 

@@ -45,8 +45,8 @@ from prx_core.shards.mds.streams import (
     stream_uri,
     write_chunk,
 )
-from prx_core.shards.skip_records import check_record, read_record
-from prx_core.shards.skiplists import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.files import IDS_SUFFIX, SUFFIX, decode, stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.records import check_record, read_record
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, source_predicate
 from prx_core.store.storage import Storage, filesystem_for, join_uri

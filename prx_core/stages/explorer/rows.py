@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from prx_core.models.caption_checks import REJECTED, repetition_score
 from prx_core.models.caption_keys import caption_keys
-from prx_core.shards.skiplists import stream_skip_reasons
+from prx_core.shards.skiplists.files import stream_skip_reasons
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import has_verdicts, lookup_keys, table_columns
 from prx_core.store.storage import Storage

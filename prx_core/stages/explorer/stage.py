@@ -31,7 +31,7 @@ from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
-from prx_core.shards.skiplists import source_folder
+from prx_core.shards.skiplists.files import source_folder
 from prx_core.stages.explorer.rows import (
     REJECT_COLUMNS,
     SAMPLE_COLUMNS,

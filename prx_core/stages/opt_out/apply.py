@@ -34,7 +34,7 @@ from prx_core.shards.mds.rewrite import (
     rewrite_stream,
 )
 from prx_core.shards.mds.streams import StreamKey, read_stream_index, stream_uri
-from prx_core.shards.skiplists import stream_folder, stream_key, write_stream_lists
+from prx_core.shards.skiplists.files import stream_folder, stream_key, write_stream_lists
 from prx_core.stages.opt_out.ids import BATCH_IDS, BUCKETS, EXAMPLES, SourceMatch, match_source, spool_ids
 from prx_core.stages.opt_out.purge import PurgeReport, purge_source
 from prx_core.stages.opt_out.takedowns import contents_of, find_copies, record_contents, record_takedowns

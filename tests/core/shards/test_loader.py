@@ -28,9 +28,9 @@ from prx_core.image.imaging import encode_jpeg
 from prx_core.shards.loader import CorpusDataset, StreamPlan, collate
 from prx_core.shards.manifest import MissingManifest
 from prx_core.shards.manifest_publish import publish_source_manifest
-from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import SkipList, index_digest
-from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.skiplists.files import SkipList, index_digest
+from prx_core.shards.skiplists.publish import write_skip_lists
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.shards.substitutes import Substitutes
 
 REPO = Path(__file__).resolve().parents[3]

@@ -23,8 +23,8 @@ from prx_core.shards.manifest import CURRENT, Manifest, MissingManifest, current
 from prx_core.shards.manifest_publish import assemble_tier, list_plans, publish_manifests, publish_source_manifest
 from prx_core.shards.mds.publish import write_source_streams
 from prx_core.shards.mds.retention import RETENTION_SECONDS
-from prx_core.shards.skiplists import SkipList, index_digest
-from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.skiplists.files import SkipList, index_digest
+from prx_core.shards.skiplists.publish import write_skip_lists
 
 BUCKETS = [(512, 64, 64, 12), (512, 80, 48, 9), (1024, 64, 64, 5)]  # (tier, w, h, samples)
 

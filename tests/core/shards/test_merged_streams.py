@@ -20,8 +20,8 @@ from test_row_stages import make_samples
 from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.manifest import load_manifest
 from prx_core.shards.mds.retention import prune_streams
-from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import read_skip_lists
+from prx_core.shards.skiplists.files import read_skip_lists
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.sources.catalog import CatalogError, parse_catalog
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.opt_out.apply import opt_out

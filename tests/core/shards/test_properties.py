@@ -25,9 +25,9 @@ from prx_core.image.buckets import (
     crop_box,
 )
 from prx_core.shards.loader import StreamPlan
+from prx_core.shards.skiplists.files import MAGIC, decode, encode
 from prx_core.shards.substitutes import MULTIPLIER as _MULTIPLIER
 from prx_core.shards.substitutes import Substitutes
-from prx_core.shards.skiplists import MAGIC, decode, encode
 from prx_core.sources.catalog import FORMATS, CatalogError, SourceSpec, dump_catalog, load_catalog, parse_catalog
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -20,8 +20,8 @@ from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.mds.read import read_stream_rows
 from prx_core.shards.mds.rewrite import remap_lists
 from prx_core.shards.mds.streams import list_streams
-from prx_core.shards.skip_records import UnfilteredStream
-from prx_core.shards.skiplists import read_skip_lists
+from prx_core.shards.skiplists.files import read_skip_lists
+from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.opt_out.apply import opt_out
 from prx_core.stages.rewrite_streams import parse_stream, rewrite_skipped, skip_fraction, streams_over

@@ -13,7 +13,7 @@ from test_row_stages import make_samples
 
 from prx_core.compute.parallel import Throttle
 from prx_core.shards.loader import CorpusDataset
-from prx_core.shards.skiplists import index_digest, read_skip_lists
+from prx_core.shards.skiplists.files import index_digest, read_skip_lists
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
@@ -96,7 +96,7 @@ def test_every_stream_gets_a_completion_record_also_with_nothing_to_skip(storage
     """A policy that skips nothing writes no list but a record per stream, which is what lets the
     loader tell "nothing to skip" from "skip_lists never ran"; before it ran, the loader refuses."""
     from prx_core.shards.mds.streams import list_streams
-    from prx_core.shards.skip_records import UnfilteredStream, read_record
+    from prx_core.shards.skiplists.records import UnfilteredStream, read_record
 
     build_mds("photos", storage, CAPTIONER)  # republished: the records of earlier tests are stale now
     tier = int(list_streams(storage.root, "photos")[0].rstrip("/").rsplit("/", 2)[-2])
@@ -119,7 +119,7 @@ def test_a_duplicates_run_that_changed_no_loser_of_the_source_leaves_its_lists_a
     """Issue 24, hazard 9: every `duplicates` run makes every source's lists stale in Dagster; a
     source whose losers did not change reruns as a no-op, one whose losers changed is recomputed,
     and lists deleted behind the stage's back are written again."""
-    from prx_core.shards.skiplists import source_folder
+    from prx_core.shards.skiplists.files import source_folder
 
     policy = SkipPolicy()
     first = build_skip_lists("photos", storage, CAPTIONER, LABELER, policy)

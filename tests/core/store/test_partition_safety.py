@@ -24,8 +24,8 @@ from PIL import Image
 from prx_core.shards.mds.publish import write_source_streams
 from prx_core.shards.mds.retention import prune_streams
 from prx_core.shards.mds.streams import list_streams, stream_uri
-from prx_core.shards.skiplists import list_skip_files, remove_stale_streams, stream_folder
-from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.skiplists.files import list_skip_files, remove_stale_streams, stream_folder
+from prx_core.shards.skiplists.publish import write_skip_lists
 from prx_core.sources.catalog import SourceSpec, validate_source_name
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.caption_embeddings import build_caption_embeddings

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prx_core.shards.skiplists import SkipList, encode, skiplist_uri
+from prx_core.shards.skiplists.files import SkipList, encode, skiplist_uri
 from prx_core.stages.explorer.rows import SAMPLE_COLUMNS, count_facets, explore_rows, facet_rows, search_text
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage

@@ -1,7 +1,7 @@
 """Writing all skip-lists of one source in one process, then publishing its manifest part.
 
 For small corpora, tests and benchmarks; the skip-lists stage writes stream by stream on workers
-(`prx_core.stages.skip_lists`). It sits above `prx_core.shards.skiplists` (the format, one stream
+(`prx_core.stages.skip_lists`). It sits above `prx_core.shards.skiplists.files` (the format, one stream
 folder at a time) and `prx_core.shards.manifest_publish`, which reads those files: the writer
 lived in `skiplists` and called the publisher back through a lazy import, an import circle.
 """
@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from prx_core.shards.manifest_publish import publish_source_manifest
 from prx_core.shards.mds.streams import list_streams, stream_key_of
-from prx_core.shards.skiplists import (
+from prx_core.shards.skiplists.files import (
     SkipList,
     digest_index,
     remove_stale_streams,

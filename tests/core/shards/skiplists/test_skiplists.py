@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from prx_core.shards.skiplists import (
+from prx_core.shards.skiplists.files import (
     MAGIC,
     REASONS,
     SkipList,
@@ -22,7 +22,7 @@ from prx_core.shards.skiplists import (
     skiplist_uri,
     skipped_indices,
 )
-from prx_core.shards.skiplists_publish import write_skip_lists
+from prx_core.shards.skiplists.publish import write_skip_lists
 
 
 def skip(reason: str, indices: list[int], source: str = "alpha", bucket: tuple[int, int, int] = (512, 512, 512),

@@ -10,7 +10,7 @@ per (stream, reason) under `<root>/skiplists/<source>/<tier>/<w>x<h>/`:
 - `<reason>.ids.parquet`: the same samples' `sample_id`s, aligned, for audits (never read by the
   training loader).
 
-- `_complete.json` (`prx_core.shards.skip_records`): written last for every stream, also one with
+- `_complete.json` (`prx_core.shards.skiplists.records`): written last for every stream, also one with
   nothing to skip, so the loader can tell "nothing to skip" from "never computed".
 
 The training loader unions a stream's reasons and refuses a stream without a record for its
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from prx_core.shards.framed import frame, map_framed, read_header
-from prx_core.shards.skip_records import RECORD, write_record
+from prx_core.shards.skiplists.records import RECORD, write_record
 from prx_core.store.names import validate_source_name
 from prx_core.store.storage import filesystem_for, is_remote, join_uri, normalize_root, put_atomic
 
