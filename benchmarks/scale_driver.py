@@ -49,7 +49,7 @@ MODULES: dict[str, tuple[str, ...]] = {  # imported before the clock starts: a c
     "caption_embeddings": ("prx_core.stages.caption_embeddings", "benchmarks.scale_models"),
     "duplicates": ("prx_core.stages.duplicates.stage",),
     "duplicates_incremental": ("prx_core.stages.duplicates.stage",),
-    "mds_shards": ("prx_core.stages.mds_shards.stage",), "skip_lists": ("prx_core.stages.skip_lists",),
+    "mds_shards": ("prx_core.stages.mds_shards.stage",), "skip_lists": ("prx_core.stages.skip_lists.stage",),
     "compact_corpus": ("prx_core.ops.compaction", "prx_core.shards.mds.publish"),
 }
 
@@ -115,7 +115,7 @@ def call_stage(stage: str, job: dict[str, Any]) -> tuple[int, Any, dict[str, Any
                               "verify_bytes_published": verified.bytes_published,
                               "verify_problems": len(verified.problems)})
     if stage == "skip_lists":
-        from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+        from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 
         r = build_skip_lists(spec.name, storage, captioner, labeler, SkipPolicy())
         return (*counted(r), {"skipped": r.skipped, "files": len(r.files)})

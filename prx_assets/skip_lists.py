@@ -18,10 +18,10 @@ from prx_assets.common import (
 )
 from prx_assets.versions import content_version
 from prx_assets.declared import from_stage
-from prx_core.stages.entry import Progress
 from prx_core.shards.manifest import current_name
+from prx_core.stages.entry import Progress
 from prx_core.stages.explorer.stage import groups_digest
-from prx_core.stages.skip_lists import SkipReport
+from prx_core.stages.skip_lists.stage import SkipReport
 from prx_resources import CaptionerResource, CatalogResource, LabelerResource, SkipPolicyResource, StorageResource
 from prx_resources.ray import run_stage
 

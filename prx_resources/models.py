@@ -17,7 +17,7 @@ from prx_core.models.caption_text import DEFAULT_MAX_CAPTION_CHARS
 from prx_core.models.embeddings import MODEL_PACKAGE, EmbedderConfig
 from prx_core.models.label_base import LabelerConfig
 from prx_core.models.prompts import PROMPT_VERSION
-from prx_core.stages.skip_lists import SKIP_LABELS, SkipPolicy
+from prx_core.stages.skip_lists.stage import SKIP_LABELS, SkipPolicy
 from prx_core.store.credentials import refuse_literal_secrets
 
 

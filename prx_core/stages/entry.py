@@ -28,7 +28,7 @@ from prx_core.stages.mds_shards.report import PublishReport, StreamCount
 from prx_core.stages.mds_shards.stage import MDS_SHARDS
 from prx_core.stages.phashes import PHASHES
 from prx_core.stages.samples.stage import SAMPLES, IngestReport
-from prx_core.stages.skip_lists import SKIP_LISTS
+from prx_core.stages.skip_lists.stage import SKIP_LISTS
 from prx_core.stages.stage import Stage, run_partition
 from prx_core.stages.text_latents import TEXT_LATENTS
 

@@ -11,7 +11,7 @@ from demo_corpus import Corpus, SOURCES, caption_keys_by_sample, copy_corpus, re
 from materializing import fresh_instance, materialize, materialized, resources_for
 
 from prx_core.shards.skiplists.files import read_skip_lists, skipped_indices
-from prx_core.stages.skip_lists import SkipPolicy
+from prx_core.stages.skip_lists.stage import SkipPolicy
 
 
 def expected_skips(root: Path, source: str, policy: SkipPolicy) -> dict[tuple[int, str, str], dict[int, str]]:

@@ -1,7 +1,7 @@
 """Writing all skip-lists of one source in one process, then publishing its manifest part.
 
 For small corpora, tests and benchmarks; the skip-lists stage writes stream by stream on workers
-(`prx_core.stages.skip_lists`). It sits above `prx_core.shards.skiplists.files` (the format, one stream
+(`prx_core.stages.skip_lists.stage`). It sits above `prx_core.shards.skiplists.files` (the format, one stream
 folder at a time) and `prx_core.shards.manifest_publish`, which reads those files: the writer
 lived in `skiplists` and called the publisher back through a lazy import, an import circle.
 """

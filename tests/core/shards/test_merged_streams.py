@@ -26,7 +26,7 @@ from prx_core.sources.catalog import CatalogError, parse_catalog
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.opt_out.apply import opt_out
 from prx_core.stages.rewrite_streams import streams_over
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.storage import Storage
 

@@ -11,11 +11,11 @@ import pytest
 from PIL import Image
 
 from prx_core.image.buckets import bucket_sizes
+from prx_core.image.fingerprint import signature_distance
 from prx_core.sources.ingest import content_id, ingest_batch, inspect_image
 from prx_core.sources.readers import RECORD_SCHEMA
 from prx_core.stages.buckets import bucket_samples
-from prx_core.image.fingerprint import signature_distance
-from prx_core.stages.skip_lists import SkipPolicy
+from prx_core.stages.skip_lists.stage import SkipPolicy
 from prx_core.store import schemas
 
 

@@ -25,7 +25,7 @@ from prx_core.stages.explorer.rows import SAMPLE_COLUMNS, explore_rows, sample_b
 from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage

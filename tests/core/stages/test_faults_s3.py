@@ -22,7 +22,7 @@ from test_resume import parquet_source
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage

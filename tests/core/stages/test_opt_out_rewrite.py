@@ -25,7 +25,7 @@ from prx_core.shards.skiplists.records import UnfilteredStream
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.opt_out.apply import opt_out
 from prx_core.stages.rewrite_streams import parse_stream, rewrite_skipped, skip_fraction, streams_over
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.locks import PartitionLocked, partition_lock
 from prx_core.store.partitions import source_predicate

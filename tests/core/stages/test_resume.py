@@ -24,7 +24,7 @@ from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage
@@ -42,7 +42,7 @@ import json, ray, sys
 from prx_core.sources.catalog import SourceSpec
 from prx_core.stages.buckets import build_buckets
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store.storage import Storage
 root, spec = sys.argv[1], SourceSpec.from_dict(json.loads(sys.argv[3]))
 from prx_core.compute.quiet import start_ray

@@ -16,7 +16,7 @@ from prx_core.stages.entry import STAGES, PublishReport
 from prx_core.stages.mds_shards.report import MdsReport
 from prx_core.stages.phashes import PhashesReport
 from prx_core.stages.report import StageReport
-from prx_core.stages.skip_lists import SkipReport
+from prx_core.stages.skip_lists.stage import SkipReport
 
 REPORTS = sorted(StageReport.__subclasses__(), key=lambda c: c.__name__)
 

@@ -20,7 +20,7 @@ from prx_core.stages.buckets import BUCKETS, BucketsSettings
 from prx_core.stages.entry import STAGES
 from prx_core.stages.samples.settings import SamplesSettings
 from prx_core.stages.samples.stage import SAMPLES
-from prx_core.stages.skip_lists import SkipPolicy
+from prx_core.stages.skip_lists.stage import SkipPolicy
 from prx_core.stages.source_embeddings import SOURCE_EMBEDDINGS
 from prx_core.stages.stage import Stage, UnitSize, bind_settings
 

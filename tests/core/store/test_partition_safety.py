@@ -34,7 +34,7 @@ from prx_core.stages.labels import build_labels
 from prx_core.stages.mds_shards.stage import build_mds
 from prx_core.stages.phashes import build_phashes
 from prx_core.stages.samples.stage import build_samples
-from prx_core.stages.skip_lists import build_skip_lists
+from prx_core.stages.skip_lists.stage import build_skip_lists
 from prx_core.stages.source_embeddings import write_source_embeddings
 from prx_core.store import lock_objects, locks
 from prx_core.store.locks import LockLost, PartitionLock, PartitionLocked, partition_lock, run_label

@@ -15,7 +15,7 @@ from prx_core.compute.parallel import Throttle
 from prx_core.shards.loader import CorpusDataset
 from prx_core.shards.skiplists.files import index_digest, read_skip_lists
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate
 from prx_core.store.storage import Storage

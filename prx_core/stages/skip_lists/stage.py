@@ -311,6 +311,8 @@ SKIP_LISTS: Stage[SkipListsSettings] = Stage(
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(SkipPolicy, SkipReport, StreamSkips)
+# their names before this module moved into the skip_lists package: a reused run's report is recorded under them
+wire.register_moved_from("prx_core.stages.skip_lists", SkipPolicy, SkipReport, StreamSkips)
 
 
 def build_skip_lists(source: str, storage: Storage, captioner_version: str, labeler_version: str, policy: SkipPolicy,

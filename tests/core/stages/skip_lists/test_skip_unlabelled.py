@@ -9,7 +9,7 @@ from test_mds_stage import CAPTIONER
 from test_skip_lists_stage import LABELER, storage  # noqa: F401  (the fixture: published streams, labels, duplicates)
 
 from prx_core.shards.skiplists.files import read_skip_lists
-from prx_core.stages.skip_lists import SkipPolicy, build_skip_lists
+from prx_core.stages.skip_lists.stage import SkipPolicy, build_skip_lists
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 

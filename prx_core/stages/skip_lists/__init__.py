@@ -1,0 +1,4 @@
+"""The `skip_lists` stage: per stream and reason, the positions training skips, shards untouched.
+
+- `stage`: the declaration (`SKIP_LISTS`), the skip policy, its report and its steps.
+"""
