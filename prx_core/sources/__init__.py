@@ -1,1 +1,2 @@
-"""Source datasets: the catalog, the format readers, and ingest into `samples` rows."""
+"""Source datasets: the catalog, the format readers (image folders in `folders/`), images fetched
+by URL (`fetch/`), and ingest into `samples` rows."""

@@ -5,7 +5,7 @@ bytes read), the driver adding up counts, bytes read and a bounded list of probl
 
 By default a shard is read back within a budget (`sampled_read.verify_shard_sample`: its size,
 its header, a few samples by byte range); `sample_rows=None` reads every shard whole and decodes
-every image (`mds_read.verify_shard`), what a full audit or a test wants."""
+every image (`read.verify_shard`), what a full audit or a test wants."""
 
 from __future__ import annotations
 
