@@ -15,7 +15,7 @@ from prx_core.models.label_head import LABELLED_PATH, PHOTO_WITH_TEXT
 
 @pytest.fixture(scope="module")
 def heldout() -> Evaluation:
-    labelled = read_labelled(LABELLED_PATH, split="heldout")
+    labelled = read_labelled(LABELLED_PATH, split="heldout", rounds="1,2,3")
     config = LabelerConfig()
     assert config.method == "head"
     return evaluate(labelled, label_captions(config, [item.caption for item in labelled]), config)
@@ -40,7 +40,7 @@ def test_long_captions_miss_no_explicit_caption_and_keep_photos_with_text_visual
 
 def test_long_captions_are_most_of_the_measure(heldout: Evaluation) -> None:
     """The targets above are about enough long captions of each kind to mean something."""
-    labelled = read_labelled(LABELLED_PATH, split="heldout")
+    labelled = read_labelled(LABELLED_PATH, split="heldout", rounds="1,2,3")
     long = [item for item in labelled if not item.kind.startswith("short")]
     assert len(long) >= 90
     assert sum(item.label == "nsfw" for item in long) >= 25
