@@ -18,8 +18,9 @@ only listed in the context that removes it: "pussy" not before cat or willow, "c
 dildo or sex. Matching is case-insensitive on word boundaries; a hyphen or space inside a compound
 is optional ("blow-job", "blow job", "blowjob").
 
-Measured (docs/benchmarks.md, "Caption labels"): no match on any of the labelled set's visual and
-text captions (rounds 1-5), the labeller tests' calibration sets or the demo's captions. The list's
+Measured (docs/benchmarks.md, "Caption labels"): no match on any of the labelled set's 906 visual
+and text captions (every round, held out ones included), the labeller tests' calibration sets or
+the demo's captions (tests/core/models/test_label_terms.py). The list's
 digest enters the labeller version, so editing it re-labels the corpus; the head's thresholds were
 chosen with the list applied (prx_core.models.label_head_train), so retrain after editing it.
 """

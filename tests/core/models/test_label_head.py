@@ -68,8 +68,8 @@ def test_labelled_set_splits_by_caption_hash_and_covers_the_hard_cases() -> None
     rows = labelled_rows()
     for row in rows:
         held = int(hashlib.sha256(row["caption"].encode()).hexdigest()[:8], 16) % 100 < 30
-        expected = {4: "heldout", 5: "train"}.get(row["round"], "heldout" if held else "train")
-        assert row["round"] in (1, 2, 3, 4, 5) and row["split"] == expected, row["caption"][:60]
+        expected = {4: "heldout", 5: "train", 6: "heldout", 7: "heldout"}.get(row["round"], "heldout" if held else "train")
+        assert row["round"] in range(1, 8) and row["split"] == expected, row["caption"][:60]
         assert row["label"] in LABELS and row["kind"]
     assert sum(r["split"] == "heldout" and r["round"] < 4 for r in rows) == 231  # round 4 moved none of these
     assert len({r["caption"] for r in rows}) == len(rows)  # no caption twice
@@ -88,6 +88,9 @@ def test_decide_is_choose_label() -> None:
     config = LabelerConfig(text_threshold=0.4, nsfw_threshold=0.3)
     expected = [LABELS.index(choose_label(dict(zip(LABELS, row)), config)) for row in p]
     assert decide(p, LABELS, 0.4, 0.3).tolist() == expected
+    forced = np.arange(len(p)) % 7 == 0  # captions with an explicit term: nsfw, as a score of 1.0 makes them
+    forced_scores = [dict(zip(LABELS, row), nsfw=1.0) if f else dict(zip(LABELS, row)) for row, f in zip(p, forced)]
+    assert decide(p, LABELS, 0.4, 0.3, forced).tolist() == [LABELS.index(choose_label(s, config)) for s in forced_scores]
 
 
 def test_json_round_trip_and_digest_follows_the_weights_and_words() -> None:
