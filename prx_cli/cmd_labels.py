@@ -2,10 +2,11 @@
 
 The labeller is the one `build` would run: the `labeler` section of the settings (`--config`, else
 $PRX_CONFIG, else the defaults), resolved by the same resource. Every caption of the file (or of
-one `--split`) is labelled by it, then prx_core.models.label_eval prints accuracy, per-class
+one `--split`, or of some `--round`s) is labelled by it, then prx_core.models.label_eval prints accuracy, per-class
 precision and recall, the confusion matrix, the mistakes and the captions nearest each threshold.
 The project's own labelled set is prx_core/models/data/labelled_captions.jsonl (`--split heldout`:
-the captions the shipped head was not trained on).
+the captions the shipped head was not trained on; `--round 4`: the round written after the
+others were measured, held out whole).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def add_parser(sub: Any) -> None:
                      help='JSON lines {"caption": ..., "label": "visual"|"text"|"nsfw"}, optionally with "kind" '
                           '(mistakes are counted per kind) and "split"')
     cmd.add_argument("--split", help='only the lines whose "split" is this (e.g. heldout)')
+    cmd.add_argument("--round", help='only the lines whose "round" is one of these, comma-separated (e.g. 4, '
+                                     'or 1,2,3)')
     cmd.add_argument("--config", help="settings YAML whose labeler section is measured, as build reads it "
                                       "(default: $PRX_CONFIG, else the default labeller)")
     cmd.add_argument("--nearest", type=int, default=5, help="captions listed nearest each threshold (default 5)")
@@ -41,7 +44,7 @@ def run_eval_labels(args: argparse.Namespace) -> int:
     settings = load_settings()
     config = labeler_config(settings.section("labeler"))
     try:
-        labelled = read_labelled(args.labelled, args.split)
+        labelled = read_labelled(args.labelled, args.split, args.round)
     except (OSError, LabelledFileError) as exc:
         raise SettingsError(f"--labelled: {exc}") from None
     print(f"labelling {len(labelled)} captions with {config.labeler_id()} ...", flush=True)
@@ -58,10 +61,12 @@ def run_eval_labels(args: argparse.Namespace) -> int:
 
             ray.shutdown()
     evaluation = evaluate(labelled, results, config, nearest=args.nearest)
-    print(format_evaluation(evaluation, args.labelled + (f" (split {args.split})" if args.split else "")))
+    where = ", ".join([f"split {args.split}"] * bool(args.split) + [f"round {args.round}"] * bool(args.round))
+    print(format_evaluation(evaluation, args.labelled + (f" ({where})" if where else "")))
     if args.json:
         with open(args.json, "w") as out:
-            json.dump({"labelled": args.labelled, "split": args.split, **evaluation.to_json()}, out, indent=1)
+            json.dump({"labelled": args.labelled, "split": args.split, "round": args.round, **evaluation.to_json()},
+                      out, indent=1)
         print(f"evaluation written to {args.json}")
     return 0
 

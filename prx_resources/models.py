@@ -122,6 +122,9 @@ class LabelerResource(dg.ConfigurableResource):
                                          "probability for head, a cosine for similarity).")
     nsfw_threshold: float | None = Field(default=None, description="Override of the nsfw threshold (minilm: a "
                                          "probability for head, a cosine for similarity).")
+    explicit_terms: bool | None = Field(default=None, description="minilm: a caption with an explicit term "
+                                        "(prx_core.models.label_terms) is nsfw (default: on for head, off for "
+                                        "similarity).")
     actors: int = Field(default=1, description="Ray actors labelling in parallel.")
     model: str | None = Field(default=None, description="llm: served model name, e.g. Qwen/Qwen3-8B (required for llm).")
     endpoint: str | None = Field(default=None, description="llm: OpenAI-compatible base URL, e.g. http://vllm:8000/v1.")
@@ -153,7 +156,7 @@ class LabelerResource(dg.ConfigurableResource):
         return self.backend == "llm" and self.transport == "vllm"
 
     def config(self) -> LabelerConfig:
-        names = ("method", "text_threshold", "nsfw_threshold", "model", "endpoint", "api_key_env", "concurrency",
+        names = ("method", "text_threshold", "nsfw_threshold", "explicit_terms", "model", "endpoint", "api_key_env", "concurrency",
                  "timeout_s", "max_retries", "max_response_bytes", "allow_insecure_http", "temperature", "max_tokens",
                  "constrained", "transport", "replicas", "tensor_parallel_size", "max_model_len", "accelerator_type",
                  "engine_kwargs", "runtime_env")

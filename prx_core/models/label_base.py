@@ -19,8 +19,9 @@ from prx_core.models.prompts import LABEL_INSTRUCTION, LABEL_INSTRUCTION_VERSION
 
 LABELS = ("visual", "text", "nsfw")
 BACKENDS = ("minilm", "llm")  # llm: prx_core.models.labels_llm (an LLM over the caption, OpenAI-compatible or vLLM)
-# minilm: `head`, a classifier over the caption embedding (prx_core.models.label_head, chosen on held-out
-# captions: docs/benchmarks.md), or `similarity`, the best cosine to the label descriptions below.
+# minilm: `head`, a classifier over the caption embedding and words (prx_core.models.label_head, chosen on
+# held-out captions: docs/benchmarks.md), or `similarity`, the best cosine to the label descriptions below;
+# with `explicit_terms` (the head's default) a caption with an explicit term is nsfw (label_terms).
 METHODS = ("head", "similarity")
 SIMILARITY_THRESHOLDS = {"text_threshold": 0.33, "nsfw_threshold": 0.45}  # cosines, calibrated with the descriptions
 
@@ -73,6 +74,9 @@ class LabelerConfig:
     # `similarity` (None: SIMILARITY_THRESHOLDS).
     text_threshold: float | None = None
     nsfw_threshold: float | None = None
+    # minilm: a caption with an explicit term (prx_core.models.label_terms) scores nsfw 1.0, so is nsfw.
+    # None: on for `head` (its thresholds were chosen with it), off for `similarity`.
+    explicit_terms: bool | None = None
     batch_size: int = 256
     # --- llm backend (prx_core.models.labels_llm) ---
     model: str = ""  # served model name, e.g. "Qwen/Qwen3-8B"
@@ -109,6 +113,10 @@ class LabelerConfig:
         for name, value in self.default_thresholds().items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
+        if self.explicit_terms is None:
+            object.__setattr__(self, "explicit_terms", self.backend == "minilm" and self.method == "head")
+        elif self.explicit_terms and self.backend != "minilm":
+            raise ValueError("explicit_terms is a minilm option: the llm backend reads the caption itself")
         labels = [label for label, _ in descriptions]
         if sorted(labels) != sorted(LABELS):
             raise ValueError(f"descriptions must cover each of {LABELS} exactly once, got {labels}")
@@ -145,7 +153,8 @@ class LabelerConfig:
             from prx_core.models.label_head import load_head
 
             payload = {"backend": self.backend, "method": "head", "model": model_identity(), "head": load_head().digest(),
-                       "text_threshold": float(self.text_threshold), "nsfw_threshold": float(self.nsfw_threshold)}
+                       "text_threshold": float(self.text_threshold), "nsfw_threshold": float(self.nsfw_threshold),
+                       "explicit_terms": explicit_terms_version(self.explicit_terms)}
             return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
         payload = {
             "backend": self.backend,
@@ -154,11 +163,22 @@ class LabelerConfig:
             "text_threshold": float(self.text_threshold),
             "nsfw_threshold": float(self.nsfw_threshold),
         }
+        if self.explicit_terms:  # only when asked for: the similarity labels stored before the terms stay current
+            payload["explicit_terms"] = explicit_terms_version(True)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
     def labeler_id(self) -> str:
         """Short human-readable form of the version, e.g. `minilm:3f2a9c0b1d4e`."""
         return f"{self.backend}:{self.version()[:12]}"
+
+
+def explicit_terms_version(on: bool | None) -> str | None:
+    """What the explicit terms add to a minilm version: the list's digest when on."""
+    if not on:
+        return None
+    from prx_core.models.label_terms import terms_digest
+
+    return terms_digest()
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ A labeller is measured before a backfill on the team's own captions, written the
 captioner writes them, because a labeller holds on the captions it was tuned on and is only known
 to hold on others once measured (docs/benchmarks.md, "Caption labels"). In: JSON lines
 `{"caption": ..., "label": "visual"|"text"|"nsfw"}`, optionally with a `kind` (what the caption
-is: "incidental_text", "map", ...; mistakes are then counted per kind) and a `split`. Out:
+is: "incidental_text", "map", ...; mistakes are then counted per kind), a `split` and a `round` (when
+the caption was written: a fresh round is measured alone with `--round`). Out:
 accuracy, per-class precision and recall, the confusion matrix (a `failed` column when a backend
 returned no label: an llm's unparseable answer or HTTP error counts as a miss), every mistake, and
 for the minilm backend the captions nearest each decision boundary: the nsfw threshold, and the
@@ -39,8 +40,20 @@ class Labelled:
     kind: str = ""
 
 
-def read_labelled(path: str | Path, split: str | None = None) -> list[Labelled]:
-    """The labelled captions of a JSON-lines file (only `split`'s when given); refuses bad lines."""
+def parse_rounds(text: str | None) -> frozenset[str] | None:
+    """`--round` ("4", "1,2,3") as the set of round names it keeps; None keeps every line."""
+    if text is None:
+        return None
+    rounds = frozenset(part.strip() for part in str(text).split(",") if part.strip())
+    if not rounds:
+        raise LabelledFileError(f"--round {text!r} names no round")
+    return rounds
+
+
+def read_labelled(path: str | Path, split: str | None = None, rounds: str | None = None) -> list[Labelled]:
+    """The labelled captions of a JSON-lines file (only `split`'s, only those of `rounds`, a comma
+    list of `round` values, when given); refuses bad lines."""
+    keep_rounds = parse_rounds(rounds)
     rows = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -54,10 +67,12 @@ def read_labelled(path: str | Path, split: str | None = None) -> list[Labelled]:
             raise LabelledFileError(f"{where}: needs a non-blank string \"caption\"")
         if row.get("label") not in LABELS:
             raise LabelledFileError(f"{where}: \"label\" must be one of {', '.join(LABELS)}, got {row.get('label')!r}")
-        if split is None or row.get("split") == split:
+        if (split is None or row.get("split") == split) and (
+                keep_rounds is None or str(row.get("round", "")) in keep_rounds):
             rows.append(Labelled(row["caption"], row["label"], str(row.get("kind") or "")))
     if not rows:
-        raise LabelledFileError(f"{path}: no labelled captions" + (f" with split {split!r}" if split else ""))
+        raise LabelledFileError(f"{path}: no labelled captions" + (f" with split {split!r}" if split else "")
+                                + (f" in round {rounds}" if rounds else ""))
     return rows
 
 

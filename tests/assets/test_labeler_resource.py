@@ -45,6 +45,14 @@ def test_minilm_method_reaches_the_config_and_the_code_version() -> None:
     assert code_version(LabelerResource(method="head")) == code_version(LabelerResource())
 
 
+def test_explicit_terms_reach_the_config_and_the_code_version() -> None:
+    assert LabelerResource().config().explicit_terms is True  # the head's default
+    assert LabelerResource(explicit_terms=False).config().explicit_terms is False
+    assert LabelerResource(method="similarity").config().explicit_terms is False
+    assert code_version(LabelerResource(explicit_terms=False)) != code_version(LabelerResource())
+    assert code_version(LabelerResource(explicit_terms=True)) == code_version(LabelerResource())
+
+
 def test_the_deploy_example_config_builds_valid_resources() -> None:
     from pathlib import Path
 

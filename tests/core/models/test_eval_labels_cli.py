@@ -25,8 +25,8 @@ CAPTIONS = [
 @pytest.fixture
 def labelled(tmp_path: Path) -> Path:
     path = tmp_path / "mine.jsonl"
-    lines = [json.dumps({"caption": c, "label": label, "kind": "k", "split": "heldout" if i % 2 else "train"})
-             for i, (c, label) in enumerate(CAPTIONS)]
+    lines = [json.dumps({"caption": c, "label": label, "kind": "k", "split": "heldout" if i % 2 else "train",
+                         "round": 1 + i // 3}) for i, (c, label) in enumerate(CAPTIONS)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -45,6 +45,11 @@ def test_default_labeller_on_a_small_file(labelled: Path, tmp_path: Path, monkey
     assert all(len(v) == 2 for v in result["nearest"].values())
     assert main(["eval-labels", "--labelled", str(labelled), "--split", "heldout"]) == 0
     assert "3 labelled captions" in capsys.readouterr().out
+    assert main(["eval-labels", "--labelled", str(labelled), "--split", "heldout", "--round", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "2 labelled captions" in printed and "(split heldout, round 2)" in printed
+    assert main(["eval-labels", "--labelled", str(labelled), "--round", "1, 2"]) == 0
+    assert "6 labelled captions" in capsys.readouterr().out
 
 
 def test_the_configured_method_is_the_one_measured(labelled: Path, tmp_path: Path,
@@ -85,6 +90,10 @@ def test_bad_requests_exit_2(labelled: Path, tmp_path: Path, capsys: pytest.Capt
     assert 'bad.jsonl:1: "label" must be one of visual, text, nsfw' in capsys.readouterr().err
     assert main(["eval-labels", "--labelled", str(tmp_path / "missing.jsonl")]) == 2
     assert "--labelled:" in capsys.readouterr().err
+    assert main(["eval-labels", "--labelled", str(labelled), "--round", "7"]) == 2
+    assert "no labelled captions in round 7" in capsys.readouterr().err
+    assert main(["eval-labels", "--labelled", str(labelled), "--round", ","]) == 2
+    assert "names no round" in capsys.readouterr().err
     config = tmp_path / "prx.yaml"
     config.write_text("labeler: {method: knn}\n")
     assert main(["eval-labels", "--labelled", str(labelled), "--config", str(config)]) == 2

@@ -10,6 +10,7 @@ phone, a laptop): a photo with incidental text is still `visual`.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -202,10 +203,24 @@ def test_decisions_clear_thresholds_by_a_margin(labelled: dict[str, LabelResult]
     others_nsfw = [labelled[c].scores["nsfw"] for c, e in EXPECTED if e != "nsfw"]
     photo_text = [r.scores["text"] for c, e in EXPECTED if e == "visual"
                   for r in [labelled[c]] if r.scores["text"] > r.scores["visual"]]
-    assert min(text) >= config.text_threshold + 0.15
+    assert min(text) >= config.text_threshold + min(0.15, (1 - config.text_threshold) / 2)  # halfway to 1 at least
     assert max(photo_text, default=0.0) <= config.text_threshold - 0.05
     assert min(nsfw) >= config.nsfw_threshold + 0.08
     assert max(others_nsfw) <= config.nsfw_threshold - 0.08
+
+
+def test_demo_captions_are_labelled_as_planted(labeler: MiniLMLabeler, demo_dir: Path) -> None:
+    """Every caption of the demo sources (`prx-corpus demo-sources`, 366 samples): the 16 planted
+    text-heavy ones (4 per source) `text`, every other one `visual`, none `nsfw`; what the builds in
+    tests/assets and tests/e2e count, checked here without a build."""
+    from prx_core.demo import load_manifest
+
+    samples = load_manifest(demo_dir).samples
+    results = labeler.label_batch([s.caption for s in samples])
+    wrong = [(s.kinds, r.label, s.caption[:60]) for s, r in zip(samples, results)
+             if r.label != ("text" if "text_heavy" in s.kinds else "visual")]
+    assert wrong == []
+    assert sum(r.label == "text" for r in results) == 16 and len(samples) >= 300
 
 
 def test_long_captions_are_vlm_length() -> None:
