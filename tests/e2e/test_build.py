@@ -626,12 +626,14 @@ def test_rerun_is_identical_and_reuses_captions(ok_build: Built, rerun) -> None:
     assert any(name.endswith("current.json") for name in ok_build.manifests)
     assert parse_summary(rerun.stdout) == parse_summary(ok_build.run.stdout)
 
-    after = captions_metadata(ok_build.home)
+    after = captions_metadata(ok_build.home)  # every stage of every source reused its committed run
     for source in ("stock_photos", "web_images", "crawl_wds"):
         assert len(after[source]) == len(captions_before[source]) + 1, source
-        latest = after[source][0]
-        assert latest["captioned"] == 0 and latest["failed"] == 0, (source, latest)
-        assert latest["reused"] == latest["eligible"] > 0, (source, latest)
+        latest, previous = after[source][0], after[source][1]
+        assert {k: latest[k] for k in ("eligible", "captioned", "reused", "failed")} == {
+            k: previous[k] for k in ("eligible", "captioned", "reused", "failed")}, (source, latest)
+        for stage in ("samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "mds_shards"):
+            assert f"{stage}[{source}]: unchanged since its last commit" in rerun.output, (stage, source)
 
 
 # -- 7. SIGKILL in the middle of `samples` --------------------------------------------------------------
