@@ -753,6 +753,7 @@ def test_sigkill_inside_captions_never_blocks_the_rerun(ok_build: Built, tmp_pat
     and finishes what a clean build wrote, byte for byte."""
     source = "web_images"
     root = copy_root(ok_build, tmp_path)
+    (root / "_reports" / "captions" / source / "latest.json").unlink()  # unchanged: force the run (runbook)
     # from `captions` on: the steps before it hold no pool slot, so they add time, not coverage
     args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
                       "captions,caption_labels,caption_embeddings,mds_shards")
