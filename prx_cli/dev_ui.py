@@ -39,12 +39,17 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
-def kill_session(sid: int) -> None:
-    for pid in session_pids(sid):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def kill_session(sid: int, wait_s: float = 10.0) -> None:
+    """SIGKILL every process of session `sid` and wait until the kernel has reaped them all: a killed
+    process stays listed while it exits, and `make ui` must not return before it is gone."""
+    deadline = time.monotonic() + wait_s
+    while (pids := session_pids(sid)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def run(args: list[str], grace: float = GRACE_S) -> int:

@@ -136,6 +136,7 @@ BUCKETS: Stage[BucketsSettings] = Stage(
     unit_sizes=(UnitSize("unit_rows", "Rows per `buckets` unit (sizes only)."),),
     pin=pin_samples, work=bucket_units, commit=commit_buckets, report=report_buckets,
     volatile=("samples",),  # moved by other sources' ingest: `source_part` pins this source's rows
+    reusable=lambda report: True,  # a rerun over the same rows of the source runs nothing
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(BucketsReport)

@@ -101,7 +101,8 @@ def pin_embeddings(run: StageRun[EmbeddingsSettings]) -> dict[str, int]:
     """The pinned versions and units; the embedder's version, batch size and width in the manifest."""
     config = run.settings.config
     run.params.update(embedder_version=config.version(), batch_size=config.batch_size, dim=config.dim)
-    return pin_contents(run, BatchedAppend(run.storage, "caption_embeddings", refresh_indexes=False))  # indexed below
+    appends = BatchedAppend(run.storage, "caption_embeddings", refresh_indexes=False)  # indexed below
+    return pin_contents(run, appends, follows=("captions",))
 
 
 def embed_units(run: StageRun[EmbeddingsSettings]) -> None:
@@ -162,6 +163,7 @@ CAPTION_EMBEDDINGS: Stage[EmbeddingsSettings] = Stage(
     unpinned=("config", "actors", "model"),  # the embedder enters as its version, batch size and width
     pin=pin_embeddings, work=embed_units, commit=commit_embeddings, report=report_embeddings,
     volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
+    reusable=lambda report: True,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(CaptionEmbeddingsReport, EmbedderConfig, IndexReport, VectorIndexCoverage)

@@ -30,6 +30,7 @@ from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
 from prx_core.models.caption_keys import caption_keys, keyed_by_text
 from prx_core.stages.stage import StageRun
+from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
 from prx_core.store.lookups import lookup_keys, lookup_where, shipped_filter
 from prx_core.store.partitions import source_predicate
@@ -209,7 +210,7 @@ def model_batches(host: ModelHost, rows: pa.Table, batch_size: int) -> tuple[lis
     return outputs, busy
 
 
-def pin_contents(run: StageRun, appends: BatchedAppend) -> dict[str, int]:
+def pin_contents(run: StageRun, appends: BatchedAppend, follows: Sequence[str] = ()) -> dict[str, int]:
     """A content stage's `pin`: the pinned `samples` and `buckets` versions, its units planned
     (`run.state["units"]`); first appends what recorded units of earlier attempts wrote and no
     commit took, since opening this attempt discards them (`run.state["appends"]` goes on).
@@ -218,12 +219,15 @@ def pin_contents(run: StageRun, appends: BatchedAppend) -> dict[str, int]:
     crashed run resumes its attempt across those commits. What identifies it instead is the
     source's part of each (`source_reads`, in the params: a digest of its fragments, which other
     sources' commits leave as they were), so its units read the same rows at the same addresses
-    whichever version they pinned; the resumed attempt reads on the versions it first pinned."""
+    whichever version they pinned; the resumed attempt reads on the versions it first pinned. The
+    content tables it reads (`follows`: `captions`) enter as this source's last run of each
+    (`last_commit`): a new caption of the source is a new manifest, so a committed run is reused
+    only while the source's captions are the ones it read."""
     inputs, run.state["units"] = plan_content_units(run.storage, run.partition, run.settings.unit_rows)
     options = run.storage.lance_storage_options()
     run.params["source_reads"] = {
         t: lance_io.partition_signature(run.storage.lance_uri(t), source_predicate(run.partition), options, v)
-        for t, v in inputs.items()}
+        for t, v in inputs.items()} | {asset: last_commit(run.storage, asset, run.partition) for asset in follows}
     run.state["appends"] = appends
     appends.commit_recorded(UnitRun.recorded(run.storage, run.stage.name, run.partition))
     return inputs

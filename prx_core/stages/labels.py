@@ -122,7 +122,8 @@ def pin_labels(run: StageRun[LabelsSettings]) -> dict[str, int]:
     run.params.update(labeler_version=config.version(), batch_size=config.batch_size)
     if uses_vllm(config):
         run.params["path"] = "pipeline"
-    return pin_contents(run, run.settings.appends or BatchedAppend(run.storage, "caption_labels"))
+    return pin_contents(run, run.settings.appends or BatchedAppend(run.storage, "caption_labels"),
+                        follows=("captions",))
 
 
 def label_units(run: StageRun[LabelsSettings]) -> None:
@@ -183,6 +184,7 @@ CAPTION_LABELS: Stage[LabelsSettings] = Stage(
     unpinned=("config", "actors", "appends", "model"),  # the labeller enters as its version and batch size
     phases=("units", "prepare"), pin=pin_labels, work=label_units, commit=commit_appends, report=report_labels,
     volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
+    reusable=lambda report: report.failed == 0,  # failed labels are retried by the next run
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(LabelsReport, LabelerConfig)

@@ -134,6 +134,7 @@ PHASHES: Stage[PhashesSettings] = Stage(
                                       "are decoded)."),),
     pin=pin_samples, work=phash_units, commit=commit_phashes, report=report_phashes,
     volatile=("samples",),  # moved by other sources' ingest: `source_part` pins this source's rows
+    reusable=lambda report: True,  # a rerun over the same rows of the source runs nothing
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(PhashesReport)

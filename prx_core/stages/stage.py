@@ -174,10 +174,10 @@ def run_partition(stage: Stage, storage: Storage, source: str | None = None, *, 
         # still under the lock: a follow-up that rewrites the partition (sample-id settlement) must
         # not let a second writer in between the commit and itself
         final = report if stage.then is None else stage.then(report, run)
-    if stage.reusable is None:  # followed by downstream stages (`last_commit`), never reused itself
-        record_committed(storage, stage.name, partition, reuse, run.versions, None)
-    elif stage.reusable(final):
-        record_committed(storage, stage.name, partition, reuse, run.versions, final)
+    # every commit is recorded (downstream stages follow it: `last_commit`); its report only when a
+    # later run of the same manifest may stand on it (a run that left failures to retry may not)
+    may_stand = stage.reusable is not None and stage.reusable(final)
+    record_committed(storage, stage.name, partition, reuse, run.versions, final if may_stand else None)
     return final
 
 

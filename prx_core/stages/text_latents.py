@@ -88,7 +88,7 @@ def pin_latents(run: StageRun[TextLatentsSettings]) -> dict[str, int]:
     A unit's fragments already hold up to gigabytes, so the appends never merge them."""
     config = run.settings.config
     run.params.update(encoder_version=config.version(), batch_size=config.batch_size, max_tokens=config.max_tokens)
-    return pin_contents(run, BatchedAppend(run.storage, "text_latents", merge_rows=0))
+    return pin_contents(run, BatchedAppend(run.storage, "text_latents", merge_rows=0), follows=("captions",))
 
 
 def encode_units(run: StageRun[TextLatentsSettings]) -> None:
@@ -132,6 +132,7 @@ TEXT_LATENTS: Stage[TextLatentsSettings] = Stage(
     unpinned=("config", "actors", "gpus", "model"),  # the encoder enters as its version, batch size and max_tokens
     pin=pin_latents, work=encode_units, commit=commit_appends, report=report_latents,
     volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
+    reusable=lambda report: True,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(TextLatentsReport, TextLatentsConfig)

@@ -86,6 +86,6 @@ def transformers_config(model: Path) -> dict[str, Any]:
 
 
 def force_rerun(root: Path | str, asset: str, source: str) -> None:
-    """Make a reusable stage (`samples`, `skip_lists`) really run again on unchanged inputs, the
+    """Make a reusable stage (every per-source one) really run again on unchanged inputs, the
     way docs/operations.md says: remove the record of its last commit."""
     (Path(root) / "_reports" / asset / source / "latest.json").unlink()

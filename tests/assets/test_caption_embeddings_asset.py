@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from demo_corpus import Corpus, SOURCES, copy_corpus, read, version_of
-from materializing import check, commits_since, fresh_instance, materialize, materialized, resources_for
+from materializing import check, commits_since, fresh_instance, force_rerun, materialize, materialized, resources_for
 
 from prx_assets.automation import compact_corpus
 from prx_core.models.caption_base import CaptionerConfig
@@ -79,11 +79,21 @@ def test_nearest_caption_is_itself_or_the_same_text(corpus: Corpus) -> None:
 def test_rematerialization_embeds_nothing_and_commits_nothing(corpus: Corpus, tmp_path: Path) -> None:
     root = copy_corpus(corpus, tmp_path / "corpus")
     before = {t: version_of(root, t) for t in VECTOR_TABLES}
-    result = materialize(resources_for(corpus, root), ["caption_embeddings"], "stock_photos", fresh_instance(corpus.catalog))
+    first = corpus.metadata("caption_embeddings", "stock_photos")
+    resources = resources_for(corpus, root)
+    # the plain rerun stands on the recorded commit: its report is the first run's, nothing is written
+    result = materialize(resources, ["caption_embeddings"], "stock_photos", fresh_instance(corpus.catalog))
     assert result.success
     meta = materialized(result)["caption_embeddings"]
+    assert {k: meta[k] for k in ("embedded", "reused", "captioned", "source_rows")} == {
+        k: first[k] for k in ("embedded", "reused", "captioned", "source_rows")}
+    assert check(result, "caption_embeddings_coverage").passed
+    # forced to run, it finds every caption embedded already
+    force_rerun(root, "caption_embeddings", "stock_photos")
+    result = materialize(resources, ["caption_embeddings"], "stock_photos", fresh_instance(corpus.catalog))
+    meta = materialized(result)["caption_embeddings"]
     assert meta["embedded"] == 0 and meta["reused"] == meta["captioned"] > 0
-    assert meta["source_rows"] == corpus.metadata("caption_embeddings", "stock_photos")["source_rows"]
+    assert meta["source_rows"] == first["source_rows"]
     assert {t: commits_since(root, t, before[t]) for t in VECTOR_TABLES} == {t: [] for t in VECTOR_TABLES}
     assert check(result, "caption_embeddings_coverage").passed
 

@@ -626,12 +626,14 @@ def test_rerun_is_identical_and_reuses_captions(ok_build: Built, rerun) -> None:
     assert any(name.endswith("current.json") for name in ok_build.manifests)
     assert parse_summary(rerun.stdout) == parse_summary(ok_build.run.stdout)
 
-    after = captions_metadata(ok_build.home)
+    after = captions_metadata(ok_build.home)  # every stage of every source reused its committed run
     for source in ("stock_photos", "web_images", "crawl_wds"):
         assert len(after[source]) == len(captions_before[source]) + 1, source
-        latest = after[source][0]
-        assert latest["captioned"] == 0 and latest["failed"] == 0, (source, latest)
-        assert latest["reused"] == latest["eligible"] > 0, (source, latest)
+        latest, previous = after[source][0], after[source][1]
+        assert {k: latest[k] for k in ("eligible", "captioned", "reused", "failed")} == {
+            k: previous[k] for k in ("eligible", "captioned", "reused", "failed")}, (source, latest)
+        for stage in ("samples", "buckets", "phashes", "captions", "caption_labels", "caption_embeddings", "mds_shards"):
+            assert f"{stage}[{source}]: unchanged since its last commit" in rerun.output, (stage, source)
 
 
 # -- 7. SIGKILL in the middle of `samples` --------------------------------------------------------------
@@ -751,6 +753,7 @@ def test_sigkill_inside_captions_never_blocks_the_rerun(ok_build: Built, tmp_pat
     and finishes what a clean build wrote, byte for byte."""
     source = "web_images"
     root = copy_root(ok_build, tmp_path)
+    (root / "_reports" / "captions" / source / "latest.json").unlink()  # unchanged: force the run (runbook)
     # from `captions` on: the steps before it hold no pool slot, so they add time, not coverage
     args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
                       "captions,caption_labels,caption_embeddings,mds_shards")

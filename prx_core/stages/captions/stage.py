@@ -166,6 +166,7 @@ CAPTIONS: Stage[CaptionsSettings] = Stage(
     unpinned=("config", "actors", "appends", "fused"),
     phases=("units", "prepare"), pin=pin_captions, work=caption_units, commit=commit_captions, report=report_captions,
     volatile=CONTENT_VOLATILE,  # other sources' ingest moves them: a rerun resumes across it
+    reusable=lambda report: report.failed == 0,  # failed captions are retried by the next run
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(CaptionsReport, CaptionerConfig, TextLatentsConfig)

@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 
 from prx_core.compute.unit_results import UnitResults
 from prx_core.shards.mds.publish import StreamReport
+from prx_core.shards.mds.retention import referenced_chunks
 from prx_core.shards.mds.verify import VerifyReport, verify_streams
 from prx_core.stages.report import ReportSummary, StageReport, summarize
 from prx_core.stages.stage import StageRun
 from prx_core.store import lance_io
 from prx_core.store.partitions import source_predicate
-from prx_core.store.storage import Storage
+from prx_core.store.storage import Storage, filesystem_for
 
 @dataclass
 class MdsReport(StageReport):
@@ -65,6 +66,17 @@ def verify_published(report: MdsReport, run: StageRun) -> PublishReport:
     verified = verify_streams([s.uri for s in report.streams], run.storage.storage_options)
     expectations, buckets_version = count_expected(run.storage, run.partition, report)
     return PublishReport(report, verified, expectations, buckets_version)
+
+
+def streams_in_place(run: StageRun, report: PublishReport) -> bool:
+    """Every stream the report published still names exactly its chunks (index.json, or member.json
+    in `_merged`): a stream rewritten (opt-outs), unpublished or removed since is written again."""
+    for stream in report.mds.streams:
+        fs = filesystem_for(stream.uri, run.storage.storage_options)
+        fs.invalidate_cache()
+        if referenced_chunks(fs, stream.uri) != set(stream.chunks):
+            return False
+    return True
 
 
 def count_expected(storage: Storage, source: str, report: MdsReport) -> tuple[list[StreamCount], int | None]:

@@ -32,7 +32,7 @@ from prx_core.shards.mds.streams import StreamKey, stream_name
 from prx_core.shards.mds.verify import VerifyReport
 from prx_core.stages.mds_shards.chunks import chunk_unit
 from prx_core.stages.mds_shards.index import SMALL_STREAM, drop_message, index_unit, small_streams
-from prx_core.stages.mds_shards.report import MdsReport, PublishReport, StreamCount, verify_published
+from prx_core.stages.mds_shards.report import MdsReport, PublishReport, StreamCount, streams_in_place, verify_published
 from prx_core.stages.mds_shards.route import SAMPLES_PER_CHUNK, plan_chunks, route_unit
 from prx_core.stages.mds_shards.settings import MdsSettings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
@@ -136,6 +136,8 @@ MDS_SHARDS: Stage[MdsSettings] = Stage(
     # moved by every other source's runs: a rerun resumes across them (`source_reads` pins this source's part)
     volatile=("samples", "captions", "text_latents"),
     spare=lambda storage: named_by_index(storage.storage_options),  # a crash after publish: chunks stay live
+    # a rerun over the same reads runs nothing while the streams it read back are the ones published
+    reusable=lambda report: report.verified.ok, present=streams_in_place,
 )
 # the classes this stage takes and reports on the wire, nested ones included, besides stage.WIRE_TYPES
 WIRE_TYPES = wire.register_all(PublishReport, MdsReport, StreamReport, StreamCount, VerifyReport)

@@ -25,6 +25,7 @@ from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
 from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
+from prx_core.stages.unchanged import latest_uri
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, write_partition
 from prx_core.store.storage import Storage
@@ -100,7 +101,10 @@ def test_captions_units_give_the_reference_rows_once_per_content(storage: Storag
     assert len(lance_io.require_table(storage.lance_uri("captions")).get_fragments()) == 1
     assert not os.listdir(os.path.join(storage.root, RUNS, "captions", "a"))  # the attempt is forgotten
 
-    again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # the failure is retried and replaced
+    same = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # nothing failed: the run is reused
+    assert (same.units.ran, same.units.skipped, same.captioned) == (0, report.units.units, 9)
+    storage.filesystem().rm(latest_uri(storage, "captions", "a"))  # forced: every caption found stored
+    again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)
     assert (again.reused, again.captioned, again.failed, again.without_source_caption) == (9, 0, 0, 1)
     assert caption_rows(storage) == sorted(want)
 
