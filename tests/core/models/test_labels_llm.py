@@ -19,6 +19,7 @@ from test_labels_llm_requests import llm
 from prx_core.models.label_base import LABELS, LabelerConfig
 from prx_core.models.labels import LabelBatch, build_labeler
 from prx_core.models.labels_llm import LABEL_INSTRUCTION, OpenAILLMLabeler, error_code
+from prx_core.stages.unchanged import latest_uri
 
 # ----------------------------------------------------------------------------- a real server on loopback
 
@@ -212,7 +213,10 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
         "c0": "visual", "c1": "text", "c2": "nsfw", "c3": "text", "c4": "visual", "c5": "nsfw"}
     assert set(stored["labeler_id"].to_pylist()) == {config.labeler_id()}
 
-    third = stage.build_labels("demo", storage, "cap-v1", config)
-    assert (third.reused, third.labelled, third.failed) == (6, 0, 0)
+    third = stage.build_labels("demo", storage, "cap-v1", config)  # unchanged: the second run's report stands
+    assert (third.reused, third.labelled, third.failed) == (3, 3, 0) and server.calls["a beach"] == 1
+    storage.filesystem().rm(latest_uri(storage, "caption_labels", "demo"))  # forced: every label found stored
+    forced = stage.build_labels("demo", storage, "cap-v1", config)
+    assert (forced.reused, forced.labelled, forced.failed) == (6, 0, 0)
 
 
