@@ -55,12 +55,20 @@ def cpu_runtime_env(python: Path | str, *, kv_cache_gib: int = 1, threads: int =
     `kv_cache_gib` (vLLM's CPU backend sizes it from this variable, not from
     gpu_memory_utilization), `threads` OpenMP threads, unpinned (a shared machine), and the engine
     inside the Ray actor (no multiprocessing): vLLM's CPU engine otherwise runs its model in a
-    child process that outlives an actor Ray kills, spinning a core until someone kills it."""
+    child process that outlives an actor Ray kills, spinning a core until someone kills it.
+    vLLM's cache lives beside the environment, not in $HOME: an engine start whose model classes
+    are already inspected there skips vLLM's inspection subprocess (~10 CPU-s on two cores)."""
     return {"py_executable": str(python), "env_vars": {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CACHE_ROOT": str(vllm_cache(python)),
         "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "WARNING"}}
+
+
+def vllm_cache(python: Path | str) -> Path:
+    """vLLM's cache root for the environment of `python` (`<venv>/cache`): inspected model classes,
+    keyed by the hash of vLLM's own model files, so a cache stays right across checkpoints and runs."""
+    return Path(python).parent.parent / "cache"
 
 
 def cpu_placement() -> dict[str, Any]:
