@@ -58,6 +58,12 @@ class Settings:
     def section(self, name: str) -> dict[str, Any]:
         return dict(self.config.get(name) or {})
 
+    def ray_start(self) -> dict[str, Any]:
+        """`start_ray` keywords of a CLI command that starts Ray before any resource does (the
+        resources then reuse it): the cluster's `address`, else the embedded Ray's `ray_init_options`."""
+        ray = self.section("ray")
+        return {"address": ray["address"]} if ray.get("address") else dict(ray.get("ray_init_options") or {})
+
 
 def load_settings(environ: dict[str, str] | None = None, required: bool = False) -> Settings:
     """The settings the environment names; with `required` (Dagster's own tools loading the code

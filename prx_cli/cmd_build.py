@@ -95,12 +95,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
     wanted = stale_plan(defs, instance, args.source or catalog.names, select) if args.stale else None
     if wanted == set():  # --stale, and Dagster reports nothing missing or unsynced: no Ray, no run
         return 0
-    address = settings.section("ray").get("address")
-    if address:  # the configured cluster, connected once for every materialization of the build
-        print(f"ray cluster {address}", flush=True)
-        start_ray(address)  # prx_core.compute.quiet: without the known third-party noise
-    else:
-        start_ray()
+    ray_start = settings.ray_start()  # the configured cluster, connected once for every materialization of the
+    if "address" in ray_start:        # build, else an embedded Ray started with the configured ray_init_options
+        print(f"ray cluster {ray_start['address']}", flush=True)
+    start_ray(**ray_start)  # prx_core.compute.quiet: without the known third-party noise
     try:
         outcome = run_build(defs, instance, catalog.names, args.source, select, wanted=wanted, verbose=args.verbose,
                             echo=STATUS.echo)  # above the live progress line, in a terminal

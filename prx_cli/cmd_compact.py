@@ -29,7 +29,7 @@ def _cmd_compact(args: argparse.Namespace) -> int:
         return 2
     import ray
 
-    start_ray(settings.section("ray").get("address"))  # the configured cluster, else an embedded Ray
+    start_ray(**settings.ray_start())  # the configured cluster, else an embedded Ray
     try:
         retention = RETENTION_SECONDS if args.retention_hours is None else args.retention_hours * 3600
         result = maintain_corpus(storage, retention, on_table=lambda done: print(done.line(), flush=True))

@@ -52,7 +52,7 @@ def run_eval_labels(args: argparse.Namespace) -> int:
     if uses_ray:
         from prx_core.compute.quiet import start_ray
 
-        start_ray(settings.section("ray").get("address") or None)
+        start_ray(**settings.ray_start())
     try:
         results = label_captions(config, [item.caption for item in labelled])
     finally:
