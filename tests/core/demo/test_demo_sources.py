@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import struct
 from collections import Counter
 from pathlib import Path
@@ -184,15 +185,17 @@ def test_hostile_files(demo) -> None:
             assert im.format == "PPM"
 
 
-def test_build_is_deterministic(tmp_path: Path) -> None:
+def test_build_is_deterministic(demo_dir: Path, tmp_path: Path) -> None:
+    """A second build, in place over a copy of the session's (with a file an older build left),
+    gives the same bytes and replaces the folder whole."""
     def digest(folder: Path) -> dict[str, str]:
         return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
                 for p in sorted(folder.rglob("*")) if p.is_file()}
 
-    first = build_demo_sources(tmp_path / "a", use_wallpapers=False)
-    assert len(first.samples) >= 300
-    built = digest(tmp_path / "a")
+    built = digest(demo_dir)
+    shutil.copytree(demo_dir, tmp_path / "a")
     (tmp_path / "a" / "stock_photos" / "left_over.parquet").write_bytes(b"from an older build")
-    build_demo_sources(tmp_path / "a", use_wallpapers=False)  # the same again, in place: replaced whole
+    again = build_demo_sources(tmp_path / "a")  # as the session's was built: wallpapers where installed
+    assert len(again.samples) >= 300
     assert digest(tmp_path / "a") == built
     assert not (tmp_path / "a.partial").exists()
