@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,23 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def served_photos() -> dict[str, bytes]:
+    """The photos the loopback photo server serves, by name (http_server.load_photos)."""
+    from http_server import load_photos
+
+    return load_photos()
+
+
+@pytest.fixture(scope="module")
+def photo_server(served_photos: dict[str, bytes]) -> Iterator[Any]:
+    """A loopback HTTP server of `served_photos` and of every failure a web host gives (http_server)."""
+    from http_server import serving
+
+    with serving(served_photos) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

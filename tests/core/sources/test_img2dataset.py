@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
-from http_server import PhotoServer, load_photos, serving
+from http_server import PhotoServer
 from PIL import Image
 
 from prx_core.image.buckets import FLOOR_SIDE
@@ -28,23 +27,12 @@ PATHS = ["/photo/astronaut/a", "/missing/b", "/photo/coffee/c", "/fail/d", "/pho
 FAILED = {"/missing/b": "HTTP Error 404: Not Found", "/fail/d": "HTTP Error 503: Service Unavailable"}
 
 
-@pytest.fixture(scope="module")
-def photos() -> dict[str, bytes]:
-    return load_photos()
-
-
-@pytest.fixture(scope="module")
-def server(photos: dict[str, bytes]):
-    with serving(photos) as running:
-        yield running
-
-
-def run_img2dataset(server: PhotoServer, folder: Path, output_format: str, **options) -> Path:
+def run_img2dataset(photo_server: PhotoServer, folder: Path, output_format: str, **options) -> Path:
     """img2dataset over PATHS (a parquet URL list with captions); its output folder."""
     import img2dataset
 
     folder.mkdir(parents=True, exist_ok=True)
-    rows = [{"url": server.url(p), "caption": f"caption of {p}"} for p in PATHS]
+    rows = [{"url": photo_server.url(p), "caption": f"caption of {p}"} for p in PATHS]
     pq.write_table(pa.Table.from_pylist(rows), folder / "urls.parquet")
     out = folder / output_format
     img2dataset.download(url_list=str(folder / "urls.parquet"), input_format="parquet", url_col="url",
@@ -65,30 +53,30 @@ def built(spec: SourceSpec, root: Path) -> tuple[dict[str, dict], dict[str, tupl
 
 
 def test_img2dataset_tars_and_parquet_build_and_its_failures_are_rejects_with_its_message(
-        tmp_path: Path, server: PhotoServer, photos: dict[str, bytes], ray_cluster) -> None:
+        tmp_path: Path, photo_server: PhotoServer, served_photos: dict[str, bytes], ray_cluster) -> None:
     fetched = {f"{i:09d}": p for i, p in enumerate(PATHS) if p not in FAILED}  # img2dataset's keys: row numbers
     failed = {f"{i:09d}": FAILED[p] for i, p in enumerate(PATHS) if p in FAILED}
 
-    tars = run_img2dataset(server, tmp_path / "wds", "webdataset")
+    tars = run_img2dataset(photo_server, tmp_path / "wds", "webdataset")
     samples, rejects = built(SourceSpec("i2d_wds", "webdataset", str(tars)), tmp_path / "corpus_wds")
     assert sorted(samples) == sorted(fetched) and rejects == {}  # its tars hold the fetched rows only
     for key, path in fetched.items():
-        assert samples[key]["image"] == photos[path.split("/")[2]]  # resize_mode="no", skip_reencode: its bytes
+        assert samples[key]["image"] == served_photos[path.split("/")[2]]  # resize_mode="no", skip_reencode: its bytes
         assert samples[key]["original_caption"] == f"caption of {path}"
 
-    table = run_img2dataset(server, tmp_path / "pq", "parquet")
+    table = run_img2dataset(photo_server, tmp_path / "pq", "parquet")
     spec = SourceSpec("i2d_pq", "parquet", str(table), image_column="jpg", key_column="key", caption_column="caption")
     samples, rejects = built(spec, tmp_path / "corpus_pq")
     assert sorted(samples) == sorted(fetched)
-    assert all(samples[k]["image"] == photos[p.split("/")[2]] for k, p in fetched.items())
+    assert all(samples[k]["image"] == served_photos[p.split("/")[2]] for k, p in fetched.items())
     assert rejects == {k: ("download_error", f"not downloaded by the tool that wrote the source: {message}")
                        for k, message in failed.items()}
 
 
-def test_img2dataset_default_resize_falls_under_the_floor(tmp_path: Path, server: PhotoServer) -> None:
+def test_img2dataset_default_resize_falls_under_the_floor(tmp_path: Path, photo_server: PhotoServer) -> None:
     """Its defaults (resize_mode="border", image_size=256) pad every photo into 256x256: under the
     384x384 floor, so every sample would be dropped as below_floor; `resize_mode="no"` keeps them."""
-    out = run_img2dataset(server, tmp_path / "default", "parquet", resize_mode="border", skip_reencode=False)
+    out = run_img2dataset(photo_server, tmp_path / "default", "parquet", resize_mode="border", skip_reencode=False)
     columns = ["jpg", "status", "original_width", "original_height"]
     table = pq.read_table(next(out.glob("*.parquet")), columns=columns).to_pylist()
     sizes = {Image.open(io.BytesIO(r["jpg"])).size for r in table if r["status"] == "success"}

@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
-from http_server import PhotoServer, load_photos, serving
+from http_server import PhotoServer
 from test_download import records, spec_for, url_table
 
 from prx_core.sources.ingest import ingest_batch
@@ -19,17 +18,6 @@ from prx_core.sources.tables import ReadGuard
 from prx_core.stages.opt_out.takedowns import record_takedowns, taken_down_ids, taken_down_keys
 from prx_core.stages.samples.stage import build_samples
 from prx_core.store.storage import Storage
-
-
-@pytest.fixture(scope="module")
-def photos() -> dict[str, bytes]:
-    return load_photos()
-
-
-@pytest.fixture(scope="module")
-def server(photos: dict[str, bytes]):
-    with serving(photos) as running:
-        yield running
 
 
 def test_recorded_takedowns_are_read_back_per_source(tmp_path: Path) -> None:
@@ -43,25 +31,25 @@ def test_recorded_takedowns_are_read_back_per_source(tmp_path: Path) -> None:
     assert taken_down_keys(storage, "laion") == {"a", "b/c", "d"}
 
 
-def test_a_taken_down_url_is_refused_before_it_is_fetched(tmp_path: Path, server: PhotoServer) -> None:
-    rows = [{"key": k, "URL": server.url(f"/photo/{n}/takedown-{k}"), "TEXT": "t"}
+def test_a_taken_down_url_is_refused_before_it_is_fetched(tmp_path: Path, photo_server: PhotoServer) -> None:
+    rows = [{"key": k, "URL": photo_server.url(f"/photo/{n}/takedown-{k}"), "TEXT": "t"}
             for k, n in (("kept", "astronaut"), ("gone", "coffee"))]
     url_table(tmp_path / "t", [rows])
     spec = spec_for(tmp_path / "t")
-    server.clear()
+    photo_server.clear()
     got = {}
     for fragment, _ in fragment_sizes(spec):
         for batch in read_fragment(spec, fragment, None, ReadGuard(taken_down=frozenset({"gone"}))):
             got.update({r["source_key"]: r for r in batch.to_pylist()})
     assert got["gone"]["reject_reason"] == "taken_down" and not got["gone"]["image"]
     assert got["kept"]["reject_reason"] is None
-    assert server.paths() == ["/photo/astronaut/takedown-kept"]  # the taken-down URL was never asked for
+    assert photo_server.paths() == ["/photo/astronaut/takedown-kept"]  # the taken-down URL was never asked for
     assert records(spec)["gone"]["reject_reason"] is None  # without the guard it would be fetched
 
 
-def test_a_file_sources_taken_down_key_is_never_kept(photos: dict[str, bytes]) -> None:
-    batch = pa.RecordBatch.from_pylist([record("img/a", photos["astronaut"], "a"),
-                                        record("img/b", photos["coffee"], "b")], schema=RECORD_SCHEMA)
+def test_a_file_sources_taken_down_key_is_never_kept(served_photos: dict[str, bytes]) -> None:
+    batch = pa.RecordBatch.from_pylist([record("img/a", served_photos["astronaut"], "a"),
+                                        record("img/b", served_photos["coffee"], "b")], schema=RECORD_SCHEMA)
     samples, rejects = ingest_batch("folder", batch, taken_down=frozenset({"img/b"}))
     assert samples["sample_id"].to_pylist() == ["folder/img/a"]
     assert rejects.select(["sample_id", "reason", "content_id"]).to_pylist() == [
@@ -69,16 +57,16 @@ def test_a_file_sources_taken_down_key_is_never_kept(photos: dict[str, bytes]) -
 
 
 def test_the_samples_stage_refuses_recorded_takedowns_and_counts_them(
-        tmp_path: Path, server: PhotoServer, ray_cluster) -> None:
-    rows = [{"key": f"k{i}", "URL": server.url(f"/photo/{n}/stage-{i}"), "TEXT": "t"}
+        tmp_path: Path, photo_server: PhotoServer, ray_cluster) -> None:
+    rows = [{"key": f"k{i}", "URL": photo_server.url(f"/photo/{n}/stage-{i}"), "TEXT": "t"}
             for i, n in enumerate(["astronaut", "coffee", "chelsea"])]
     url_table(tmp_path / "laion", [rows])
     storage = Storage(str(tmp_path / "corpus"))
     record_takedowns(storage, "laion", "run1", [pa.array(["laion/k1"])])
-    server.clear()
+    photo_server.clear()
     report = build_samples(spec_for(tmp_path / "laion"), storage)
     assert (report.rows, report.reasons) == (2, {"taken_down": 1})
-    assert "/photo/coffee/stage-1" not in server.paths()
+    assert "/photo/coffee/stage-1" not in photo_server.paths()
 
 
 def test_a_purge_deletes_the_taken_down_keys_from_the_staged_joins(tmp_path: Path) -> None:
