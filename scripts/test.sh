@@ -6,7 +6,8 @@
 # two thirds of the time, and every test runs beside a loaded neighbour, as it will on CI some day.
 # The halves are balanced by measured time (`--durations`) and keep tests/core and tests/explorer
 # apart (each has its own conftest). With arguments, one pytest runs just those: `make test
-# PYTEST_ARGS=tests/core/shards/test_mds.py`.
+# PYTEST_ARGS=tests/core/shards/test_mds.py`. Which tests cost the time, in CPU-seconds each (their Ray and
+# Dagster processes included): scripts/suite_cpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTEST=(.venv/bin/python -m pytest)
