@@ -95,8 +95,10 @@ def _cmd_build(args: argparse.Namespace) -> int:
     wanted = stale_plan(defs, instance, args.source or catalog.names, select) if args.stale else None
     if wanted == set():  # --stale, and Dagster reports nothing missing or unsynced: no Ray, no run
         return 0
-    ray_start = settings.ray_start()  # the configured cluster, connected once for every materialization of the
-    if "address" in ray_start:        # build, else an embedded Ray started with the configured ray_init_options
+    # the configured cluster, connected once for every materialization of the build, else an embedded Ray
+    # started with the configured ray_init_options
+    ray_start = settings.ray_start()
+    if "address" in ray_start:
         print(f"ray cluster {ray_start['address']}", flush=True)
     start_ray(**ray_start)  # prx_core.compute.quiet: without the known third-party noise
     try:

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from jpegs import jpeg
+
+if TYPE_CHECKING:
+    from http_server import PhotoServer
 
 
 # The tests mirror prx_core's packages (tests/core/<package>/test_*.py, a sub-package's in
@@ -94,7 +97,7 @@ def served_photos() -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def photo_server(served_photos: dict[str, bytes]) -> Iterator[Any]:
+def photo_server(served_photos: dict[str, bytes]) -> Iterator[PhotoServer]:
     """A loopback HTTP server of `served_photos` and of every failure a web host gives (http_server)."""
     from http_server import serving
 
