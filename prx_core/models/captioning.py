@@ -140,7 +140,7 @@ def judge(result: CaptionResult, config: CaptionerConfig) -> Verdict | None:
 
 
 def judged(result: CaptionResult, config: CaptionerConfig, attempts: int = 1, tokens: int = 0) -> Checked:
-    """One generation's result with its verdict, without a retry (vLLM's single pass, a retry's answer)."""
+    """One generation's result with its verdict, without a retry (the vLLM pipeline's answers, a retry's answer)."""
     if not config.check_captions:
         return Checked(result, "" if result.error else UNCHECKED, attempts=attempts, tokens=tokens)
     verdict = judge(result, config)

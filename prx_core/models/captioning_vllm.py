@@ -24,6 +24,10 @@ Per row:
   `empty_caption` / `generation_error` rows. Rows the engine failed
   (`should_continue_on_error`, `__inference_error__` set) bypass postprocess inside Ray and are
   turned into `generation_error` rows by `finalize_row`.
+
+The caption checks run after the pipeline (prx_core.stages.captions): a refused caption goes
+through a second pipeline with `fallback=True` (the config's fallback decoding), as the other
+backends retry it; the first attempt's problem and tokens ride along (CARRIED).
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ from prx_core.models.prompts import CAPTION_PROMPT
 
 JPEG_QUALITY = 95  # the model sees the image re-encoded once, after the pixel cap
 INFERENCE_ERROR = "__inference_error__"  # Ray's column for a row the engine failed
-CARRIED = ("unit_id",)  # columns passed through the engine untouched (which work unit a row belongs to)
+# columns passed through the engine untouched: which work unit a row belongs to, and on the fallback
+# pass the first attempt's problem and tokens (prx_core.stages.captions.quality.judged_rows)
+CARRIED = ("unit_id", "first_problem", "first_tokens")
 OUTPUT_COLUMNS = ("content_id", "caption", "captioner_id", "captioner_version", "prompt_version", "word_count", "error",
                   "num_generated_tokens", "num_input_tokens", "finish_reason", "llm_seconds")
 CPU_STAGES = ("prepare_multimodal_stage", "chat_template_stage", "tokenize_stage", "detokenize_stage")
@@ -80,14 +86,22 @@ def engine_kwargs(config: CaptionerConfig) -> dict[str, Any]:
                               mm_processor_kwargs={"max_pixels": config.max_pixels})
 
 
-def sampling_params(config: CaptionerConfig) -> dict[str, Any]:
-    """vLLM SamplingParams as a dict; greedy decoding when temperature is 0 (top_p then unused)."""
-    return {
+def sampling_params(config: CaptionerConfig, fallback: bool = False) -> dict[str, Any]:
+    """vLLM SamplingParams as a dict; greedy decoding when temperature is 0 (top_p then unused).
+    `fallback`: the retry of a caption the checks refused (the config's fallback temperature and
+    repetition penalty, seeded where it samples), as the other backends decode it."""
+    temperature = config.fallback_temperature if fallback else config.temperature
+    params: dict[str, Any] = {
         "max_tokens": config.max_new_tokens,
-        "temperature": float(config.temperature),
-        "top_p": float(config.top_p) if config.temperature > 0 else 1.0,
+        "temperature": float(temperature),
+        "top_p": float(config.top_p) if temperature > 0 else 1.0,
         "detokenize": False,  # Ray's Detokenize stage decodes on CPU workers, off the engine actor
     }
+    if fallback and config.fallback_repetition_penalty != 1.0:
+        params["repetition_penalty"] = float(config.fallback_repetition_penalty)
+    if fallback and temperature > 0:
+        params["seed"] = 0
+    return params
 
 
 def processor_config(config: EngineConfig, engine: Mapping[str, Any], **stages: Any) -> Any:
@@ -156,9 +170,9 @@ def image_data_url(data: bytes, max_pixels: int) -> str | CaptionResult:
 class Preprocess:
     """Row -> vLLM request; picklable, so Ray ships it to map workers."""
 
-    def __init__(self, config: CaptionerConfig) -> None:
+    def __init__(self, config: CaptionerConfig, fallback: bool = False) -> None:
         self.config = config
-        self.sampling = sampling_params(config)
+        self.sampling = sampling_params(config, fallback)
 
     def __call__(self, row: Mapping[str, Any]) -> dict[str, Any]:
         content_id = str(row["content_id"])
@@ -256,11 +270,12 @@ class Finalize(FinalizeRows):
         super().__init__(Postprocess(config), OUTPUT_COLUMNS, "caption")
 
 
-def build_vllm_processor(config: CaptionerConfig) -> Any:
-    """`ray.data.llm.build_processor` for captioning (a Processor: Dataset -> Dataset)."""
+def build_vllm_processor(config: CaptionerConfig, fallback: bool = False) -> Any:
+    """`ray.data.llm.build_processor` for captioning (a Processor: Dataset -> Dataset); `fallback`:
+    with the fallback decoding."""
     from ray.data.llm import build_processor
 
-    return build_processor(build_vllm_processor_config(config), preprocess=Preprocess(config),
+    return build_processor(build_vllm_processor_config(config), preprocess=Preprocess(config, fallback),
                            postprocess=Postprocess(config))
 
 
@@ -268,8 +283,8 @@ def carried(row: Mapping[str, Any]) -> dict[str, Any]:
     return {name: row[name] for name in CARRIED if name in row}
 
 
-def caption_dataset(dataset: Any, config: CaptionerConfig, carry: Sequence[str] = ()) -> Any:
+def caption_dataset(dataset: Any, config: CaptionerConfig, carry: Sequence[str] = (), fallback: bool = False) -> Any:
     """Rows (content_id, image, original_caption) -> caption rows, through vLLM; the `carry`
-    columns (of CARRIED) come out as they went in."""
-    processor = build_vllm_processor(config)
+    columns (of CARRIED) come out as they went in; `fallback`: with the fallback decoding."""
+    processor = build_vllm_processor(config, fallback)
     return processor(dataset.select_columns(["content_id", "image", *carry])).map(Finalize(config))

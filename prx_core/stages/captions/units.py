@@ -27,6 +27,7 @@ from prx_core.stages.captions.quality import (
     new_quality,
     refused_unchecked,
     rejected_detail,
+    retryable,
     stored_quality,
 )
 from prx_core.stages.contents import FAILED_EXAMPLES, model_batches, owned_captions, prefetched, stored_rows, write_latents
@@ -126,8 +127,30 @@ def read_pipeline_inputs(run: UnitRun, todo: pa.Table, config: CaptionerConfig) 
 
 
 def write_captions(storage: Storage, batch: pa.Table, config: CaptionerConfig) -> dict[str, Any]:
-    """The vLLM pipeline's rows of one unit, checked (one pass: a refused answer is rejected), written."""
-    return caption_summary(storage, [judged_rows(batch, config)])
+    """The vLLM pipeline's first answers of one unit, checked and written; the refused ones are
+    held back for the fallback pass (`refused`: [caption key, problem, tokens] each)."""
+    rows = judged_rows(batch, config)
+    held = retryable(rows, config)
+    refused = rows.filter(held)
+    kept = rows.filter(pc.invert(held))
+    return {**caption_summary(storage, [kept] if kept.num_rows else []),
+            "refused": [list(r) for r in zip(refused["content_id"].to_pylist(), refused["problem"].to_pylist(),
+                                             refused["num_generated_tokens"].to_pylist())]}
+
+
+def write_retried(storage: Storage, batch: pa.Table, config: CaptionerConfig) -> dict[str, Any]:
+    """The fallback decoding's answers of one unit, checked as second attempts (a refusal is final), written."""
+    return caption_summary(storage, [judged_rows(batch, config, attempts=2)])
+
+
+def read_refused(run: UnitRun, todo: pa.Table, refused: list[list[Any]], config: CaptionerConfig) -> pa.Table:
+    """The fallback pass's input rows: the refused captions' inputs, with their first attempt."""
+    first = {key: (problem, tokens) for key, problem, tokens in refused}
+    rows = read_pipeline_inputs(run, todo.filter(pc.is_in(todo["caption_key"], pa.array(sorted(first), pa.string()))),
+                                config)
+    keys = rows["content_id"].to_pylist()
+    return rows.append_column("first_problem", pa.array([first[k][0] for k in keys], pa.string())).append_column(
+        "first_tokens", pa.array([int(first[k][1] or 0) for k in keys], pa.int64()))
 
 
 def caption_summary(storage: Storage, parts: list[pa.Table],

@@ -142,6 +142,13 @@ def test_preprocess_builds_the_exact_request(config: CaptionerConfig) -> None:
     # greedy: top_p is not sent as set
     greedy = cv.Preprocess(replace(config, temperature=0.0))({"content_id": "c1", "image": jpeg(64, 64)})
     assert greedy["sampling_params"] == {"max_tokens": 300, "temperature": 0.0, "top_p": 1.0, "detokenize": False}
+    # the retry of a refused caption: the config's fallback decoding, as the other backends decode it
+    fallback = cv.Preprocess(config, fallback=True)({"content_id": "c1", "image": jpeg(64, 64)})
+    assert fallback["sampling_params"] == {"max_tokens": 300, "temperature": 0.0, "top_p": 1.0, "detokenize": False,
+                                           "repetition_penalty": config.fallback_repetition_penalty}
+    sampled = cv.Preprocess(replace(config, fallback_temperature=0.3, fallback_repetition_penalty=1.0), fallback=True)
+    assert sampled({"content_id": "c1", "image": jpeg(64, 64)})["sampling_params"] == {
+        "max_tokens": 300, "temperature": 0.3, "top_p": 0.9, "detokenize": False, "seed": 0}
     # a numpy uint8 cell (Ray numpy batches) and a small image kept at its size
     small = cv.Preprocess(config)({"content_id": "c2", "image": np.frombuffer(jpeg(64, 48), np.uint8)})
     assert decode_data_url(small["messages"][0]["content"][0]["image_url"]["url"]).size == (64, 48)
@@ -190,13 +197,15 @@ def test_postprocess_maps_engine_rows_to_caption_rows(config: CaptionerConfig) -
 
 class FakeProcessor:
     """build_processor's shape with Ray's own pre/postprocess wrappers; generation is a stand-in
-    that reads the image the request carries (its size) instead of running a model."""
+    that reads the image the request carries (its size) instead of running a model: an 11-word
+    line (the checks refuse it: too short), and under the fallback decoding a paragraph for an
+    image wider than 1000 pixels."""
 
-    def __init__(self, config: CaptionerConfig) -> None:
+    def __init__(self, config: CaptionerConfig, fallback: bool = False) -> None:
         from ray.llm._internal.batch.processor.base import Processor
 
         def generate(row: dict) -> dict:
-            request = cv.Preprocess(config)(row)
+            request = cv.Preprocess(config, fallback)(row)
             part = request["messages"][0]["content"][0]
             if part["type"] != "image_url":
                 return {**request, "generated_text": "", "num_generated_tokens": 0, "__inference_error__": ""}
@@ -204,6 +213,10 @@ class FakeProcessor:
                 return {**request, "__inference_error__": "RuntimeError: CUDA error"}
             width, height = decode_data_url(part["image_url"]["url"]).size
             text = f"A photograph {width} pixels wide and {height} pixels high showing noise."
+            if "repetition_penalty" in request["sampling_params"] and width > 500:
+                text += (" Speckles of red, green and blue grain cover the frame from edge to edge without any"
+                         " visible subject, horizon or shape; bright and dark dots alternate at random, the texture"
+                         " looks like an old television tuned between channels, and nothing in it can be named.")
             return {**request, "generated_text": text, "num_generated_tokens": len(text.split()) + 3,
                     "__inference_error__": ""}  # as vLLMEngineStage sets it on every row
 
@@ -221,11 +234,11 @@ def test_captions_stage_takes_the_vllm_path_over_the_same_units(
     images = {"c0": jpeg(1600, 1000, 0), "c1": jpeg(300, 200, 1), "corrupt": b"\xff\xd8junk", "engine-fails": jpeg(64, 64, 2)}
     write_contents(storage, "demo", images, {"c0": "a", "corrupt": "b", "engine-fails": "c"})
 
-    built: list[CaptionerConfig] = []
+    built: list[tuple[CaptionerConfig, bool]] = []
 
-    def factory(cfg: CaptionerConfig):
-        built.append(cfg)
-        return FakeProcessor(cfg)
+    def factory(cfg: CaptionerConfig, fallback: bool = False):
+        built.append((cfg, fallback))
+        return FakeProcessor(cfg, fallback)
 
     def no_caption_batch(*args, **kwargs):
         raise AssertionError("the vllm backend must not use CaptionBatch")
@@ -233,21 +246,25 @@ def test_captions_stage_takes_the_vllm_path_over_the_same_units(
     monkeypatch.setattr(cv, "build_vllm_processor", factory)
     monkeypatch.setattr(captions_stage, "CaptionBatch", no_caption_batch)
     report = captions_stage.build_captions("demo", storage, config)
-    assert built == [config]
-    assert (report.captioned, report.failed, report.reused) == (2, 2, 0)
+    # the first pipeline, then one with the fallback decoding for the two captions the checks refused
+    assert built == [(config, False), (config, True)]
+    assert (report.captioned, report.failed, report.reused, report.fallbacks) == (2, 2, 0, 2)
     assert report.failures == {"decode_error": 1, "generation_error": 1}
+    assert report.quality == {"retried:too_short": 1, "rejected:too_short": 1}
     ok_words = [r["word_count"] for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()
                 if not r["error"]]
-    assert report.output_tokens == sum(w + 3 for w in ok_words)  # the stand-in engine's token counts
+    assert report.output_tokens == 2 * (11 + 3) + sum(w + 3 for w in ok_words)  # both attempts' tokens
     assert report.gpu_hours == pytest.approx(
         report.generation_seconds * config.replicas * config.tensor_parallel_size / 3600)
     rows = {r["content_id"]: r for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()}
     assert set(rows) == set(images)
     assert all(r["captioner_version"] == config.version() and r["captioner_id"] == config.captioner_id()
                and r["prompt_version"] == PROMPT_VERSION for r in rows.values())
-    assert rows["c0"]["caption"] == "A photograph 566 pixels wide and 354 pixels high showing noise."
-    assert 566 * 354 <= 448 * 448 and rows["c0"]["error"] == "" and rows["c0"]["word_count"] == 11
+    assert rows["c0"]["caption"].startswith("A photograph 566 pixels wide and 354 pixels high showing noise. Speckles")
+    assert 566 * 354 <= 448 * 448 and rows["c0"]["error"] == "" and rows["c0"]["word_count"] == 11 + 45
+    assert (rows["c0"]["verdict"], rows["c0"]["problem"], rows["c0"]["attempts"]) == ("retried", "too_short", 2)
     assert rows["c1"]["caption"].startswith("A photograph 300 pixels wide and 200")
+    assert (rows["c1"]["verdict"], rows["c1"]["problem"], rows["c1"]["attempts"]) == ("rejected", "too_short", 2)
     assert rows["corrupt"]["error"].startswith("decode_error") and rows["corrupt"]["caption"] == ""
     assert rows["engine-fails"]["error"] == "generation_error: RuntimeError: CUDA error"
     # a rerun keeps the captions and retries only the failures
