@@ -39,6 +39,22 @@ def record_committed(storage: Storage, asset: str, partition: str, digest: str, 
     put_atomic(storage.filesystem(), latest_uri(storage, asset, partition), json.dumps(payload).encode())
 
 
+def force_next_run(storage: Storage, asset: str, partition: str) -> bool:
+    """Make the next run of (asset, partition) run even over unchanged inputs (a reader fixed without
+    a code version change, a test of the run itself): its record loses the report a rerun would
+    stand on. Digest and versions stay, so the stages that follow it (`last_commit`) see no change
+    until that run commits. False when there is no report to drop."""
+    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
+    fs.invalidate_cache()
+    if not fs.exists(uri):
+        return False
+    payload = json.loads(fs.cat_file(uri))
+    if payload.pop("report", None) is None:
+        return False
+    put_atomic(fs, uri, json.dumps(payload).encode())
+    return True
+
+
 def last_commit(storage: Storage, asset: str, partition: str) -> str | None:
     """A digest of the last committed run of (asset, partition) (manifest and versions written), None
     before the first: what a downstream stage pins to follow this partition's runs of a shared table,

@@ -83,9 +83,3 @@ def collect_checks(instance: dg.DagsterInstance) -> dict[tuple[str, str | None],
 
 def transformers_config(model: Path) -> dict[str, Any]:
     return {"backend": "transformers", "model": str(model), "max_new_tokens": 8, "max_pixels": 12544, "batch_size": 8}
-
-
-def force_rerun(root: Path | str, asset: str, source: str) -> None:
-    """Make a reusable stage (every per-source one) really run again on unchanged inputs, the
-    way docs/operations.md says: remove the record of its last commit."""
-    (Path(root) / "_reports" / asset / source / "latest.json").unlink()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from demo_corpus import read, version_of
-from materializing import force_rerun, fresh_instance, make_settings, materialize
+from materializing import fresh_instance, make_settings, materialize
 from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
 from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
@@ -25,7 +25,9 @@ from prx_assets.definitions import build_assets, build_definitions, build_resour
 from prx_assets.settings import ALL_ASSETS, load_settings
 from prx_core.shards.mds.streams import MDS_COLUMNS
 from prx_core.sources.catalog import load_catalog
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store.schemas import TABLES
+from prx_core.store.storage import Storage
 
 OPS_KEYS = {"units", "units_run", "units_resumed", "worker_peak_rss_mb", "ray_nodes", "fragments_read", "lance_commits"}
 TABLE_OF = {"samples": "samples", "buckets": "buckets", "phashes": "phashes", "duplicates": "duplicates",
@@ -168,7 +170,7 @@ def test_an_idempotent_rerun_leaves_everything_downstream_fresh(small) -> None:
     before = {a: latest_data_version(instance, a, "clean") for a in rerun}
     assert [stale_status(small, a, "clean") for a in ("captions", "mds_shards")] == [StaleStatus.FRESH] * 2
     versions = {a: version_of(root, a) for a in rerun}
-    force_rerun(root, "samples", "clean")  # a real rewrite, not the unchanged-source no-op
+    assert force_next_run(Storage(str(root)), "samples", "clean")  # a real rewrite, not the unchanged-source no-op
     assert materialize(small["resources"], rerun, "clean", instance).success
     assert all(version_of(root, a) > versions[a] for a in rerun), versions
     assert {a: latest_data_version(instance, a, "clean") for a in rerun} == before

@@ -11,11 +11,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from demo_corpus import Corpus, SOURCES, copy_corpus, read, version_of
-from materializing import check, commits_since, fresh_instance, force_rerun, materialize, materialized, resources_for
+from materializing import check, commits_since, fresh_instance, materialize, materialized, resources_for
 
 from prx_assets.automation import compact_corpus
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.embeddings import EMBEDDING_DIM, EmbedderConfig
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io, maintenance, schemas
 from prx_core.store.storage import Storage
 
@@ -89,7 +90,7 @@ def test_rematerialization_embeds_nothing_and_commits_nothing(corpus: Corpus, tm
         k: first[k] for k in ("embedded", "reused", "captioned", "source_rows")}
     assert check(result, "caption_embeddings_coverage").passed
     # forced to run, it finds every caption embedded already
-    force_rerun(root, "caption_embeddings", "stock_photos")
+    assert force_next_run(Storage(str(root)), "caption_embeddings", "stock_photos")
     result = materialize(resources, ["caption_embeddings"], "stock_photos", fresh_instance(corpus.catalog))
     meta = materialized(result)["caption_embeddings"]
     assert meta["embedded"] == 0 and meta["reused"] == meta["captioned"] > 0

@@ -11,13 +11,14 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from demo_corpus import Corpus, Manifest, SOURCES, copy_corpus, image_folder_source, read, stream_dirs
-from materializing import check, checks_of, force_rerun, fresh_instance, make_settings, materialize, materialized, resources_for, transformers_config
+from materializing import check, checks_of, fresh_instance, make_settings, materialize, materialized, resources_for, transformers_config
 
 from prx_assets.definitions import build_resources
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SOURCE_HAS_NONE
 from prx_core.sources.catalog import load_catalog
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
@@ -115,7 +116,7 @@ def test_full_text_index_covers_every_caption(corpus: Corpus, manifest: Manifest
 def test_second_materialization_reuses_every_caption(corpus: Corpus, tmp_path: Path) -> None:
     root = copy_corpus(corpus, tmp_path / "corpus")
     before = read(root, "captions").sort_by([("content_id", "ascending")]).to_pylist()
-    force_rerun(root, "captions", "crawl_wds")  # else the committed run is reused whole: nothing runs
+    assert force_next_run(Storage(str(root)), "captions", "crawl_wds")  # else the committed run is reused whole: nothing runs
     result = materialize(resources_for(corpus, root), ["captions"], "crawl_wds", fresh_instance(corpus.catalog))
     assert result.success
     meta = materialized(result)["captions"]

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 from demo_corpus import Corpus, SOURCES, copy_corpus, read, sha256, stream_dirs, tree_digest
-from materializing import check, force_rerun, fresh_instance, materialize, materialized, resources_for
+from materializing import check, fresh_instance, materialize, materialized, resources_for
 from PIL import Image
 
 from prx_core.image.imaging import process_image
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.shards.mds.read import read_stream_rows
+from prx_core.stages.unchanged import force_next_run
+from prx_core.store.storage import Storage
 
 SOURCE_VERSION = CaptionerConfig("source").version()
 
@@ -104,7 +106,7 @@ def test_rerun_gives_byte_identical_shards(corpus: Corpus, tmp_path: Path) -> No
     others = {s: tree_digest(root / "mds" / s) for s in SOURCES if s != source}
     assert any(name.endswith("index.json") for name in before)
 
-    force_rerun(root, "mds_shards", source)  # a real rewrite, not the reuse of the committed run
+    assert force_next_run(Storage(str(root)), "mds_shards", source)  # a real rewrite, not the reuse of the committed run
     result = materialize(resources_for(corpus, root), ["mds_shards"], source, fresh_instance(corpus.catalog))
     assert result.success
     assert check(result, "mds_shards_readable").passed

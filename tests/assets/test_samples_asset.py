@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 from demo_corpus import Corpus, Manifest, SAMPLES_REASONS, SOURCES, by, copy_corpus, image_folder_source, read, sha256, version_of
-from materializing import INDEX_OPERATIONS, check, commits_since, data_version, force_rerun, fresh_instance, make_settings, materialize, materialized, resources_for
+from materializing import INDEX_OPERATIONS, check, commits_since, data_version, fresh_instance, make_settings, materialize, materialized, resources_for
 
 from prx_assets.definitions import build_resources
 from prx_core.sources.catalog import load_catalog
+from prx_core.stages.unchanged import force_next_run
+from prx_core.store.storage import Storage
 
 
 def test_build_runs_every_chain_then_duplicates_then_skip_lists(corpus: Corpus, record_property) -> None:
@@ -132,7 +134,7 @@ def test_rerun_of_one_partition_is_one_commit_and_idempotent(corpus: Corpus, tmp
     rejects_before = read(root, "rejects", filter="source = 'web_images' AND stage = 'samples'").sort_by("sample_id")
 
     resources = resources_for(corpus, root)
-    force_rerun(root, "samples", "web_images")  # unchanged, it would be a no-op: this is about the rewrite
+    assert force_next_run(Storage(str(root)), "samples", "web_images")  # unchanged, it would be a no-op: this is about the rewrite
     result = materialize(resources, ["samples"], "web_images", fresh_instance(corpus.catalog))
     assert result.success
     meta = materialized(result)["samples"]

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from demo_corpus import Corpus, copy_corpus, read, stream_dirs, tree_digest
-from materializing import check, force_rerun, fresh_instance, materialize, materialized, resources_for, transformers_config
+from materializing import check, fresh_instance, materialize, materialized, resources_for, transformers_config
 
 from prx_core.models.text_latents import clean_caption, encode_captions
 from prx_core.shards.mds.encodings import latent_key, mask_key, register_encodings
+from prx_core.stages.unchanged import force_next_run
+from prx_core.store.storage import Storage
 
 SOURCE = "crawl_wds"
 PRESET = "tiny-16-bf16"
@@ -94,7 +96,7 @@ def test_corpus_dataset_returns_the_tensors(encoded) -> None:
 def test_a_rerun_encodes_nothing_and_rewrites_no_chunk(encoded, corpus: Corpus) -> None:
     root, resources, first = encoded
     before = tree_digest(Path(root, "mds", SOURCE))
-    force_rerun(root, "text_latents", SOURCE)  # else the committed run is reused whole: nothing runs
+    assert force_next_run(Storage(str(root)), "text_latents", SOURCE)  # else the committed run is reused whole: nothing runs
     result = materialize(resources, ["text_latents", "mds_shards"], SOURCE, fresh_instance(corpus.catalog))
     assert result.success
     meta = materialized(result)

@@ -30,6 +30,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from prx_core.stages.unchanged import force_next_run
+from prx_core.store.storage import Storage
+
 pytestmark = pytest.mark.slow
 
 CLI = str(Path(sys.executable).with_name("prx-corpus"))
@@ -645,7 +648,7 @@ def copy_root(built: Built, dest: Path) -> Path:
 
 def test_sigkill_during_samples_loses_and_duplicates_nothing(ok_build: Built, tmp_path: Path) -> None:
     root = copy_root(ok_build, tmp_path)
-    (root / "_reports" / "samples" / "web_images" / "latest.json").unlink()  # unchanged: force the re-ingest (runbook)
+    assert force_next_run(Storage(str(root)), "samples", "web_images")  # unchanged: force the re-ingest
     samples_uri = table_uri(root, "samples")
     version_before = lance.dataset(samples_uri).version
     rows_before = table_snapshot(root, "samples")
@@ -753,7 +756,7 @@ def test_sigkill_inside_captions_never_blocks_the_rerun(ok_build: Built, tmp_pat
     and finishes what a clean build wrote, byte for byte."""
     source = "web_images"
     root = copy_root(ok_build, tmp_path)
-    (root / "_reports" / "captions" / source / "latest.json").unlink()  # unchanged: force the run (runbook)
+    assert force_next_run(Storage(str(root)), "captions", source)  # unchanged: force the run
     # from `captions` on: the steps before it hold no pool slot, so they add time, not coverage
     args = build_args(ok_build.demo / "sources.yaml", root, tmp_path / "dh", "--source", source, "--select",
                       "captions,caption_labels,caption_embeddings,mds_shards")

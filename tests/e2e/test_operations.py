@@ -182,9 +182,9 @@ def test_a_taken_down_id_stays_down_through_a_re_ingest(corpus: Corpus) -> None:
     from prx_core.shards.mds.read import read_stream_rows
 
     victim = corpus.victim
-    (corpus.root / "_reports" / "samples" / "photos_b" / "latest.json").unlink()  # force the re-ingest
-    done = run_cli(*build_args(corpus.two, corpus.root, corpus.home, "--source", "photos_b"))
+    done = run_cli(*build_args(corpus.two, corpus.root, corpus.home, "--source", "photos_b", "--rerun", "samples"))
     assert done.returncode == 0, done.explain()
+    assert "rerun samples: photos_b will run again" in done.stdout, done.stdout  # unchanged: forced (the runbook's)
     assert "taken down, refused at ingest: 1 (photos_b 1)" in done.stdout, done.stdout
     samples = lance.dataset(str(corpus.root / "lance" / "samples.lance"))
     assert samples.count_rows(f"sample_id = '{victim}'") == 0

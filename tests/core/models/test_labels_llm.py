@@ -19,7 +19,7 @@ from test_labels_llm_requests import llm
 from prx_core.models.label_base import LABELS, LabelerConfig
 from prx_core.models.labels import LabelBatch, build_labeler
 from prx_core.models.labels_llm import LABEL_INSTRUCTION, OpenAILLMLabeler, error_code
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 
 # ----------------------------------------------------------------------------- a real server on loopback
 
@@ -215,7 +215,7 @@ def test_stage_stores_no_label_for_a_failure_and_a_rerun_completes_it(server_fac
 
     third = stage.build_labels("demo", storage, "cap-v1", config)  # unchanged: the second run's report stands
     assert (third.reused, third.labelled, third.failed) == (3, 3, 0) and server.calls["a beach"] == 1
-    storage.filesystem().rm(latest_uri(storage, "caption_labels", "demo"))  # forced: every label found stored
+    assert force_next_run(storage, "caption_labels", "demo")  # forced: every label found stored
     forced = stage.build_labels("demo", storage, "cap-v1", config)
     assert (forced.reused, forced.labelled, forced.failed) == (6, 0, 0)
 

@@ -16,7 +16,7 @@ from prx_core.models import labels_vllm as lv
 from prx_core.models.label_base import LABELS, LabelerConfig
 from prx_core.models.labels_llm import LABEL_INSTRUCTION, error_code
 from prx_core.stages import labels as stage
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store.storage import Storage
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no Hub access: build_processor must cope offline
@@ -164,6 +164,6 @@ def test_labels_stage_takes_the_vllm_path_over_the_same_units(
     assert again.distribution == {"visual": 2, "text": 1, "nsfw": 2}
     done = stage.build_labels("demo", storage, "cap-v1", config)  # unchanged: `again` stands, nothing runs
     assert (done.reused, done.labelled) == (3, 2) and len(built) == 2
-    storage.filesystem().rm(latest_uri(storage, "caption_labels", "demo"))  # forced: every label found stored
+    assert force_next_run(storage, "caption_labels", "demo")  # forced: every label found stored
     done = stage.build_labels("demo", storage, "cap-v1", config)
     assert (done.reused, done.labelled) == (5, 0) and len(built) == 2  # nothing left: no processor built

@@ -19,7 +19,7 @@ from prx_core.models.tiny_vlm import TINY_MAX_PIXELS, build_tiny_qwen2_vl
 from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.mds_shards.chunks import CAPTION_REJECTED
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate
 from prx_core.store.storage import Storage
@@ -58,7 +58,7 @@ def test_the_tiny_vlm_loops_is_retried_once_then_rejected_and_kept_out_of_mds(
 
     same = build_captions("web", storage, config)  # the same manifest, its outputs in place: nothing runs
     assert (same.units.ran, same.units.skipped, same.rejected) == (0, same.units.units, 3)
-    storage.filesystem().rm(latest_uri(storage, "captions", "web"))  # forced, as docs/operations.md says
+    assert force_next_run(storage, "captions", "web")  # forced, as docs/operations.md says
     again = build_captions("web", storage, config)  # a rejected caption is a verdict: never retried by a rerun
     assert (again.reused, again.captioned, again.fallbacks, again.rejected) == (3, 0, 0, 3)
     assert again.quality == report.quality

@@ -17,7 +17,7 @@ from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
 from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store.storage import Storage
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -46,7 +46,7 @@ def test_a_rerun_with_nothing_pending_never_loads_the_model(storage: Storage, tm
     assert first.labelled == first.captioned > 0 and 1 <= built <= 2  # at most one per actor, not one per unit
     same = build_labels("a", storage, CONFIG.version(), config, unit_rows=4, model=model)  # reused: no actor
     assert same.units.ran == 0 and len(list(loads.iterdir())) == built
-    storage.filesystem().rm(latest_uri(storage, "caption_labels", "a"))  # forced: every unit runs, none pending
+    assert force_next_run(storage, "caption_labels", "a")  # forced: every unit runs, none pending
     again = build_labels("a", storage, CONFIG.version(), config, unit_rows=4, model=model)
     assert (again.labelled, again.reused) == (0, again.captioned)
     assert len(list(loads.iterdir())) == built  # the actors started, and none built its model

@@ -25,7 +25,7 @@ from prx_core.models.label_base import LabelerConfig
 from prx_core.models.labels import LabelBatch
 from prx_core.stages.captions.stage import build_captions
 from prx_core.stages.labels import build_labels
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import source_predicate, write_partition
 from prx_core.store.storage import Storage
@@ -103,7 +103,7 @@ def test_captions_units_give_the_reference_rows_once_per_content(storage: Storag
 
     same = build_captions("a", storage, CONFIG, unit_rows=unit_rows)  # nothing failed: the run is reused
     assert (same.units.ran, same.units.skipped, same.captioned) == (0, report.units.units, 9)
-    storage.filesystem().rm(latest_uri(storage, "captions", "a"))  # forced: every caption found stored
+    assert force_next_run(storage, "captions", "a")  # forced: every caption found stored
     again = build_captions("a", storage, CONFIG, unit_rows=unit_rows)
     assert (again.reused, again.captioned, again.failed, again.without_source_caption) == (9, 0, 0, 1)
     assert caption_rows(storage) == sorted(want)

@@ -18,7 +18,7 @@ from prx_core.sources.ingest import ingest_batch
 from prx_core.stages.buckets import bucket_samples, build_buckets
 from prx_core.sources.ingest import inspect_image
 from prx_core.stages.phashes import build_phashes
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -82,7 +82,7 @@ def test_buckets_units_give_the_reference_rows(storage: Storage, unit_rows: int)
     assert not os.listdir(os.path.join(storage.root, RUNS, "buckets", "photos"))  # the attempt is forgotten
     same = build_buckets("photos", storage, unit_rows=unit_rows)  # the same rows read: nothing runs
     assert (same.units.ran, same.units.skipped) == (0, fragments) and same.buckets_version == report.buckets_version
-    storage.filesystem().rm(latest_uri(storage, "buckets", "photos"))  # forced: same rows, one more version
+    assert force_next_run(storage, "buckets", "photos")  # forced: same rows, one more version
     again = build_buckets("photos", storage, unit_rows=unit_rows)
     assert rows(storage, "buckets", source_predicate("photos")) == want_buckets and again.units.ran == fragments
 
@@ -121,7 +121,7 @@ def test_a_sigkilled_stage_resumes_from_its_recorded_units(storage: Storage, ray
 
     report = build_phashes("photos", storage, unit_rows=2)
     assert report.units.units == 12 and report.units.skipped == recorded and report.units.ran == 12 - recorded
-    storage.filesystem().rm(latest_uri(storage, "phashes", "photos"))  # else the committed run is reused
+    assert force_next_run(storage, "phashes", "photos")  # else the committed run is reused
     reference = build_phashes("photos", Storage(storage.root), unit_rows=2)  # a clean run on the same rows
     assert reference.units.ran == 12
     got = lance_io.partition_digest(storage.lance_uri("phashes"), source_predicate("photos"), version=report.phashes_version)

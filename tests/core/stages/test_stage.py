@@ -17,6 +17,7 @@ from prx_core.stages import entry
 from prx_core.stages.buckets import BUCKETS, BucketsSettings, build_buckets
 from prx_core.stages.settings import Settings
 from prx_core.stages.stage import run_partition
+from prx_core.stages.unchanged import force_next_run, last_commit
 from prx_core.store.storage import Storage
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -90,3 +91,18 @@ def test_only_the_latest_details_are_kept(storage: Storage, monkeypatch: pytest.
     # and the record of the last commit, which downstream stages follow (unchanged.last_commit)
     assert kept == sorted([*(Path(u).name for u in uris[1:]), "latest.json"])
 
+
+
+def test_a_forced_rerun_runs_again_and_leaves_what_follows_it_alone(storage: Storage) -> None:
+    """`force_next_run` (`prx-corpus build --rerun`): the next run over unchanged inputs runs instead
+    of standing on the last report, and `last_commit`, which the stages following it pin, stays as
+    it was until that run commits."""
+    assert not force_next_run(storage, "buckets", "photos")  # nothing committed yet
+    first = build_buckets("photos", storage)
+    followed = last_commit(storage, "buckets", "photos")
+    assert build_buckets("photos", storage).units.ran == 0  # unchanged: the last report stands
+    assert force_next_run(storage, "buckets", "photos") and last_commit(storage, "buckets", "photos") == followed
+    assert not force_next_run(storage, "buckets", "photos")  # no report left to drop
+    again = build_buckets("photos", storage)
+    assert again.units.ran == first.units.ran > 0 and again.bucketed == first.bucketed
+    assert build_buckets("photos", storage).units.ran == 0  # and the forced run's report stands in turn

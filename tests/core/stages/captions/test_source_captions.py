@@ -14,7 +14,7 @@ from prx_core.models.caption_keys import source_caption_key
 from prx_core.models.captioning import SOURCE_HAS_NONE, SourceCaptioner, missing_caption_message
 from prx_core.models.serving import CaptionServer, Faults
 from prx_core.stages.captions.stage import NoSourceCaptions, build_captions
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
@@ -39,7 +39,7 @@ def test_missing_source_captions_are_counted_apart_from_failures(storage: Storag
     write_contents(storage, "web", {k: b"bytes " + k.encode() for k in keys}, captions, dropped=("c20",))
     for attempt in range(2):  # the uncaptioned are looked at again, and counted again, on a forced rerun
         if attempt:  # (a plain rerun reuses the committed run: the same rows, nothing failed)
-            storage.filesystem().rm(latest_uri(storage, "captions", "web"))
+            assert force_next_run(storage, "captions", "web")
         report = build_captions("web", storage, SOURCE, unit_rows=4)
         assert report.eligible == 20 and report.captioned + report.reused == 18
         assert (report.failed, report.failures, report.offenders) == (0, {}, [])

@@ -26,7 +26,7 @@ from prx_core.shards.mds.streams import list_streams
 from prx_core.shards.mds.verify import verify_streams
 from prx_core.stages.mds_shards.chunks import NO_CAPTION
 from prx_core.stages.mds_shards.stage import build_mds
-from prx_core.stages.unchanged import latest_uri
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io, schemas
 from prx_core.store.partitions import rejects_predicate, source_predicate
 from prx_core.store.storage import Storage
@@ -113,7 +113,7 @@ def test_a_rerun_reuses_complete_chunks_and_changes_no_byte(storage: Storage) ->
     before = {p: p.read_bytes() for p in Path(storage.root, "mds").rglob("*") if p.is_file()}
     again = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)  # the same reads: nothing runs
     assert (again.units["chunks"].ran, again.units["chunks"].skipped) == (0, again.units["chunks"].units)
-    storage.filesystem().rm(latest_uri(storage, "mds_shards", "photos"))  # forced: every chunk found by its name
+    assert force_next_run(storage, "mds_shards", "photos")  # forced: every chunk found by its name
     forced = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
     chunks = forced.units["chunks"]
     assert chunks.total("reused") == chunks.units > 0
@@ -135,7 +135,7 @@ def test_a_reader_holding_the_old_index_keeps_reading_while_the_stream_is_republ
     reader = streaming.StreamingDataset(remote=stream.uri, local=str(local), shuffle=False, batch_size=1)
     add_captions(storage, skip=0, text="another picture")  # every caption changes: new chunk folders
     # written past the `captions` stage, whose commit record mds_shards follows: forget its own instead
-    storage.filesystem().rm(latest_uri(storage, "mds_shards", "photos"))
+    assert force_next_run(storage, "mds_shards", "photos")
     second = build_mds("photos", storage, CAPTIONER, route_rows=5, chunk_rows=3)
     assert set(second.streams[0].chunks).isdisjoint(first.streams[0].chunks)
     read = [(reader[i]["sample_id"], hashlib.sha256(_raw_jpeg(reader, i)).hexdigest()) for i in range(reader.num_samples)]
