@@ -169,6 +169,14 @@ class UnitRun:
     def started(self) -> set[str]:
         return {stem(p) for p in list_children(self.storage.filesystem(), join_path(self.uri, "started"))}
 
+    def summary(self, unit_id: str) -> dict[str, Any] | None:
+        """The recorded summary of one unit, None before it completes (one read)."""
+        fs = self.storage.filesystem()
+        try:
+            return json.loads(fs.cat_file(join_path(self.uri, "done", f"{unit_id}.json")))
+        except FileNotFoundError:
+            return None
+
     def completed(self) -> dict[str, dict[str, Any]]:
         """Summaries of the recorded units, by unit id (one listing and one read per unit)."""
         fs = self.storage.filesystem()
@@ -288,6 +296,12 @@ def _record_failure(run: UnitRun, unit: Unit, exc: TaskFailed, on_failed: Failed
 
 def _execute_on_actor(host: ModelHost, fn: ModelUnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
     return _execute(fn, unit, run, host)
+
+
+def execute_unit(fn: UnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """Run one unit in this process as a unit task runs it (a pipeline's input stage): its summary
+    with the unit's accounting, recorded."""
+    return _execute(fn, unit, run)
 
 
 def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHost) -> dict[str, Any]:

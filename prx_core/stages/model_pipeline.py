@@ -3,12 +3,16 @@
 vLLM engines are Ray Data actors that live as long as one pipeline runs, so units cannot each
 start their own. `pipeline_units` is the `work` step of `captions` and `caption_labels` on this
 path (their `pin` adds `path: pipeline` to the manifest); the units run in phases of one attempt:
-1. prepare, as Ray tasks: each unit finds its pending contents (the same worker-side lookups as
-   the actor path) and writes them to a scratch file; recorded per unit.
-2. generate: the units with pending contents, not yet generated, stream through one pipeline
-   (read scratch -> the engine stages -> write). Writers write each unit's rows as their own
-   fragments and emit one small record per batch; the driver counts rows per unit and, when a
-   unit is complete, records it and hands its fragments to the batched appends.
+1. prepare: each unit finds its pending contents (the same worker-side lookups as the actor
+   path) and writes them to a scratch file; recorded per unit. Only the first units are prepared
+   ahead, as Ray tasks, a cluster's CPUs of them at a time until one has pending contents: a run
+   with nothing to generate starts no engine, and the others' lookups do not keep the GPUs idle.
+2. generate: the units not yet generated stream through one pipeline (prepare or read scratch ->
+   the engine stages -> write): the units not prepared ahead are prepared in its input stage,
+   while the engines generate for the first ones. Writers write each unit's rows as their own
+   fragments and emit one small record per batch; the driver counts rows per unit (its prepare
+   record says how many) and, when a unit is complete, records it and hands its fragments to the
+   batched appends.
 3. fallback (the captioner's caption checks): what the writers held back (a refused first answer)
    streams through a second pipeline with the fallback decoding, per unit, recorded the same way.
    A second engine start, paid only when some caption was refused: Ray Data pipelines do not loop
@@ -40,7 +44,7 @@ import pyarrow.parquet as pq
 
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import quiet_ray_data
-from prx_core.compute.units import Unit, UnitResults, UnitRun
+from prx_core.compute.units import Unit, UnitResults, UnitRun, execute_unit
 from prx_core.stages.stage import StageRun
 from prx_core.store.storage import Storage
 
@@ -54,6 +58,11 @@ FALLBACK_CARRY = (*CARRY, "first_problem", "first_tokens")  # and on the fallbac
 
 
 def prepare_unit(prepare: Prepare, unit: Unit, run: UnitRun) -> dict[str, Any]:
+    """A prepare task: the unit's summary, its pending rows in its scratch file."""
+    return prepared_rows(prepare, unit, run)[1]
+
+
+def prepared_rows(prepare: Prepare, unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
     todo, summary = prepare(unit, run)
     uri = run.scratch_uri(f"{unit.id}.parquet")
     if todo.num_rows:
@@ -61,7 +70,7 @@ def prepare_unit(prepare: Prepare, unit: Unit, run: UnitRun) -> dict[str, Any]:
         fs.makedirs(uri.rsplit("/", 1)[0], exist_ok=True)
         with fs.open(uri, "wb") as out:
             pq.write_table(todo, out)
-    return {**summary, "todo": todo.num_rows, "scratch": uri}
+    return todo, {**summary, "todo": todo.num_rows, "scratch": uri}
 
 
 def merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
@@ -90,32 +99,63 @@ class Retry:
 
 def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Callable[..., Any], write: Write,
                    retry: Retry | None = None) -> None:
-    """A content stage's `work` on the vLLM path: the prepare phase, then one pipeline over the
-    units with pending contents not yet generated, then (`retry`) one pipeline over what their
-    writers held back; each completed unit is recorded and handed to the batched appends
-    (`run.state["appends"]`). `run.results["units"]` is every unit's prepare summary merged with
-    its generated ones."""
+    """A content stage's `work` on the vLLM path: units prepared ahead until one has pending
+    contents, then one pipeline over the units not yet generated (the rest prepared as its input
+    stage), then (`retry`) one pipeline over what their writers held back; each completed unit is
+    recorded and handed to the batched appends (`run.state["appends"]`). `run.results["units"]` is
+    every unit's prepare summary merged with its generated ones."""
     start = time.monotonic()
     attempt, units = run.attempt, run.state["units"]
     assert attempt is not None, "units run inside run_partition"
-    prepared = run.units("prepare", units, partial(prepare_unit, prepare))
-    by_id = {u.id: s for u, s in zip(units, prepared.summaries)}
-    todo = {unit_id: (s["todo"], {"scratch": s["scratch"]}) for unit_id, s in by_id.items() if s["todo"]}
+    recorded = attempt.completed()
+    earlier = {u.id: recorded[GENERATED + u.id] for u in units if GENERATED + u.id in recorded}  # a resumed run's
+    waiting = [u for u in units if u.id not in earlier]
+    prepared = prepare_ahead(run, waiting, prepare)
+    todo: dict[str, tuple[int | None, dict[str, str]]] = {}
+    for unit in waiting:
+        summary = prepared.get(unit.id)
+        if summary is None:  # prepared by the pipeline's input stage
+            todo[unit.id] = (None, {"spec": json.dumps({"rows": unit.rows, "spec": unit.spec})})
+        elif summary["todo"]:
+            todo[unit.id] = (summary["todo"], {"scratch": summary["scratch"]})
     done, ran = Pass(GENERATED, "generate", "generated", CARRY).run(
-        run, todo, partial(_read_scratch, read), pipeline, write, replaced=lambda unit_id: by_id[unit_id].get("retry", []))
-    generated = dict(done)
+        run, todo, partial(_unit_input, prepare, read), pipeline, write,
+        replaced=lambda unit_id: (prepared.get(unit_id) or attempt.summary(unit_id) or {}).get("retry", []))
+    recorded = attempt.completed()
+    by_id = {u.id: recorded[u.id] for u in units}  # every unit is prepared by now
+    generated = {**earlier, **done}
     if retry is not None:
         held = {unit_id: (len(s["refused"]), {"scratch": by_id[unit_id]["scratch"], "refused": json.dumps(s["refused"])})
-                for unit_id, s in done.items() if s.get("refused")}
+                for unit_id, s in generated.items() if s.get("refused")}
         retried, _ = Pass(FALLBACK, "fallback", "regenerated", FALLBACK_CARRY).run(
             run, held, partial(_read_refused, retry.read), retry.pipeline, retry.write)
         for unit_id, summary in retried.items():
             merge(generated[unit_id], summary)
-    summaries = [dict(p) for p in prepared.summaries]
+    summaries = [dict(by_id[u.id]) for u in units]
     for unit, summary in zip(units, summaries):
         merge(summary, generated.get(unit.id, {}))
         summary.pop("refused", None)  # the fallback pass's work list, counted in `fallbacks` once done
-    run.results["units"] = UnitResults(summaries, ran, len(todo) - ran, time.monotonic() - start)
+    run.results["units"] = UnitResults(summaries, ran, len(earlier), time.monotonic() - start)
+
+
+def prepare_ahead(run: StageRun, units: list[Unit], prepare: Prepare) -> dict[str, dict[str, Any]]:
+    """Prepare the first units, a cluster's CPUs of them, then twice as many, and so on, until one
+    has pending contents (or all are prepared): a run with nothing to generate starts no engine
+    (in a few rounds), and a run with work starts its engines after one round of lookups, not
+    after all of them. Summaries by unit id, those recorded by an earlier run of the attempt included."""
+    import ray
+
+    first, step = 0, max(1, int(ray.cluster_resources().get("CPU", 1)))
+    prepared: dict[str, dict[str, Any]] = {}
+    while first < len(units):
+        batch = units[first: first + step]  # run_units skips the recorded ones
+        results = run.units("prepare", batch, partial(prepare_unit, prepare))
+        prepared |= zip((u.id for u in batch), results.summaries)
+        if any(s["todo"] for s in results.summaries):
+            break
+        first, step = first + step, 2 * step
+    recorded = run.attempt.completed() if run.attempt is not None else {}
+    return prepared | {u.id: recorded[u.id] for u in units if u.id in recorded}
 
 
 @dataclass(frozen=True)
@@ -129,11 +169,12 @@ class Pass:
     counter: str
     carry: tuple[str, ...]
 
-    def run(self, run: StageRun, todo: Mapping[str, tuple[int, dict[str, str]]], read: Callable[..., pa.Table],
+    def run(self, run: StageRun, todo: Mapping[str, tuple[int | None, dict[str, str]]], read: Callable[..., pa.Table],
             pipeline: Callable[..., Any], write: Write,
             replaced: Callable[[str], list[str]] = lambda unit_id: []) -> tuple[dict[str, dict[str, Any]], int]:
         """Run the units of `todo` (unit id -> (rows expected, the item `read` makes their rows
-        from)) not recorded yet: the summaries of all recorded ones, and how many ran now."""
+        from)) not recorded yet: the summaries of all recorded ones, and how many ran now. Rows
+        expected None: the unit is prepared in the pipeline, its count read from its record."""
         import ray.data
 
         attempt, appends, this_run = run.attempt, run.state["appends"], uuid.uuid4().hex[:12]
@@ -151,10 +192,13 @@ class Pass:
         written = pipeline(dataset, carry=self.carry).map_batches(partial(_write_units, storage, write, self.counter),
                                                              batch_size=None, batch_format="pyarrow")
         generating: dict[str, dict[str, Any]] = {}
+        expected = {unit_id: rows for unit_id, (rows, _) in todo.items() if rows is not None}
         for record in written.iter_rows():
             summary = generating.setdefault(record["unit"], {self.counter: 0})
             merge(summary, json.loads(record["summary"]))
-            if summary[self.counter] == todo[record["unit"]][0]:
+            if record["unit"] not in expected:  # prepared in the pipeline, before its rows came out
+                expected[record["unit"]] = int((attempt.summary(record["unit"]) or {})["todo"])
+            if summary[self.counter] == expected[record["unit"]]:
                 summary[f"{self.counter}_by"] = this_run  # which run of the attempt: a resumed run keeps the earlier one's
                 attempt.record(self.prefix + record["unit"], summary)
                 appends.add({**summary, "retry": replaced(record["unit"])})
@@ -176,8 +220,21 @@ def _pending(run: UnitRun, item: Mapping[str, str]) -> pa.Table:
         return pq.read_table(handle, pre_buffer=False)
 
 
-def _read_scratch(read: Read, run: UnitRun, item: Mapping[str, str]) -> pa.Table:
-    return read(run, _pending(run, item))
+def _unit_input(prepare: Prepare, read: Read, run: UnitRun, item: Mapping[str, str]) -> pa.Table:
+    """The first pass's input rows of a unit: its pending rows, prepared here (and recorded, as a
+    prepare task records them) unless prepared ahead."""
+    if "scratch" in item:
+        return read(run, _pending(run, item))
+    described = json.loads(item["spec"])
+    pending: list[pa.Table] = []
+
+    def prepare_here(unit: Unit, run: UnitRun) -> dict[str, Any]:
+        todo, summary = prepared_rows(prepare, unit, run)
+        pending.append(todo)
+        return {**summary, "prepared_in": "pipeline"}
+
+    execute_unit(prepare_here, Unit(item["unit"], described["rows"], described["spec"]), run)
+    return read(run, pending[0])
 
 
 def _read_refused(read: Callable[[UnitRun, pa.Table, list[list[Any]]], pa.Table], run: UnitRun,

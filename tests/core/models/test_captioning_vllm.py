@@ -15,11 +15,13 @@ import pytest
 from corpora import write_contents
 from PIL import Image
 
+from prx_core.compute.unit_results import read_detail
 from prx_core.models import captioning_vllm as cv
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.captioning import build_captioner
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.stages.captions import stage as captions_stage
+from prx_core.stages.unchanged import force_next_run
 from prx_core.store import lance_io
 from prx_core.store.storage import Storage
 
@@ -270,3 +272,32 @@ def test_captions_stage_takes_the_vllm_path_over_the_same_units(
     # a rerun keeps the captions and retries only the failures
     again = captions_stage.build_captions("demo", storage, config)
     assert (again.reused, again.captioned, again.failed) == (2, 0, 2)
+
+
+def test_units_not_prepared_ahead_are_prepared_by_the_pipeline(
+    config: CaptionerConfig, ray_cluster, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a one-CPU Ray one unit is prepared ahead (it has work: the engines may start), the other
+    five as the pipeline's input stage; every caption is made once, and a forced rerun, with
+    everything stored, prepares every unit ahead and builds no engine at all."""
+    storage = Storage(str(tmp_path / "corpus"))
+    images = {f"c{i}": jpeg(320 + 16 * i, 240, i) for i in range(6)}
+    write_contents(storage, "demo", images, {k: "x" for k in images})
+    built: list[bool] = []
+
+    def factory(cfg: CaptionerConfig, fallback: bool = False):
+        built.append(fallback)
+        return FakeProcessor(cfg, fallback)
+
+    monkeypatch.setattr(cv, "build_vllm_processor", factory)
+    report = captions_stage.build_captions("demo", storage, config, unit_rows=1)
+    detail = read_detail(storage, report.units.detail_uri)  # in plan order
+    assert len(detail) == 6 and report.units.ran == 6
+    assert [s.get("prepared_in") for s in detail] == [None] + ["pipeline"] * 5
+    assert all(s["todo"] == s["generated"] == 1 for s in detail) and report.captioned == 6
+    ids = lance_io.open_table(storage.lance_uri("captions")).to_table(columns=["content_id"])["content_id"].to_pylist()
+    assert sorted(ids) == sorted(images)
+    built.clear()
+    assert force_next_run(storage, "captions", "demo")
+    again = captions_stage.build_captions("demo", storage, config, unit_rows=1)
+    assert (again.reused, again.captioned, built) == (6, 0, [])
