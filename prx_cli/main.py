@@ -7,7 +7,6 @@ Imports are lazy per command: `doctor` and `demo-sources` never load dagster or 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -125,20 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def restore_interrupt_signals() -> None:
-    """A command a non-interactive shell starts in the background (`prx-corpus build &` in a script,
-    `make test`'s halves) inherits SIGINT ignored. While a run executes, Dagster copies SIGINT's
-    handler onto SIGTERM, so the `tail -F` processes that mirror the run's compute logs start ignoring
-    SIGTERM: Dagster's cleanup then waits 30 s for each of them and leaves them running. Python's
-    own handlers back: Ctrl-C stops a build however it was started."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     from prx_core.sources.catalog import CatalogError
+
+    from prx_core.compute.interrupts import restore_interrupt_signals
 
     restore_interrupt_signals()
     argv = list(sys.argv[1:] if argv is None else argv)

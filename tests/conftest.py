@@ -38,8 +38,8 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
 tempfile.tempdir = None  # re-read TMPDIR
 
 # scripts/test.sh runs its halves in the background, where SIGINT arrives ignored; the in-process builds'
-# compute-log tails would then ignore SIGTERM and cost 30 s each to clean up (prx_cli.main explains)
-from prx_cli.main import restore_interrupt_signals  # noqa: E402
+# compute-log tails would then ignore SIGTERM and cost 30 s each to clean up (prx_core.compute.interrupts explains)
+from prx_core.compute.interrupts import restore_interrupt_signals  # noqa: E402
 
 restore_interrupt_signals()
 

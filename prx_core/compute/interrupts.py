@@ -6,6 +6,7 @@ just a flag between steps, forgotten when the run ends). `SigintWatch` sees ever
 through the signal wakeup fd that CPython writes each caught signal's number to, so the build
 can stop after the run it was in instead of starting the next. `recorded_units` counts what the
 interrupted attempts left under `<root>/_runs`: each recorded unit is skipped by the rerun.
+`restore_interrupt_signals` undoes what a background start inherits (SIGINT ignored).
 """
 
 from __future__ import annotations
@@ -77,3 +78,14 @@ def recorded_units(storage: Storage) -> int:
                 count += sum(p.endswith(".json") for p in fs.ls(done, detail=False)) if fs.exists(done) else 0
     return count
 
+
+def restore_interrupt_signals() -> None:
+    """A command a non-interactive shell starts in the background (`prx-corpus build &` in a script,
+    `make test`'s halves) inherits SIGINT ignored. While a run executes, Dagster copies SIGINT's
+    handler onto SIGTERM, so the `tail -F` processes that mirror the run's compute logs start ignoring
+    SIGTERM: Dagster's cleanup then waits 30 s for each of them and leaves them running. Python's
+    own handlers back: Ctrl-C stops a build however it was started."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
