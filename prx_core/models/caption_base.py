@@ -76,6 +76,9 @@ class CaptionerConfig:
     replicas: int = 1  # vLLM engine replicas (the Ray Data actor pool size)
     max_model_len: int = 4096  # prompt (~250 text + image tokens) plus max_new_tokens must fit
     accelerator_type: str | None = None  # Ray accelerator type of the engine workers, e.g. "H200"
+    # max_num_seqs and (at least) batch_size from the model's KV cache per request and the GPU's memory,
+    # where both are known (prx_core.models.engine_sizing); false: batch_size and engine_kwargs as given
+    size_from_gpu: bool = True
     engine_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)  # to vLLM as is
     runtime_env: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Ray env with vLLM
     # source backend only: a stand-in model cost per image (benchmarks measure the orchestration

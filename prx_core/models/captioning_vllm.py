@@ -80,10 +80,11 @@ def base_engine_kwargs(config: EngineConfig, **ours: Any) -> dict[str, Any]:
             **ours, **dict(config.engine_kwargs)}
 
 
-def engine_kwargs(config: CaptionerConfig) -> dict[str, Any]:
-    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap."""
-    return base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
-                              mm_processor_kwargs={"max_pixels": config.max_pixels})
+def engine_kwargs(config: CaptionerConfig, sized: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap,
+    `sized` (prx_core.models.engine_sizing) in place of the config's engine_kwargs."""
+    return {**base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
+                                 mm_processor_kwargs={"max_pixels": config.max_pixels}), **(sized or {})}
 
 
 def sampling_params(config: CaptionerConfig, fallback: bool = False) -> dict[str, Any]:
@@ -104,13 +105,15 @@ def sampling_params(config: CaptionerConfig, fallback: bool = False) -> dict[str
     return params
 
 
-def processor_config(config: EngineConfig, engine: Mapping[str, Any], **stages: Any) -> Any:
-    """`vLLMEngineProcessorConfig` from the shared fields; `stages`: per-stage configs."""
+def processor_config(config: EngineConfig, engine: Mapping[str, Any], batch_size: int | None = None,
+                     **stages: Any) -> Any:
+    """`vLLMEngineProcessorConfig` from the shared fields (`batch_size`: the config's unless given);
+    `stages`: per-stage configs."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
     return vLLMEngineProcessorConfig(
         model_source=config.model,
-        batch_size=config.batch_size,
+        batch_size=batch_size or config.batch_size,
         concurrency=config.replicas,
         engine_kwargs=dict(engine),
         runtime_env=worker_env(config.runtime_env),
@@ -153,7 +156,10 @@ def placement(config: EngineConfig, stages: Mapping[str, Any]) -> dict[str, Any]
 def build_vllm_processor_config(config: CaptionerConfig) -> Any:
     if config.backend != VLLM:
         raise ValueError(f"build_vllm_processor_config needs the vllm backend, got {config.backend!r}")
-    return processor_config(config, engine_kwargs(config), prepare_multimodal_stage={"enabled": True})
+    from prx_core.models.engine_sizing import sized_settings
+
+    batch_size, engine = sized_settings(config)
+    return processor_config(config, engine_kwargs(config, engine), batch_size, prepare_multimodal_stage={"enabled": True})
 
 
 def image_data_url(data: bytes, max_pixels: int) -> str | CaptionResult:

@@ -19,6 +19,7 @@ from prx_core.compute.unit_results import read_detail
 from prx_core.models import captioning_vllm as cv
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.captioning import build_captioner
+from prx_core.models.engine_sizing import GPU_MEMORY_GB, MODEL_SHAPES, size_engine
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.stages.captions import stage as captions_stage
 from prx_core.stages.unchanged import force_next_run
@@ -50,6 +51,7 @@ def config() -> CaptionerConfig:
         "vllm", model=MODEL, max_new_tokens=300, temperature=0.7, top_p=0.9, max_pixels=448 * 448, batch_size=32,
         tensor_parallel_size=2, replicas=3, max_model_len=8192, accelerator_type="H200",
         engine_kwargs={"gpu_memory_utilization": 0.85, "max_num_seqs": 512}, runtime_env={"env_vars": {"X": "1"}},
+        size_from_gpu=False,  # the plumbing as configured (the sizing: test_engines_are_sized_from_the_gpus_memory)
     )
 
 
@@ -301,3 +303,26 @@ def test_units_not_prepared_ahead_are_prepared_by_the_pipeline(
     assert force_next_run(storage, "captions", "demo")
     again = captions_stage.build_captions("demo", storage, config, unit_rows=1)
     assert (again.reused, again.captioned, built) == (6, 0, [])
+
+
+def test_engines_are_sized_from_the_gpus_memory(config: CaptionerConfig) -> None:
+    """docs/captioning.md's table: Qwen3-VL-8B at 896x896 pixels and 320 new tokens is ~1,200
+    tokens, 0.18 GB of KV cache a request; an H100 holds 261 such requests, an H200 571, and Ray
+    Data's batches (8 in flight per engine) are sized to keep them full."""
+    shape = MODEL_SHAPES[MODEL]
+    h100, h200 = (size_engine(shape, GPU_MEMORY_GB[g], max_pixels=802816, max_new_tokens=320) for g in ("H100", "H200"))
+    assert (h100.tokens_per_request, h100.kv_gb_per_request) == (784 + 100 + 320, 0.1775)
+    assert (h100.max_num_seqs, h100.batch_size, h200.max_num_seqs, h200.batch_size) == (261, 41, 571, 90)
+    assert size_engine(shape, 80.0, max_pixels=802816, max_new_tokens=320, tensor_parallel_size=2).max_num_seqs > 2 * 261
+    with pytest.raises(ValueError, match="does not fit"):
+        size_engine(replace(shape, weight_gb=80.0), 80.0, max_pixels=802816, max_new_tokens=320)
+    production = replace(config, size_from_gpu=True, engine_kwargs={}, tensor_parallel_size=1, max_pixels=802816,
+                         max_new_tokens=320)
+    processor = cv.build_vllm_processor_config(production)
+    assert (processor.batch_size, processor.engine_kwargs["max_num_seqs"]) == (90, 571)
+    kept = cv.build_vllm_processor_config(replace(production, batch_size=128, engine_kwargs={"max_num_seqs": 256}))
+    assert (kept.batch_size, kept.engine_kwargs["max_num_seqs"]) == (128, 256)  # never smaller than asked, seqs as given
+    for unsized in (replace(production, accelerator_type="T4"), replace(production, model="org/other-vlm"),
+                    replace(production, size_from_gpu=False)):
+        processor = cv.build_vllm_processor_config(unsized)
+        assert processor.batch_size == config.batch_size and "max_num_seqs" not in processor.engine_kwargs
