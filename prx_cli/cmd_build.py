@@ -31,28 +31,28 @@ def add_parser(sub: Any) -> None:
     build.set_defaults(func=_cmd_build)
 
 
-def _force_reruns(settings: Any, assets: list[str], sources: list[str], select: list[str] | None) -> int:
-    """`--rerun`: each (asset, source)'s next run runs (prx_core.stages.unchanged.force_next_run);
-    returns 2 on a request that cannot be honoured, else 0."""
+def _rerun_problem(assets: list[str], select: list[str] | None) -> str | None:
+    """Why `--rerun` cannot be honoured (checked before anything is created), or None."""
     from prx_core.stages.entry import STAGES
-    from prx_core.stages.unchanged import force_next_run
-    from prx_core.store.storage import Storage
-
-    store = Storage(settings.root, settings.section("storage").get("storage_options") or {})
 
     per_source = [name for name, stage in STAGES.items() if stage.partition is None and stage.reusable]
     wrong = [a for a in assets if a not in per_source]
     unselected = [a for a in assets if select and a not in select]
-    if wrong or unselected:
-        why = (f"--rerun takes per-source assets that reuse their last commit ({', '.join(per_source)}), not "
-               f"{', '.join(wrong)}") if wrong else f"--rerun {', '.join(unselected)}: not among --select"
-        print(f"prx-corpus: error: {why}", file=sys.stderr)
-        return 2
+    if wrong:
+        return f"--rerun takes per-source assets that reuse their last commit ({', '.join(per_source)}), not {', '.join(wrong)}"
+    return f"--rerun {', '.join(unselected)}: not among --select" if unselected else None
+
+
+def _force_reruns(settings: Any, assets: list[str], sources: list[str]) -> None:
+    """`--rerun`: each (asset, source)'s next run runs (prx_core.stages.unchanged.force_next_run)."""
+    from prx_core.stages.unchanged import force_next_run
+    from prx_core.store.storage import Storage
+
+    store = Storage(settings.root, settings.section("storage").get("storage_options") or {})
     for asset in assets:
         forced = [source for source in sources if force_next_run(store, asset, source)]
         print(f"rerun {asset}: {', '.join(forced) or 'no source'} will run again"
               + (f" ({len(sources) - len(forced)} not committed yet)" if len(forced) < len(sources) else ""), flush=True)
-    return 0
 
 
 def _preflight_build(settings: object, catalog: object, sources: list[str] | None, select: list[str] | None) -> int:
@@ -96,11 +96,14 @@ def _cmd_build(args: argparse.Namespace) -> int:
     catalog = load_catalog(settings.sources)
     select = [s.strip() for s in args.select.split(",") if s.strip()] if args.select else None
     validate_request(catalog.names, args.source, select)  # before the slow imports below
+    rerun = [s.strip() for s in args.rerun.split(",") if s.strip()] if args.rerun else []
+    if rerun and (problem := _rerun_problem(rerun, select)):
+        print(f"prx-corpus: error: {problem}", file=sys.stderr)
+        return 2
     if not args.no_preflight and _preflight_build(settings, catalog, args.source, select):
         return 2
-    rerun = [s.strip() for s in args.rerun.split(",") if s.strip()] if args.rerun else []
-    if rerun and _force_reruns(settings, rerun, args.source or catalog.names, select):
-        return 2
+    if rerun:
+        _force_reruns(settings, rerun, args.source or catalog.names)
 
     import ray
 

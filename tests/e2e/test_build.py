@@ -809,6 +809,8 @@ def side_runs(demo_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         "catalog": build_args(work / "missing.yaml", work / "c3", work / "h3"),
         "config_missing": build_args(catalog, work / "c4", work / "h4", "--config", str(work / "missing-config.yaml")),
         "config_section": build_args(catalog, work / "c5", work / "h5", "--config", str(work / "bad-section.yaml")),
+        "rerun": build_args(catalog, work / "c6", work / "h6", "--rerun", "captions,duplicates"),
+        "rerun_unselected": build_args(catalog, work / "c7", work / "h7", "--select", "samples", "--rerun", "captions"),
     }
     started, procs = time.monotonic(), {}
     for name, args in cases.items():  # output to files: a full pipe must never stall a run
@@ -837,6 +839,8 @@ def test_a_source_without_captions_exits_nonzero_and_says_to_configure_a_vlm(sid
     ("source", ["no_such_source", "stock_photos"]),  # names the bad value and what is valid
     ("select", ["no_such_asset", "mds_shards"]),
     ("catalog", ["missing.yaml"]),
+    ("rerun", ["duplicates", "captions, caption_labels"]),  # an unpartitioned asset: the per-source ones listed
+    ("rerun_unselected", ["--rerun captions", "--select"]),
 ])
 def test_bad_cli_input_is_a_clear_error(side_runs: dict[str, Run], case: str, names: list[str]) -> None:
     result = side_runs[case]
