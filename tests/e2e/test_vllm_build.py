@@ -15,8 +15,8 @@ samples) is SIGKILLed, whole process group, right after `captions` recorded its 
 unit (PRX_PAUSE_AT=captions:generate:1); the second build on the same root resumes that attempt.
 It runs on a fresh Dagster instance: the killed run still holds the instance's `gpu` pool slot
 (nothing frees a SIGKILLed run's concurrency claim), and a rerun on the same instance waits for
-that slot forever. ~7 min on a loaded 2-core machine, three engine starts of ~1.5 min each (the
-killed build's, the rerun's and the rerun's fallback pass).
+that slot forever. Three engine starts (the killed build's, the rerun's and the rerun's fallback
+pass): 141 s alone on the 2-core machine, 291 s in the suite beside a `make demo` loop.
 """
 
 from __future__ import annotations
