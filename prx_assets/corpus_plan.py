@@ -8,6 +8,8 @@ from dagster_ray import RayResource
 from pydantic import Field
 
 from prx_assets.common import GROUP, OWNERS, md_table
+from prx_core.models.caption_base import VLLM
+from prx_core.models.engine_sizing import describe_sizing
 from prx_core.models.text_latents import latent_sizing
 from prx_core.sources.preflight import check_source
 from prx_core.stages.plan.estimates import (CAPTION_RATE, RETRY_SHARE, LatentSizing, Models, format_plan, plan_corpus,
@@ -48,8 +50,9 @@ def models_of(captioner: CaptionerResource, labeler: LabelerResource, training: 
     if config is not None:
         hidden, per_word = latent_sizing(config)
         sizing = LatentSizing(hidden, config.max_tokens, config.masks, per_word)
+    engines = describe_sizing(captioner.config()) if captioner.backend == VLLM else ""
     return Models(vlm_captions=captioner.backend != "source", gpu_labels=labeler.uses_gpus(), caption_rate=caption_rate,
-                  batch_size=training.global_batch_size, latents=sizing)
+                  batch_size=training.global_batch_size, latents=sizing, engines=engines)
 
 
 def cluster_machine(cpus: int | None, gpus: int | None) -> Machine:

@@ -55,6 +55,9 @@ class CaptionerResource(dg.ConfigurableResource):
     accelerator_type: str | None = Field(default=None, description='vllm: Ray accelerator type of the engine workers, e.g. "H200".')
     engine_kwargs: dict[str, Any] | None = Field(default=None, description="vllm: extra vLLM engine arguments, passed as is.")
     runtime_env: dict[str, Any] | None = Field(default=None, description="vllm: Ray runtime_env of the vLLM workers.")
+    size_from_gpu: bool | None = Field(default=None, description="vllm: max_num_seqs and (at least) batch_size from the "
+                                       "model's KV cache per request and the GPU's memory where both are known "
+                                       "(default true; docs/captioning.md).")
     # openai: an OpenAI-compatible endpoint (`vllm serve`, a hosted VLM) called from the Ray actors.
     # Left unset they keep CaptionerConfig's defaults; none enters the code_version (only the
     # served model name, prompt, sampling, max_new_tokens and max_pixels do).
@@ -92,7 +95,7 @@ class CaptionerResource(dg.ConfigurableResource):
         names = ("tensor_parallel_size", "replicas", "max_model_len", "accelerator_type", "engine_kwargs", "runtime_env",
                  "endpoint", "api_key_env", "concurrency", "timeout_s", "max_retries", "max_response_bytes",
                  "allow_insecure_http", "min_words", "max_words", "fallback_repetition_penalty", "fallback_temperature",
-                 "check_captions")
+                 "check_captions", "size_from_gpu")
         optional = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         return CaptionerConfig(
             backend=self.backend, model=self.model, prompt_version=self.prompt_version,

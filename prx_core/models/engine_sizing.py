@@ -91,3 +91,20 @@ def sized_settings(config: CaptionerConfig) -> tuple[int, dict[str, Any]]:
         return config.batch_size, engine
     seqs = int(engine.setdefault("max_num_seqs", size.max_num_seqs))
     return max(config.batch_size, math.ceil(seqs * HEADROOM / CONCURRENT_BATCHES)), engine
+
+
+def describe_sizing(config: CaptionerConfig) -> str:
+    """One line for `prx-corpus plan`: how the config's vLLM engines will be sized, or why not."""
+    size = sized_engine(config)
+    if size is not None:
+        batch, engine = sized_settings(config)
+        return (f"vLLM engines of {config.model} on {config.accelerator_type} x {config.tensor_parallel_size}: "
+                f"{engine['max_num_seqs']} requests at once ({size.tokens_per_request:,}-token requests, "
+                f"{size.kv_gb_per_request:.2f} GB of KV cache each, {size.cache_gb:g} GB of cache), batches of {batch}")
+    if not config.size_from_gpu:
+        why = "size_from_gpu: false"
+    elif config.model not in MODEL_SHAPES:
+        why = f"no known shape for {config.model}"
+    else:
+        why = f"no known memory for accelerator_type {config.accelerator_type!r}"
+    return f"vLLM engines: batch_size {config.batch_size} and engine_kwargs as configured ({why}; docs/captioning.md)"

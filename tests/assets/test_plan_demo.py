@@ -73,3 +73,20 @@ def test_the_corpus_plan_asset_shows_the_plan(corpus: Corpus) -> None:
     assert meta["dagster/row_count"].value >= 300
     assert re.fullmatch(r"the run's Ray cluster: [1-9]\d* cores, 0 GPUs", meta["cluster"].value), meta["cluster"].value
     assert meta["gpu_hours"].value == 0.0 and meta["wall_hours"].value > 0  # source captions: no GPU needed
+
+
+def test_the_plan_says_how_a_vllm_captioners_engines_are_sized() -> None:
+    """The settings' captioner section as the plan reads it (prx_assets.corpus_plan.models_of):
+    a known model on a known GPU is sized, `size_from_gpu: false` is not, and no VLM, no line."""
+    from prx_assets.corpus_plan import models_of
+    from prx_resources.models import CaptionerResource, LabelerResource
+    from prx_resources.text_latents import TextLatentsResource
+    from prx_resources.training import TrainingResource
+
+    rest = (LabelerResource(), TrainingResource(), TextLatentsResource())
+    gpu = {"backend": "vllm", "model": "Qwen/Qwen3-VL-8B-Instruct", "accelerator_type": "H200",
+           "max_pixels": 802816, "max_new_tokens": 320}
+    sized = models_of(CaptionerResource(**gpu), *rest).engines
+    assert sized.startswith("vLLM engines of Qwen/Qwen3-VL-8B-Instruct on H200 x 1: 571 requests at once"), sized
+    assert "size_from_gpu: false" in models_of(CaptionerResource(**gpu, size_from_gpu=False), *rest).engines
+    assert models_of(CaptionerResource(), *rest).engines == ""

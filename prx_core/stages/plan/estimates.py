@@ -72,6 +72,7 @@ class Models:
     retry_share: float = RETRY_SHARE  # captions the checks refuse and generate once more (fallback decoding)
     batch_size: int = 256  # training.global_batch_size: a stream smaller than one batch is unusable
     latents: LatentSizing | None = None  # text_latents configured: stored in the table and in every MDS sample
+    engines: str = ""  # the vLLM captioner: how its engines are sized (prx_core.models.engine_sizing), one line
 
 
 @dataclass
@@ -192,6 +193,7 @@ class CorpusPlan:
     gpus: int
     machine: str = ""  # what the wall time is for (prx_core.stages.plan.machine): this machine, a cluster, given
     prices: Prices | None = None
+    engines: str = ""  # Models.engines
 
     def totals(self) -> dict[str, float]:
         core = sum(sum(p.core_hours.values()) for p in self.sources)
@@ -205,7 +207,7 @@ class CorpusPlan:
                 "wall_hours": core / max(self.cpus, 1) + (gpu / self.gpus if self.gpus else (math.inf if gpu else 0.0))}
 
     def to_json(self) -> dict[str, Any]:
-        return {"cpus": self.cpus, "gpus": self.gpus, "machine": self.machine,
+        return {"cpus": self.cpus, "gpus": self.gpus, "machine": self.machine, "engines": self.engines,
                 "prices": asdict(self.prices) if self.prices else None,
                 "sources": [asdict(p) for p in self.sources], "totals": self.totals()}
 
@@ -220,7 +222,7 @@ def plan_corpus(specs: list[SourceSpec], models: Models, sample: int = SAMPLE, c
             echo(f"sampling {spec.name} ({spec.format}, {spec.uri}) ...")
         stats, size = sample_source(spec, sample, storage_options)
         plans.append(estimate(spec.name, spec.format, stats, size, models, source_name_bytes=len(spec.name)))
-    return CorpusPlan(plans, cpus, gpus, machine or f"{cpus} cores, {gpus} GPUs", prices)
+    return CorpusPlan(plans, cpus, gpus, machine or f"{cpus} cores, {gpus} GPUs", prices, models.engines)
 
 
 def format_plan(plan: CorpusPlan) -> str:
@@ -244,6 +246,8 @@ def format_plan(plan: CorpusPlan) -> str:
         lines.append(f"cost at {c}{p.gpu_hour:g}/GPU-hour, {c}{p.cpu_hour:g}/core-hour, {c}{p.gb_month:g}/GB-month: "
                      f"{c}{t['cost_compute']:,.2f} to build (GPU {c}{t['cost_gpu']:,.2f}, CPU {c}{t['cost_cpu']:,.2f}), "
                      f"then {c}{t['cost_storage_per_month']:,.2f} a month to keep {size(t['storage_bytes'])}")
+    if plan.engines:
+        lines.append(f"captioning: {plan.engines}")
     for p in plan.sources:
         lines += [f"{p.source}: {note}" for note in p.notes]
         lines += reject_lines(p)

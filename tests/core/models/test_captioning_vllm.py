@@ -19,7 +19,7 @@ from prx_core.compute.unit_results import read_detail
 from prx_core.models import captioning_vllm as cv
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.captioning import build_captioner
-from prx_core.models.engine_sizing import GPU_MEMORY_GB, MODEL_SHAPES, size_engine
+from prx_core.models.engine_sizing import GPU_MEMORY_GB, MODEL_SHAPES, describe_sizing, size_engine
 from prx_core.models.prompts import CAPTION_PROMPT, PROMPT_VERSION
 from prx_core.stages.captions import stage as captions_stage
 from prx_core.stages.unchanged import force_next_run
@@ -322,7 +322,13 @@ def test_engines_are_sized_from_the_gpus_memory(config: CaptionerConfig) -> None
     assert (processor.batch_size, processor.engine_kwargs["max_num_seqs"]) == (90, 571)
     kept = cv.build_vllm_processor_config(replace(production, batch_size=128, engine_kwargs={"max_num_seqs": 256}))
     assert (kept.batch_size, kept.engine_kwargs["max_num_seqs"]) == (128, 256)  # never smaller than asked, seqs as given
-    for unsized in (replace(production, accelerator_type="T4"), replace(production, model="org/other-vlm"),
-                    replace(production, size_from_gpu=False)):
+    for unsized, why in ((replace(production, accelerator_type="T4"), "no known memory for accelerator_type 'T4'"),
+                         (replace(production, model="org/other-vlm"), "no known shape for org/other-vlm"),
+                         (replace(production, size_from_gpu=False), "size_from_gpu: false")):
         processor = cv.build_vllm_processor_config(unsized)
         assert processor.batch_size == config.batch_size and "max_num_seqs" not in processor.engine_kwargs
+        assert describe_sizing(unsized) == f"vLLM engines: batch_size 32 and engine_kwargs as configured ({why}; " \
+                                           "docs/captioning.md)"
+    assert describe_sizing(production) == (  # what `prx-corpus plan` prints
+        f"vLLM engines of {MODEL} on H200 x 1: 571 requests at once (1,204-token requests, 0.18 GB of KV cache each, "
+        "101.4 GB of cache), batches of 90")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,7 @@ def test_a_backfill_is_priced_and_a_gpu_less_machine_says_so() -> None:
     free = vlm_plan(Machine(64, 8, "given (--cpus, --gpus)"), None)
     assert "cost_compute" not in free.totals() and "cost at" not in format_plan(free)
     assert "wall time on given (--cpus, --gpus): 64 cores, 8 GPUs: " in format_plan(free)
+    assert "captioning:" not in format_plan(free)  # no vLLM captioner: no engine line
+    sized = replace(free, engines="vLLM engines of M on H200 x 1: 571 requests at once")
+    assert "\ncaptioning: vLLM engines of M on H200 x 1: 571 requests at once" in format_plan(sized)
+    assert sized.to_json()["engines"] == sized.engines
