@@ -29,6 +29,14 @@ def latest_uri(storage: Storage, asset: str, partition: str) -> str:
     return storage.uri(REPORTS, asset, partition, LATEST)
 
 
+def read_latest(storage: Storage, asset: str, partition: str) -> dict[str, Any] | None:
+    """The record of the last committed run of (asset, partition), None before the first (ValueError:
+    a damaged record)."""
+    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
+    fs.invalidate_cache()
+    return json.loads(fs.cat_file(uri)) if fs.exists(uri) else None
+
+
 def record_committed(storage: Storage, asset: str, partition: str, digest: str, versions: Mapping[str, int | None],
                      report: Any | None) -> None:
     """The last committed run of (asset, partition): its manifest digest, the versions it wrote and,
@@ -44,14 +52,10 @@ def force_next_run(storage: Storage, asset: str, partition: str) -> bool:
     a code version change, a test of the run itself): its record loses the report a rerun would
     stand on. Digest and versions stay, so the stages that follow it (`last_commit`) see no change
     until that run commits. False when there is no report to drop."""
-    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
-    fs.invalidate_cache()
-    if not fs.exists(uri):
+    payload = read_latest(storage, asset, partition)
+    if payload is None or payload.pop("report", None) is None:
         return False
-    payload = json.loads(fs.cat_file(uri))
-    if payload.pop("report", None) is None:
-        return False
-    put_atomic(fs, uri, json.dumps(payload).encode())
+    put_atomic(storage.filesystem(), latest_uri(storage, asset, partition), json.dumps(payload).encode())
     return True
 
 
@@ -59,11 +63,9 @@ def last_commit(storage: Storage, asset: str, partition: str) -> str | None:
     """A digest of the last committed run of (asset, partition) (manifest and versions written), None
     before the first: what a downstream stage pins to follow this partition's runs of a shared table,
     which other partitions' runs move."""
-    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
-    fs.invalidate_cache()
-    if not fs.exists(uri):
+    payload = read_latest(storage, asset, partition)
+    if payload is None:
         return None
-    payload = json.loads(fs.cat_file(uri))
     return hashlib.sha256(json.dumps([payload.get("digest"), payload.get("versions")]).encode()).hexdigest()[:24]
 
 
@@ -71,12 +73,10 @@ def committed_report(storage: Storage, asset: str, partition: str, digest: str, 
     """The report of the last committed run of `digest`, its units all skipped, if every table it
     wrote is still at that version or later; None when there is work to do. The module that declared
     the stage registered `report_type` and what it nests for decoding (its `WIRE_TYPES`)."""
-    fs, uri = storage.filesystem(), latest_uri(storage, asset, partition)
-    fs.invalidate_cache()
-    if not fs.exists(uri):
-        return None
     try:
-        payload = json.loads(fs.cat_file(uri))
+        payload = read_latest(storage, asset, partition)
+        if payload is None:
+            return None
         report = wire.decode(payload["report"])
     except (ValueError, KeyError, wire.WireError):  # an older layout or a damaged record: do the work
         return None
