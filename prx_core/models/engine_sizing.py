@@ -69,8 +69,12 @@ def size_engine(shape: ModelShape, gpu_gb: float, *, max_pixels: int, max_new_to
     if cache <= per_request:
         raise ValueError(f"{shape} does not fit {tensor_parallel_size} x {gpu_gb:g} GB with room for one request")
     seqs = int(cache // per_request)
-    return EngineSize(seqs, math.ceil(seqs * HEADROOM / CONCURRENT_BATCHES), tokens, round(per_request, 4),
-                      round(cache, 1))
+    return EngineSize(seqs, filling_batch(seqs), tokens, round(per_request, 4), round(cache, 1))
+
+
+def filling_batch(max_num_seqs: int) -> int:
+    """The Ray Data batch that keeps an engine of `max_num_seqs` full (CONCURRENT_BATCHES in flight)."""
+    return math.ceil(max_num_seqs * HEADROOM / CONCURRENT_BATCHES)
 
 
 def sized_engine(config: CaptionerConfig) -> EngineSize | None:
@@ -90,7 +94,7 @@ def sized_settings(config: CaptionerConfig) -> tuple[int, dict[str, Any]]:
     if size is None:
         return config.batch_size, engine
     seqs = int(engine.setdefault("max_num_seqs", size.max_num_seqs))
-    return max(config.batch_size, math.ceil(seqs * HEADROOM / CONCURRENT_BATCHES)), engine
+    return max(config.batch_size, filling_batch(seqs)), engine
 
 
 def describe_sizing(config: CaptionerConfig) -> str:
