@@ -64,13 +64,18 @@ def prepare_unit(prepare: Prepare, unit: Unit, run: UnitRun) -> dict[str, Any]:
 
 def prepared_rows(prepare: Prepare, unit: Unit, run: UnitRun) -> tuple[pa.Table, dict[str, Any]]:
     todo, summary = prepare(unit, run)
-    uri = run.scratch_uri(f"{unit.id}.parquet")
-    if todo.num_rows:
-        fs = run.storage.filesystem()
-        fs.makedirs(uri.rsplit("/", 1)[0], exist_ok=True)
-        with fs.open(uri, "wb") as out:
-            pq.write_table(todo, out)
+    uri = write_scratch(run, f"{unit.id}.parquet", todo) if todo.num_rows else run.scratch_uri(f"{unit.id}.parquet")
     return todo, {**summary, "todo": todo.num_rows, "scratch": uri}
+
+
+def write_scratch(run: UnitRun, name: str, rows: pa.Table) -> str:
+    """`rows` as a parquet file under the attempt's scratch folder; its URI."""
+    uri = run.scratch_uri(*name.split("/"))
+    fs = run.storage.filesystem()
+    fs.makedirs(uri.rsplit("/", 1)[0], exist_ok=True)
+    with fs.open(uri, "wb") as out:
+        pq.write_table(rows, out)
+    return uri
 
 
 def merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
@@ -88,12 +93,13 @@ def merge(into: dict[str, Any], part: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True)
 class Retry:
-    """A second pass over what the first pass's writer held back (its summary's `refused`: lists
-    whose first item is the row's key), through `pipeline` (the fallback decoding), written by
-    `write`; `read(run, pending rows, refused)` makes its input rows."""
+    """A second pass over what the first pass's writers held back (their summary's `held`: a table
+    of rows to generate again, written to the attempt's scratch by the pass: the driver holds only
+    counts and file names), through `pipeline` (the fallback decoding), written by `write`;
+    `read(run, pending rows, held rows)` makes its input rows."""
 
     pipeline: Callable[..., Any]
-    read: Callable[[UnitRun, pa.Table, list[list[Any]]], pa.Table]
+    read: Callable[[UnitRun, pa.Table, pa.Table], pa.Table]
     write: Write
 
 
@@ -110,7 +116,7 @@ def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Cal
     recorded = attempt.completed()
     earlier = {u.id: recorded[GENERATED + u.id] for u in units if GENERATED + u.id in recorded}  # a resumed run's
     waiting = [u for u in units if u.id not in earlier]
-    prepared = prepare_ahead(run, waiting, prepare)
+    prepared = prepare_ahead(run, waiting, prepare, recorded)
     todo: dict[str, tuple[int | None, dict[str, str]]] = {}
     for unit in waiting:
         summary = prepared.get(unit.id)
@@ -125,24 +131,27 @@ def pipeline_units(run: StageRun, *, prepare: Prepare, read: Read, pipeline: Cal
     by_id = {u.id: recorded[u.id] for u in units}  # every unit is prepared by now
     generated = {**earlier, **done}
     if retry is not None:
-        held = {unit_id: (len(s["refused"]), {"scratch": by_id[unit_id]["scratch"], "refused": json.dumps(s["refused"])})
-                for unit_id, s in generated.items() if s.get("refused")}
+        held = {unit_id: (s["held"], {"scratch": by_id[unit_id]["scratch"], "held_files": json.dumps(s["held_files"])})
+                for unit_id, s in generated.items() if s.get("held")}
         retried, _ = Pass(FALLBACK, "fallback", "regenerated", FALLBACK_CARRY).run(
-            run, held, partial(_read_refused, retry.read), retry.pipeline, retry.write)
+            run, held, partial(_read_held, retry.read), retry.pipeline, retry.write)
         for unit_id, summary in retried.items():
             merge(generated[unit_id], summary)
     summaries = [dict(by_id[u.id]) for u in units]
     for unit, summary in zip(units, summaries):
         merge(summary, generated.get(unit.id, {}))
-        summary.pop("refused", None)  # the fallback pass's work list, counted in `fallbacks` once done
+        for key in ("held", "held_files"):  # the fallback pass's work list, counted in `fallbacks` once done
+            summary.pop(key, None)
     run.results["units"] = UnitResults(summaries, ran, len(earlier), time.monotonic() - start)
 
 
-def prepare_ahead(run: StageRun, units: list[Unit], prepare: Prepare) -> dict[str, dict[str, Any]]:
+def prepare_ahead(run: StageRun, units: list[Unit], prepare: Prepare,
+                  recorded: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Prepare the first units, a cluster's CPUs of them, then twice as many, and so on, until one
     has pending contents (or all are prepared): a run with nothing to generate starts no engine
     (in a few rounds), and a run with work starts its engines after one round of lookups, not
-    after all of them. Summaries by unit id, those recorded by an earlier run of the attempt included."""
+    after all of them. Summaries by unit id, those an earlier run of the attempt recorded (`recorded`:
+    the attempt's records when this run began) included."""
     import ray
 
     first, step = 0, max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -154,8 +163,7 @@ def prepare_ahead(run: StageRun, units: list[Unit], prepare: Prepare) -> dict[st
         if any(s["todo"] for s in results.summaries):
             break
         first, step = first + step, 2 * step
-    recorded = run.attempt.completed() if run.attempt is not None else {}
-    return prepared | {u.id: recorded[u.id] for u in units if u.id in recorded}
+    return prepared | {u.id: recorded[u.id] for u in units if u.id in recorded and u.id not in prepared}
 
 
 @dataclass(frozen=True)
@@ -185,11 +193,11 @@ class Pass:
         if not work:
             return done, 0
         quiet_ray_data()
-        storage, skipped = run.storage, len(done)
+        skipped = len(done)
         items = [{"unit": unit_id, **todo[unit_id][1]} for unit_id in work]
         dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             lambda b: _unit_rows(attempt, read, b.to_pylist()[0]), batch_size=1, batch_format="pyarrow")
-        written = pipeline(dataset, carry=self.carry).map_batches(partial(_write_units, storage, write, self.counter),
+        written = pipeline(dataset, carry=self.carry).map_batches(partial(_write_units, attempt, write, self.counter),
                                                              batch_size=None, batch_format="pyarrow")
         generating: dict[str, dict[str, Any]] = {}
         expected = {unit_id: rows for unit_id, (rows, _) in todo.items() if rows is not None}
@@ -237,17 +245,27 @@ def _unit_input(prepare: Prepare, read: Read, run: UnitRun, item: Mapping[str, s
     return read(run, pending[0])
 
 
-def _read_refused(read: Callable[[UnitRun, pa.Table, list[list[Any]]], pa.Table], run: UnitRun,
-                  item: Mapping[str, str]) -> pa.Table:
-    return read(run, _pending(run, item), json.loads(item["refused"]))
+def _read_held(read: Callable[[UnitRun, pa.Table, pa.Table], pa.Table], run: UnitRun,
+               item: Mapping[str, str]) -> pa.Table:
+    fs = run.storage.filesystem()
+    parts = []
+    for uri in json.loads(item["held_files"]):
+        with fs.open(uri, "rb") as handle:
+            parts.append(pq.read_table(handle, pre_buffer=False))
+    return read(run, _pending(run, item), pa.concat_tables(parts))
 
 
-def _write_units(storage: Storage, write: Write, counter: str, batch: pa.Table) -> pa.Table:
-    """On a worker: one fragment set per unit present in the batch; one small record each."""
+def _write_units(run: UnitRun, write: Write, counter: str, batch: pa.Table) -> pa.Table:
+    """On a worker: one fragment set per unit present in the batch; one small record each. Rows
+    the writer holds back (`held`, a table) go to a scratch file of the attempt: the record names it."""
     records = []
     for unit_id in sorted(set(batch["unit_id"].to_pylist())):
         rows = batch.filter(pc.equal(batch["unit_id"], unit_id))
-        summary = {**write(storage, rows), counter: rows.num_rows, **engine_summary(rows)}
+        summary = {**write(run.storage, rows), counter: rows.num_rows, **engine_summary(rows)}
+        held = summary.pop("held", None)
+        if held is not None and held.num_rows:
+            name = f"held/{unit_id}-{uuid.uuid4().hex[:12]}.parquet"
+            summary |= {"held": held.num_rows, "held_files": [write_scratch(run, name, held)]}
         records.append({"unit": unit_id, "summary": json.dumps(summary)})
     return pa.Table.from_pylist(records, schema=pa.schema([("unit", pa.string()), ("summary", pa.string())]))
 

@@ -128,14 +128,13 @@ def read_pipeline_inputs(run: UnitRun, todo: pa.Table, config: CaptionerConfig) 
 
 def write_captions(storage: Storage, batch: pa.Table, config: CaptionerConfig) -> dict[str, Any]:
     """The vLLM pipeline's first answers of one unit, checked and written; the refused ones are
-    held back for the fallback pass (`refused`: [caption key, problem, tokens] each)."""
+    held back for the fallback pass (`held`: their caption key, problem and tokens)."""
     rows = judged_rows(batch, config)
     held = retryable(rows, config)
-    refused = rows.filter(held)
     kept = rows.filter(pc.invert(held))
+    refused = rows.filter(held).select(["content_id", "problem", "num_generated_tokens"])
     return {**caption_summary(storage, [kept] if kept.num_rows else []),
-            "refused": [list(r) for r in zip(refused["content_id"].to_pylist(), refused["problem"].to_pylist(),
-                                             refused["num_generated_tokens"].to_pylist())]}
+            "held": refused.rename_columns(["content_id", "first_problem", "first_tokens"])}
 
 
 def write_retried(storage: Storage, batch: pa.Table, config: CaptionerConfig) -> dict[str, Any]:
@@ -143,14 +142,12 @@ def write_retried(storage: Storage, batch: pa.Table, config: CaptionerConfig) ->
     return caption_summary(storage, [judged_rows(batch, config, attempts=2)])
 
 
-def read_refused(run: UnitRun, todo: pa.Table, refused: list[list[Any]], config: CaptionerConfig) -> pa.Table:
+def read_refused(run: UnitRun, todo: pa.Table, refused: pa.Table, config: CaptionerConfig) -> pa.Table:
     """The fallback pass's input rows: the refused captions' inputs, with their first attempt."""
-    first = {key: (problem, tokens) for key, problem, tokens in refused}
-    rows = read_pipeline_inputs(run, todo.filter(pc.is_in(todo["caption_key"], pa.array(sorted(first), pa.string()))),
-                                config)
-    keys = rows["content_id"].to_pylist()
-    return rows.append_column("first_problem", pa.array([first[k][0] for k in keys], pa.string())).append_column(
-        "first_tokens", pa.array([int(first[k][1] or 0) for k in keys], pa.int64()))
+    rows = read_pipeline_inputs(run, todo.filter(pc.is_in(todo["caption_key"], refused["content_id"])), config)
+    first = refused.take(pc.index_in(rows["content_id"], refused["content_id"]))  # in the rows' order
+    return rows.append_column("first_problem", first["first_problem"]).append_column(
+        "first_tokens", pc.cast(first["first_tokens"], pa.int64()))
 
 
 def caption_summary(storage: Storage, parts: list[pa.Table],
