@@ -180,6 +180,14 @@ class CaptionerConfig:
                 "fallback_repetition_penalty": float(self.fallback_repetition_penalty),
                 "fallback_temperature": float(self.fallback_temperature), "check_captions": bool(self.check_captions)}
 
+    def decoding(self, fallback: bool = False) -> tuple[float, float | None]:
+        """(temperature, repetition penalty or None) of a generation, or of the fallback's (the retry
+        of a caption the checks refused): what every model backend sends its model."""
+        if not fallback:
+            return float(self.temperature), None
+        penalty = self.fallback_repetition_penalty
+        return float(self.fallback_temperature), (float(penalty) if penalty != 1.0 else None)
+
     def model_identity(self) -> str:
         """A local checkpoint by content; for vllm a Hub id as written (pin a `revision` in
         engine_kwargs to make it content-stable)."""

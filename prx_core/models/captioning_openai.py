@@ -61,7 +61,7 @@ def data_url(jpeg: bytes) -> str:
 def request_body(config: CaptionerConfig, jpeg: bytes, fallback: bool = False) -> dict[str, Any]:
     """The chat-completions body; `fallback`: the retry of a refused caption, with the config's
     fallback temperature and `repetition_penalty` (an extra parameter vLLM, SGLang and TGI accept)."""
-    temperature = config.fallback_temperature if fallback else config.temperature
+    temperature, penalty = config.decoding(fallback)
     body = {
         "model": config.model,
         "messages": [{
@@ -77,8 +77,8 @@ def request_body(config: CaptionerConfig, jpeg: bytes, fallback: bool = False) -
         "n": 1,
         "stream": False,
     }
-    if fallback and config.fallback_repetition_penalty != 1.0:
-        body["repetition_penalty"] = float(config.fallback_repetition_penalty)
+    if penalty is not None:
+        body["repetition_penalty"] = penalty
     if fallback and temperature > 0:
         body["seed"] = 0  # a sampled retry is reproducible where the server honours seeds
     return body

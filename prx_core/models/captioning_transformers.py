@@ -104,9 +104,8 @@ class TransformersCaptioner(Captioner):
 def decoding(generation_config: Any, config: CaptionerConfig, eos: list[int], pad: int | None,
              fallback: bool = False) -> Any:
     """The GenerationConfig of the config's decoding, or of its fallback (the retry of a refused caption)."""
-    temperature = config.fallback_temperature if fallback else config.temperature
+    temperature, penalty = config.decoding(fallback)
     sampled = temperature > 0
-    penalty = config.fallback_repetition_penalty if fallback and config.fallback_repetition_penalty != 1.0 else None
     return generation_config(
         max_new_tokens=config.max_new_tokens, do_sample=sampled, num_beams=1,
         temperature=temperature if sampled else None, top_p=config.top_p if sampled else None,

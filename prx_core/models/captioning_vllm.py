@@ -81,25 +81,25 @@ def base_engine_kwargs(config: EngineConfig, **ours: Any) -> dict[str, Any]:
 
 
 def engine_kwargs(config: CaptionerConfig, sized: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap,
-    `sized` (prx_core.models.engine_sizing) in place of the config's engine_kwargs."""
-    return {**base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
-                                 mm_processor_kwargs={"max_pixels": config.max_pixels}), **(sized or {})}
+    """Captioning engine arguments: one image per prompt, the model processor's own pixel cap, and
+    what the sizing adds (prx_core.models.engine_sizing); the config's engine_kwargs override them."""
+    return base_engine_kwargs(config, limit_mm_per_prompt={"image": 1},
+                              mm_processor_kwargs={"max_pixels": config.max_pixels}, **(sized or {}))
 
 
 def sampling_params(config: CaptionerConfig, fallback: bool = False) -> dict[str, Any]:
     """vLLM SamplingParams as a dict; greedy decoding when temperature is 0 (top_p then unused).
     `fallback`: the retry of a caption the checks refused (the config's fallback temperature and
     repetition penalty, seeded where it samples), as the other backends decode it."""
-    temperature = config.fallback_temperature if fallback else config.temperature
+    temperature, penalty = config.decoding(fallback)
     params: dict[str, Any] = {
         "max_tokens": config.max_new_tokens,
         "temperature": float(temperature),
         "top_p": float(config.top_p) if temperature > 0 else 1.0,
         "detokenize": False,  # Ray's Detokenize stage decodes on CPU workers, off the engine actor
     }
-    if fallback and config.fallback_repetition_penalty != 1.0:
-        params["repetition_penalty"] = float(config.fallback_repetition_penalty)
+    if penalty is not None:
+        params["repetition_penalty"] = penalty
     if fallback and temperature > 0:
         params["seed"] = 0
     return params

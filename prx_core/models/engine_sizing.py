@@ -88,22 +88,23 @@ def sized_engine(config: CaptionerConfig) -> EngineSize | None:
 
 
 def sized_settings(config: CaptionerConfig) -> tuple[int, dict[str, Any]]:
-    """The batch size and engine arguments the processor gets: sized where known (the batch at
-    least the config's, an explicit `max_num_seqs` kept), else the config's own."""
-    size, engine = sized_engine(config), dict(config.engine_kwargs)
+    """The batch size the processor gets and the engine arguments sizing adds (`max_num_seqs`;
+    the config's engine_kwargs override it): sized where known, the batch at least the config's."""
+    size = sized_engine(config)
     if size is None:
-        return config.batch_size, engine
-    seqs = int(engine.setdefault("max_num_seqs", size.max_num_seqs))
-    return max(config.batch_size, filling_batch(seqs)), engine
+        return config.batch_size, {}
+    seqs = int(config.engine_kwargs.get("max_num_seqs", size.max_num_seqs))
+    return max(config.batch_size, filling_batch(seqs)), {"max_num_seqs": size.max_num_seqs}
 
 
 def describe_sizing(config: CaptionerConfig) -> str:
     """One line for `prx-corpus plan`: how the config's vLLM engines will be sized, or why not."""
     size = sized_engine(config)
     if size is not None:
-        batch, engine = sized_settings(config)
+        batch, _ = sized_settings(config)
+        seqs = config.engine_kwargs.get("max_num_seqs", size.max_num_seqs)
         return (f"vLLM engines of {config.model} on {config.accelerator_type} x {config.tensor_parallel_size}: "
-                f"{engine['max_num_seqs']} requests at once ({size.tokens_per_request:,}-token requests, "
+                f"{seqs} requests at once ({size.tokens_per_request:,}-token requests, "
                 f"{size.kv_gb_per_request:.2f} GB of KV cache each, {size.cache_gb:g} GB of cache), batches of {batch}")
     if not config.size_from_gpu:
         why = "size_from_gpu: false"
