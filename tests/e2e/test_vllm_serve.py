@@ -5,12 +5,9 @@ on 127.0.0.1: the server is vLLM's CPU build from the vLLM test environment (one
 from __future__ import annotations
 
 import io
-import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from PIL import Image
 from vllm_engine import SERVED_NAME, VLLMServer, engine_python
 
 from prx_core.demo.photos import load_skimage_photos
@@ -48,9 +45,7 @@ def test_the_openai_captioner_records_finish_reason_tokens_and_time(server: VLLM
     config = CaptionerConfig("openai", model=SERVED_NAME, endpoint=server.url, max_new_tokens=MAX_NEW_TOKENS,
                              max_pixels=TINY_MAX_PIXELS, batch_size=4, concurrency=4, timeout_s=120)
     captioner = build_captioner(config)
-    started = time.monotonic()
     results = captioner.caption_batch([*photos, b"not an image"], [None] * (len(photos) + 1))
-    seconds = time.monotonic() - started
     *captioned, junk = results
     assert junk.error is not None and junk.error.startswith("decode_error"), junk
     for result, usage in zip(captioned, captioner.last_usage):
@@ -59,7 +54,6 @@ def test_the_openai_captioner_records_finish_reason_tokens_and_time(server: VLLM
         assert result.finish_reason == "length" and result.tokens == MAX_NEW_TOKENS, result
         assert usage["completion_tokens"] == MAX_NEW_TOKENS and usage["prompt_tokens"] > 100, usage
     assert captioner.usage["completion_tokens"] == MAX_NEW_TOKENS * len(photos)
-    assert seconds < 120, f"{len(photos)} captions took {seconds:.1f} s after a {server.start_seconds:.0f} s start"
 
 
 def test_the_llm_labeller_gets_one_of_the_labels(server: VLLMServer) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
 from pathlib import Path
 
 import boto3
@@ -145,9 +144,8 @@ def test_a_huge_folder_is_looked_into_only_as_far_as_its_first_files(tmp_path: P
         os.close(os.open(many / f"{i:05d}.json", os.O_CREAT | os.O_WRONLY))
     (many / "sub").mkdir()
     table(many / "sub" / "part-0.parquet")
-    started = time.monotonic()
     look = first_files(str(many), lambda p: p.endswith(".parquet"))
-    assert not look.exhaustive and time.monotonic() - started < 1.0  # stopped after its budget of entries
+    assert not look.exhaustive  # stopped after its budget of entries
     # inconclusive: no problem (the run's own listing decides), never a false "no .parquet file"
     assert check_source(spec(tmp_path, format="parquet", uri="many", image_column="image"), None) == []
     for i in range(3):

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from PIL import Image
 
 from prx_core.demo.photos import load_skimage_photos
 from prx_core.models.caption_base import CaptionerConfig
