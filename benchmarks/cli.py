@@ -125,7 +125,7 @@ def _cmd_content_ranges(args: argparse.Namespace) -> int:
     from benchmarks.content_ranges import format_size, main
 
     started = time.time()
-    results = main(["--rows", args.rows, "--sources", str(args.sources), "--units", str(args.units)]
+    results = main(["--rows", args.rows, "--sources", str(args.sources), "--units", str(args.units), "--keys", args.keys]
                    + (["--dir", args.dir] if args.dir else []))
     return _report(results, "\n".join(format_size(s) for s in results["sizes"]), started, args.json)
 
@@ -197,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     ranges.add_argument("--rows", default="1000000,4000000", help="comma-separated table sizes (default 1M,4M)")
     ranges.add_argument("--sources", type=int, default=10, help="sources sharing the table (default 10)")
     ranges.add_argument("--units", type=int, default=4, help="units measured per pattern and size (default 4)")
+    ranges.add_argument("--keys", choices=("content", "caption"), default="content",
+                        help="the table's key: content ids (model captioners, default) or the source captioner's caption keys")
     ranges.add_argument("--dir", help="where the tables are built (removed afterwards)")
     ranges.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ranges.set_defaults(func=_cmd_content_ranges)

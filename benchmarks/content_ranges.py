@@ -23,7 +23,13 @@ cached, the bound at PRX scale where the per-process cache holds ~0 of a 1B-row 
 Every lookup's rows are checked against the keys. A source holds 1/`--sources` of the table at
 every size: its unit's range spans 4,096 x `--sources` rows of the table at every N.
 
-    python -m benchmarks.content_ranges [--rows 1000000,4000000,16000000] [--units 4] [--json FILE] [--dir DIR]
+`--keys caption` keys the table as the `source` captioner does (prx_core.models.caption_keys: the
+content id, then a hash of content and text): a unit's keys are then its contents' caption keys,
+consecutive because they sort by content. Under the earlier rule (the hash alone) the same unit's
+caption keys were scattered over the key space, as the **random** pattern's are.
+
+    python -m benchmarks.content_ranges [--rows 1000000,4000000,16000000] [--units 4] [--keys content|caption]
+                                        [--json FILE] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.index_segments import content_ids
+from prx_core.models.caption_keys import source_caption_key
 from prx_core.store.lance_io import sql_literal
 from prx_core.store.lookups import LOOKUP_INDEX_CACHE_BYTES, LOOKUP_METADATA_CACHE_BYTES, lookup_literals
 from prx_core.store.maintenance import refresh_indexes
@@ -52,20 +59,26 @@ FRAGMENT_ROWS = 1_000_000  # the shared tables' fragments (upkeep.appends.MERGE_
 WRITE_ROWS = 250_000
 UNIT_KEYS = 4_096  # a content unit (prx_core.stages.contents.UNIT_ROWS)
 PATTERNS = ("random", "range_keys", "range_read")
+KEYS = ("content", "caption")  # the shared tables' key under a model captioner, and under the `source` one
 
 
-def rows_of(start: int, n: int, sources: int) -> pa.Table:
-    """Rows start..start+n: row i is source s{i % sources}, with a short caption like a stored one."""
-    return pa.table({"content_id": content_ids(start, n), "source": [f"s{i % sources}" for i in range(start, start + n)],
-                     "caption": [f"a photo of thing number {i}" for i in range(start, start + n)]})
+def rows_of(start: int, n: int, sources: int, keys: str = "content") -> pa.Table:
+    """Rows start..start+n: row i is source s{i % sources}, with a short caption like a stored one,
+    keyed by its content id or (`keys="caption"`) by its caption key."""
+    captions = [f"a photo of thing number {i}" for i in range(start, start + n)]
+    ids = content_ids(start, n)
+    if keys == "caption":
+        ids = [source_caption_key(c, text) for c, text in zip(ids, captions)]
+    return pa.table({"content_id": ids, "source": [f"s{i % sources}" for i in range(start, start + n)],
+                     "caption": captions})
 
 
-def build(uri: str, rows: int, sources: int) -> tuple[pa.Array, float]:
-    """The table, indexed as the pipeline indexes it; (source s0's content ids sorted, seconds)."""
+def build(uri: str, rows: int, sources: int, keys: str = "content") -> tuple[pa.Array, float]:
+    """The table, indexed as the pipeline indexes it; (source s0's keys sorted, seconds)."""
     t0 = time.perf_counter()
     mine: list[pa.Array] = []
     for start in range(0, rows, WRITE_ROWS):
-        batch = rows_of(start, min(WRITE_ROWS, rows - start), sources)
+        batch = rows_of(start, min(WRITE_ROWS, rows - start), sources, keys)
         lance.write_dataset(batch, uri, mode="create" if start == 0 else "append", max_rows_per_file=FRAGMENT_ROWS)
         mine.append(batch.filter(pc.equal(batch["source"], "s0"))["content_id"].combine_chunks())
     refresh_indexes(uri, bitmap_columns=["source"], btree_columns=["content_id"])
@@ -129,15 +142,15 @@ def measure(uri: str, keys: pa.Array, units: int, seed: int) -> dict[str, dict[s
     return result
 
 
-def run_size(base: str, rows: int, sources: int, units: int) -> dict[str, Any]:
-    print(f"{rows:,} rows of {sources} sources: writing and indexing ...", flush=True)
+def run_size(base: str, rows: int, sources: int, units: int, keys: str = "content") -> dict[str, Any]:
+    print(f"{rows:,} rows of {sources} sources, keyed by {keys}: writing and indexing ...", flush=True)
     uri = os.path.join(base, f"shared_{rows}.lance")
     try:
-        keys, build_s = build(uri, rows, sources)
+        sorted_keys, build_s = build(uri, rows, sources, keys)
         index_mb = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(uri, "_indices"))
                        for f in fs) / 1e6
-        return {"rows": rows, "sources": sources, "build_s": round(build_s, 1), "index_mb": round(index_mb, 1),
-                "lookups": measure(uri, keys, units, seed=rows)}
+        return {"rows": rows, "sources": sources, "keys": keys, "build_s": round(build_s, 1),
+                "index_mb": round(index_mb, 1), "lookups": measure(uri, sorted_keys, units, seed=rows)}
     finally:
         shutil.rmtree(uri, ignore_errors=True)
 
@@ -149,7 +162,7 @@ def growth(sizes: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def format_size(size: dict[str, Any]) -> str:
-    lines = [f"{size['rows']:,} rows ({size['sources']} sources), index {size['index_mb']} MB, built in "
+    lines = [f"{size['rows']:,} rows ({size['sources']} sources, keyed by {size['keys']}), index {size['index_mb']} MB, built in "
              f"{size['build_s']} s:", "| pattern | cold MB / ms | worker MB / ms |"]
     for pattern, got in size["lookups"].items():
         lines.append(f"| {pattern} | {got['cold_mb']} / {got['cold_ms']} | {got['worker_mb']} / {got['worker_ms']} |")
@@ -161,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rows", default="1000000,4000000", help="comma-separated table sizes")
     parser.add_argument("--sources", type=int, default=10, help="sources sharing the table (a source's share)")
     parser.add_argument("--units", type=int, default=4, help="units measured per pattern and size")
+    parser.add_argument("--keys", choices=KEYS, default="content",
+                        help="the table's key: content ids (model captioners) or caption keys (the source captioner)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--dir", default=None, help="where the tables are built (removed afterwards)")
     args = parser.parse_args(argv)
@@ -168,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         results: dict[str, Any] = {"lance": lance.__version__, "cpus": os.cpu_count(), "sizes": []}
         for rows in (int(r) for r in args.rows.split(",")):
-            size = run_size(base, rows, args.sources, args.units)
+            size = run_size(base, rows, args.sources, args.units, args.keys)
             results["sizes"].append(size)
             print(format_size(size), flush=True)
         results["growth"] = growth(results["sizes"])

@@ -145,10 +145,13 @@ class CaptionerConfig:
         """What the output depends on; batch_size does not (one result per image either way)."""
         if self.backend == SOURCE:  # no model, prompt, sampling or pixels
             stand_in = {"stand_in_seconds_per_image": self.seconds_per_image} if self.seconds_per_image else {}
-            # "per-sample": each sample's own caption, cleaned and capped, keyed by (content, text)
-            # (was "clean": keyed by content and shared, so a sample could ship another source's
-            # text; before that "strip"); a stand-in never reuses real captions
-            return {"backend": SOURCE, "rule": "per-sample", "max_caption_chars": self.max_caption_chars, **stand_in}
+            # "per-sample-by-content": each sample's own caption, cleaned and capped, keyed by the
+            # content id and a hash of (content, text) (was "per-sample": the hash alone, which
+            # scattered a content unit's keys; before that "clean": keyed by content and shared,
+            # so a sample could ship another source's text; before that "strip"); a stand-in
+            # never reuses real captions
+            return {"backend": SOURCE, "rule": "per-sample-by-content", "max_caption_chars": self.max_caption_chars,
+                    **stand_in}
         sampling: dict[str, float] = {"temperature": float(self.temperature)}
         if self.temperature > 0:  # greedy decoding ignores top_p
             sampling["top_p"] = float(self.top_p)

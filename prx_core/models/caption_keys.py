@@ -5,8 +5,11 @@ so the shared caption tables (`captions`, `caption_labels`, `caption_embeddings`
 key it by `content_id` and every source holding those bytes shares it. A source caption is not:
 it belongs to the sample that carries it, and two sources holding the same bytes under different
 texts must each train on their own. Under the `source` captioner the same column therefore holds a
-*caption key*, the SHA-256 of the content id and the sample's own (ingest-cleaned) caption:
-identical bytes with identical text still share a row, different texts never do.
+*caption key*: the content id, then a hash of the content id and the sample's own (ingest-cleaned)
+caption. Identical bytes with identical text still share a row, different texts never do; and the
+keys of a content sort beside it, so a content unit's keys (a range of content ids) sit on the few
+index pages that range covers in every shared table, under this captioner too (docs/scale.md).
+A key that was the hash alone scattered them: each unit's lookups touched nearly every page.
 
 Which rule applies is part of the captioner version: the `source` captioner's version carries
 `SOURCE_VERSION_PREFIX`, so every stage that is handed a captioner version (`mds_shards`,
@@ -21,7 +24,9 @@ import hashlib
 from collections.abc import Sequence
 
 SOURCE_VERSION_PREFIX = "source-"  # the `source` captioner's versions: captions keyed by (content, text)
-KEY_DOMAIN = b"prx-source-caption\0"  # a caption key is never equal to a content id of the same bytes
+KEY_DOMAIN = b"prx-source-caption\0"
+KEY_SEPARATOR = "."  # content id, separator, text hash: never equal to a content id, sorted by it
+TEXT_HASH_CHARS = 32  # 128 bits: two texts of one content never share a key
 
 
 def keyed_by_text(captioner_version: str) -> bool:
@@ -30,12 +35,13 @@ def keyed_by_text(captioner_version: str) -> bool:
 
 
 def source_caption_key(content_id: str, original_caption: str | None) -> str:
-    """The key of a sample's source caption: its content and its own caption text ("" for none)."""
+    """The key of a sample's source caption: its content and its own caption text ("" for none),
+    prefixed by the content id so that keys sort by content."""
     digest = hashlib.sha256(KEY_DOMAIN)
     digest.update(content_id.encode())
     digest.update(b"\0")
     digest.update((original_caption or "").encode("utf-8", errors="surrogatepass"))
-    return digest.hexdigest()
+    return f"{content_id}{KEY_SEPARATOR}{digest.hexdigest()[:TEXT_HASH_CHARS]}"
 
 
 def caption_keys(captioner_version: str, content_ids: Sequence[str],

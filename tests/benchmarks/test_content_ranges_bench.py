@@ -8,13 +8,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.content_ranges import PATTERNS, main
 
 
-def test_a_range_of_keys_reads_less_than_random_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize("keys", ["content", "caption"])
+def test_a_range_of_keys_reads_less_than_random_keys(tmp_path: Path, keys: str) -> None:
+    """Keyed by content (model captioners) or by the source captioner's caption keys, which sort by content."""
     out = tmp_path / "ranges.json"
-    main(["--rows", "300000", "--sources", "4", "--units", "2", "--dir", str(tmp_path), "--json", str(out)])
+    main(["--rows", "300000", "--sources", "4", "--units", "2", "--keys", keys, "--dir", str(tmp_path),
+          "--json", str(out)])
     (size,) = json.loads(out.read_text())["sizes"]
+    assert size["keys"] == keys
     got = size["lookups"]
     assert set(got) == set(PATTERNS) and all(got[p]["cold_mb"] > 0 for p in PATTERNS)
     assert got["random"]["cold_mb"] > 1.3 * got["range_keys"]["cold_mb"]  # the index: every page vs a few
