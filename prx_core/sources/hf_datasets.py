@@ -46,12 +46,16 @@ def is_data_file(path: str) -> bool:
 
 
 def read_huggingface(spec: SourceSpec, path: str, storage_options: dict[str, Any] | None,
-                     guard: ReadGuard | None = None) -> Iterator[pa.RecordBatch]:
-    """One data file of the dataset, its columns defaulted from its features (`resolve_columns`)."""
+                     guard: ReadGuard | None = None, rows: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """One data file of the dataset, its columns defaulted from its features (`resolve_columns`),
+    or its rows [start, stop): a URL table's parquet file is cut by rows as a `parquet` source's is
+    (an Arrow file has no footer that counts its rows without reading them, so it is read whole)."""
     schema = file_schema(path, storage_options)
     resolved = resolve_columns(spec, schema, path)
     if path.lower().endswith(".parquet"):
-        yield from read_parquet(resolved, path, storage_options, guard)
+        yield from read_parquet(resolved, path, storage_options, guard, rows)
+    elif rows is not None:
+        raise ValueError(f"source {spec.name!r}: {path} is an Arrow file, read whole, not in row ranges")
     else:
         yield from read_arrow(resolved, path, storage_options, guard)
 

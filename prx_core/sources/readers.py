@@ -77,7 +77,7 @@ def read_fragment(
     part: tuple[Any, Any] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Stream one fragment as record batches of `RECORD_SCHEMA`, or the `part` of it a `samples`
-    unit reads: rows [start, stop) of a parquet file or Lance fragment, image files named from
+    unit reads: rows [start, stop) of a parquet file (a Hugging Face snapshot's too) or Lance fragment, image files named from
     `lo` up to `hi` (excluded; None: open) of a folder. A fragment id that is not under the
     source's root (an edited manifest, `<root>/../x`) is an error, never a read. A table's rows
     `guard` names as taken down are refused before any fetch; its URLs not fetched by the guard's
@@ -85,7 +85,7 @@ def read_fragment(
     if spec.format != "lance" and fragment != spec.uri:
         relative_folder(spec.uri, fragment)
     ranged = {} if part is None else {"names" if spec.format == "imagefolder" else "rows": tuple(part)}
-    if part is not None and spec.format not in ("parquet", "lance", "imagefolder"):
+    if part is not None and spec.format not in ("parquet", "lance", "imagefolder", "huggingface"):
         raise ValueError(f"source {spec.name!r}: a {spec.format} fragment is read whole, not in parts")
     tables = {"parquet": read_parquet, "lance": read_lance, "huggingface": read_huggingface}
     if spec.format in tables:

@@ -162,7 +162,7 @@ SAMPLES: Stage[SamplesSettings] = Stage(
     unit_sizes=(
         UnitSize("unit_bytes", "Source bytes per ingest unit; one unit writes ~one Lance fragment, so this sets "
                                "fragment size (~1M rows at 64 KB per image)."),
-        UnitSize("unit_rows", "URLs per ingest unit of a URL table (url_column; parquet or Lance): a unit of more "
+        UnitSize("unit_rows", "URLs per ingest unit of a URL table (url_column; parquet, Lance, Hugging Face parquet): a unit of more "
                               "is cut into row ranges (at row groups where they fall inside), so fetching one "
                               "unit (~1 h at 30 images/s) stays far under unit_seconds."),
         UnitSize("unit_files", "Image files per ingest unit of an image folder: a unit of more is cut into "

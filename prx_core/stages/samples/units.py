@@ -3,7 +3,8 @@
 Source files are grouped into units of about `unit_bytes` (a file is never split): right for tar
 shards and image tables, whose bytes are their images. Two kinds of source read far more per byte:
 
-- a URL table (`url_column`, parquet files or a Lance dataset): a few GB list ~100M URLs, and a
+- a URL table (`url_column`; parquet files, a Lance dataset, or a Hugging Face dataset's parquet
+  files): a few GB list ~100M URLs, and a
   worker fetches ~30 images/s, so a byte unit of one such table would run for days and pass its
   time limit whole. A byte unit holding more than `unit_rows` rows is cut again: whole files while
   they fit, a bigger file into row ranges ending at its row groups where they can
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prx_core.compute.units import Unit
-from prx_core.sources.catalog import SourceSpec
+from prx_core.sources.catalog import TABLE_FORMATS, SourceSpec
 from prx_core.sources.folders.walk import fragments_of
 from prx_core.sources.readers import folder_entries, fragment_sizes
 from prx_core.sources.row_ranges import cut_rows, files_row_groups
@@ -64,7 +65,7 @@ def group_fragments(sizes: list[tuple[str, int]], unit_bytes: int) -> list[Unit]
 
 def is_url_table(spec: SourceSpec) -> bool:
     """A table whose rows are URLs to fetch, in files this module can read in row ranges."""
-    return bool(spec.url_column) and spec.format in ("parquet", "lance")
+    return bool(spec.url_column) and spec.format in TABLE_FORMATS
 
 
 def plan_units(spec: SourceSpec, storage_options: dict[str, Any] | None, unit_bytes: int, unit_rows: int,
@@ -99,7 +100,10 @@ def table_row_groups(spec: SourceSpec, fragments: list[str],
 
         dataset = lance.dataset(spec.uri, storage_options=lance_options(spec.uri, storage_options))
         return {f: [dataset.get_fragment(int(f)).count_rows()] for f in fragments}
-    return dict(zip(fragments, files_row_groups(fragments, storage_options)))
+    # a Hugging Face dataset's Arrow files (`save_to_disk`) count their rows only when read: planned whole
+    parquet = [f for f in fragments if spec.format != "huggingface" or f.lower().endswith(".parquet")]
+    groups = dict(zip(parquet, files_row_groups(parquet, storage_options)))
+    return {f: groups.get(f) for f in fragments}
 
 
 def name_parts(cuts: tuple[str, ...], files: int, every: int) -> list[tuple[Part, int]]:
