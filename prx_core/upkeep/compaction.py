@@ -21,7 +21,7 @@ import pyarrow as pa
 from lance import LanceDataset, LanceOperation
 from lance.commit import CommitConflictError
 
-from prx_core.compute.parallel import TaskFailed, imap_tasks
+from prx_core.compute.parallel import TaskFailed, imap_tasks, on_cluster
 from prx_core.store.maintenance import MERGE_ROWS, IndexReport, catch_up_indexes, refresh_table_indexes
 from prx_core.store.retention import cleanup_superseded
 from prx_core.store.schemas import PARTITION_COLUMNS
@@ -40,6 +40,7 @@ Key = tuple[object, ...]
 
 TARGET_BYTES = 64 << 30  # what one ingest unit writes (stages.samples.units.UNIT_BYTES): under Lance's 90 GiB file cap
 GROUP_SECONDS = 2 * 3600  # time limit of one group's rewrite: a stuck one is left for the next night
+KEY_TASK_FRAGMENTS = 64  # fragments whose partition keys one planning task reads
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ def fragment_bytes(fragment: Any) -> int:
 
 
 def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, small_fraction: float = 0.5,
-                    deleted_fraction: float = 0.1, target_bytes: int = TARGET_BYTES) -> tuple[dict[Key, list[list[int]]], int]:
+                    deleted_fraction: float = 0.1, target_bytes: int = TARGET_BYTES,
+                    storage_options: StorageOptions = None) -> tuple[dict[Key, list[list[int]]], int]:
     """Groups of fragment ids to rewrite per partition key, and how many fragments mix partitions.
 
     A fragment is small below `small_fraction` of the target in rows AND in bytes: a fragment of
@@ -72,7 +74,7 @@ def plan_compaction(ds: LanceDataset, columns: Sequence[str], target_rows: int, 
     alone. Its fragments are cut into groups of at most one target fragment (rows and bytes), each
     one rewrite task, so no task rewrites a whole partition."""
     metas = {f.fragment_id: f.metadata for f in ds.get_fragments()}
-    keys_of = {i: fragment_keys(ds, i, columns) for i in metas}
+    keys_of = partition_keys_of(ds, list(metas), columns, storage_options)
     pure: dict[Key, list[int]] = defaultdict(list)  # fragments holding one partition, by partition
     shared: dict[Key, list[int]] = defaultdict(list)  # fragments mixing it with others
     for fragment_id, keys in keys_of.items():
@@ -108,6 +110,29 @@ def group_fragments(ids: list[int], metas: dict[int, Any], target_rows: int, tar
         groups[-1].append(i)
         rows, size = rows + live, size + nbytes
     return groups
+
+
+def partition_keys_of(ds: LanceDataset, fragment_ids: list[int], columns: Sequence[str],
+                      storage_options: StorageOptions = None, per_task: int = KEY_TASK_FRAGMENTS) -> dict[int, set[Key]]:
+    """`fragment_keys` of every fragment: on Ray in tasks of `per_task` fragments of this version,
+    else here. A fragment costs two or three small reads, round trips on an object store: thousands
+    of fragments one after another took minutes. (Threads of one process are no option: pylance
+    14.0.2 deadlocks on concurrent `count_rows` of fragments of one dataset.)"""
+    if not on_cluster() or len(fragment_ids) <= per_task:
+        return {i: fragment_keys(ds, i, columns) for i in fragment_ids}
+    calls = [(ds.uri, ds.version, fragment_ids[k:k + per_task], list(columns), storage_options)
+             for k in range(0, len(fragment_ids), per_task)]
+    keys: dict[int, set[Key]] = {}
+    for _, part in imap_tasks(fragments_keys, calls):
+        keys.update(part)
+    return keys
+
+
+def fragments_keys(uri: str, version: int, fragment_ids: list[int], columns: list[str],
+                   storage_options: StorageOptions) -> dict[int, set[Key]]:
+    """Ray task: `fragment_keys` of these fragments of one version."""
+    ds = require_table(uri, storage_options).checkout_version(version)
+    return {i: fragment_keys(ds, i, columns) for i in fragment_ids}
 
 
 def fragment_keys(ds: LanceDataset, fragment_id: int, columns: Sequence[str]) -> set[Key]:
@@ -156,7 +181,8 @@ def compact_partitions(uri: str, columns: Sequence[str], target_rows: int = 1_00
     orphan cleanup of `cleanup_old_versions`."""
     for attempt in range(max_retries + 1):
         ds = require_table(uri, storage_options)
-        plan, mixed = plan_compaction(ds, columns, target_rows, target_bytes=target_bytes)
+        plan, mixed = plan_compaction(ds, columns, target_rows, target_bytes=target_bytes,
+                                      storage_options=storage_options)
         if not plan:
             return PartitionCompaction(0, 0, 0, 0, ds.version)
         groups = [(key, ids) for key, cut in sorted(plan.items(), key=lambda item: repr(item[0])) for ids in cut]

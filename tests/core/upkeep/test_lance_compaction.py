@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from test_lance_io import SCHEMA, content, content_of, rows, where
 
+from prx_core.compute.parallel import on_cluster
 from prx_core.stages.opt_out.apply import delete_rows
 from prx_core.store import lance_io as lio
 from prx_core.store import maintenance as maint
@@ -198,3 +199,17 @@ def test_a_partition_is_rewritten_in_groups_of_one_target_fragment(tmp_path: Pat
     assert all(lc.fragment_bytes(f.metadata) <= target for f in lance.dataset(uri).get_fragments())
     again = lc.compact_partitions(uri, ["source"], target_rows=1000, target_bytes=target)
     assert (again.removed, again.written) == (0, 0)  # each fragment now near the target: left alone
+
+
+def test_partition_keys_are_read_by_tasks_the_same_as_here(tmp_path: Path) -> None:
+    """Planning reads each fragment's partition keys in Ray tasks of a few fragments each (round
+    trips on an object store); they find what a read in this process finds, a mixed fragment's too."""
+    uri = str(tmp_path / "t.lance")
+    build(uri, "ab", n=40, per_file=10)
+    lc.compact_table(uri, target_rows_per_fragment=1000)  # one fragment holding both sources
+    build(uri, "c", n=60, per_file=5)
+    ds = lance.dataset(uri)
+    ids = [f.fragment_id for f in ds.get_fragments()]
+    here = lc.partition_keys_of(ds, ids, ["source"], per_task=len(ids))  # one call's worth: no tasks
+    assert len(ids) == 13 and sorted(map(sorted, here.values())) == [[("a",), ("b",)]] + [[("c",)]] * 12
+    assert on_cluster() and lc.partition_keys_of(ds, ids, ["source"], per_task=4) == here  # 4 Ray tasks
