@@ -46,13 +46,20 @@ T = TypeVar("T")
 
 
 def plan_content_units(storage: Storage, source: str, unit_rows: int = UNIT_ROWS) -> tuple[dict[str, int], list[Unit]]:
-    """(pinned `samples` and `buckets` versions, units) for one source: ranges of content ids of
-    `unit_rows` of the source's samples each (prx_core.compute.key_ranges), cut from a sample of
-    the source's content ids that Ray tasks sort, one per PLAN_ROWS rows (in this process off Ray)."""
-    options = storage.lance_storage_options()
-    buckets = lance_io.open_table(storage.lance_uri("buckets"), options)
+    """(pinned `samples` and `buckets` versions, units) for one source: `plan_key_units`, once
+    `buckets` exists (the units read the bucketed rows of their range)."""
+    buckets = lance_io.open_table(storage.lance_uri("buckets"), storage.lance_storage_options())
     if buckets is None:
         raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
+    version, units = plan_key_units(storage, source, unit_rows)
+    return {"samples": version, "buckets": buckets.version}, units
+
+
+def plan_key_units(storage: Storage, source: str, unit_rows: int) -> tuple[int, list[Unit]]:
+    """(pinned `samples` version, units) for one source: ranges of content ids of `unit_rows` of
+    the source's samples each (prx_core.compute.key_ranges), cut from a sample of the source's
+    content ids that Ray tasks sort, one per PLAN_ROWS rows (in this process off Ray)."""
+    options = storage.lance_storage_options()
     uri, where = storage.lance_uri("samples"), source_predicate(source)
     version, chunks = plan_row_units(uri, where, PLAN_ROWS, options)
     calls = [(uri, version, dict(c.spec), "content_id", where, options, max(1, unit_rows // SAMPLES_PER_UNIT))
@@ -60,7 +67,7 @@ def plan_content_units(storage: Storage, source: str, unit_rows: int = UNIT_ROWS
     parts = ([part for _, part in imap_tasks(key_samples, calls)] if on_cluster()
              else [key_samples(*call) for call in calls])
     sample = pa.concat_tables(parts) if parts else SAMPLE_SCHEMA.empty_table()
-    return {"samples": version, "buckets": buckets.version}, plan_key_ranges(sample, unit_rows)
+    return version, plan_key_ranges(sample, unit_rows)
 
 
 def range_rows(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any],

@@ -1,9 +1,10 @@
-"""The chunks of `mds_shards`: one Ray task per chunk of a stream gathers its routed rows, joins
-their captions by caption key (the content, or under the `source` captioner the sample's own
-caption: prx_core.models.caption_keys; a caption the checks rejected is refused), decodes and encodes each image once (`process_image`, without the pHash and quality ingest
-stored) and writes the chunk folder
-(`prx_core.shards.mds.streams`), named after everything its bytes depend on, so a rerun over the same
-content reuses the complete folder instead of rewriting it."""
+"""The chunks of `mds_shards`: one Ray task per chunk of a stream gathers its routed rows, which
+carry their captions (found by caption key in the route units: the content, or under the `source`
+captioner the sample's own caption, prx_core.models.caption_keys; a caption the checks rejected
+is refused) and where their latents are, decodes and encodes each image once (`process_image`,
+without the pHash and quality ingest stored) and writes the chunk folder
+(`prx_core.shards.mds.streams`), named after everything its bytes depend on, so a rerun over the
+same content reuses the complete folder instead of rewriting it. A chunk looks nothing up by key."""
 
 from __future__ import annotations
 
@@ -21,12 +22,11 @@ from prx_core.compute.parallel import take_rows
 from prx_core.compute.units import Unit, UnitRun
 from prx_core.image.decode import Rejection
 from prx_core.image.imaging import process_image
-from prx_core.models.caption_keys import caption_keys
 from prx_core.models.captioning import missing_caption_message, rejected_caption_message
 from prx_core.shards.mds.encodings import latent_columns
 from prx_core.shards.mds.streams import MDS_COLUMNS, chunk_complete, read_chunk_record, stream_uri, write_chunk
-from prx_core.stages.mds_shards.latents import NO_TEXT_LATENT, latent_fields, latent_tokens, missing_latent_message
-from prx_core.store.lookups import caption_gaps, caption_texts
+from prx_core.stages.mds_shards.carried import CARRIED_FIELDS
+from prx_core.stages.mds_shards.latents import NO_TEXT_LATENT, latent_fields, missing_latent_message
 from prx_core.store.storage import join_uri
 
 TAKE_ROWS = 32  # images read from Lance per request
@@ -36,7 +36,8 @@ BUCKET_MISMATCH = "bucket_mismatch"
 CHUNK_FORMAT = "mds-chunk-1"  # bump when what a chunk's bytes depend on changes outside its inputs
 ROUTE_SCHEMA = pa.schema([
     ("tier", pa.int32()), ("bucket_width", pa.int32()), ("bucket_height", pa.int32()), ("sample_id", pa.string()),
-    ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64())])  # what `route` writes
+    ("content_id", pa.string()), ("source_key", pa.string()), ("address", pa.uint64()),  # in `samples`
+    *CARRIED_FIELDS])  # what `route` writes
 
 
 def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
@@ -46,15 +47,12 @@ def chunk_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
     storage, source = run.storage, run.manifest.partition
     tier, width, height = unit.spec["stream"]
     rows = chunk_rows(unit, run)
-    captioner = run.manifest.params["captioner_version"]
-    originals = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], rows["address"].to_pylist(),
-                          ["original_caption"], storage.lance_storage_options())["original_caption"].to_pylist()
-    rows = rows.append_column("caption_key", pa.array(caption_keys(captioner, rows["content_id"].to_pylist(), originals),
-                                                      pa.string()))
+    originals = rows["original_caption"].to_pylist()
     keys = rows["caption_key"].to_pylist()
-    captions = caption_texts(storage, captioner, keys, run.manifest.inputs["captions"])
+    captions = {k: c for k, c in zip(keys, rows["caption"].to_pylist()) if c is not None}
     latents = run.manifest.params.get("latents")
-    tokens = latent_tokens(storage, latents, captioner, keys, run.manifest.inputs["text_latents"]) if latents else None
+    tokens = ({k: t for k, t in zip(keys, rows["latent_tokens"].to_pylist()) if t is not None} if latents
+              else None)
     name = chunk_name(run, rows, captions, originals, tokens)
     folder = join_uri(stream_uri(storage.root, source, tier, width, height), name)
     reused = chunk_complete(folder, storage.storage_options)
@@ -115,21 +113,21 @@ def render(rows: pa.Table, captions: dict[str, str], originals: list[str | None]
     encoded once; what cannot be stored goes to `refused` with a reason (an uncaptioned one with its
     stored failure, a rejected caption with the check that refused it)."""
     storage, params, source = run.storage, run.manifest.params, run.manifest.partition
-    uncaptioned = [k for k in rows["caption_key"].to_pylist() if k not in captions]
-    gaps = caption_gaps(storage, params["captioner_version"], uncaptioned, run.manifest.inputs["captions"])
     latents = params.get("latents")
     for start in range(0, rows.num_rows, TAKE_ROWS):
         part = rows.slice(start, TAKE_ROWS).to_pylist()
         images = take_rows(storage.lance_uri("samples"), run.manifest.inputs["samples"], [r["address"] for r in part],
                            ["image"], storage.lance_storage_options())["image"].to_pylist()
-        extra = latent_fields(storage, latents, params["captioner_version"], [r["caption_key"] for r in part],
-                              run.manifest.inputs["text_latents"]) if latents else {}
+        with_latent = [r for r in part if r["latent_address"] is not None] if latents else []
+        extra = dict(zip((r["caption_key"] for r in with_latent), latent_fields(
+            storage, latents, run.manifest.inputs["text_latents"], [r["latent_address"] for r in with_latent]))) \
+            if with_latent else {}
         for row, image, original in zip(part, images, originals[start:start + TAKE_ROWS]):
             base = {"sample_id": row["sample_id"], "content_id": row["content_id"], "source_key": row["source_key"],
                     "caption_key": row["caption_key"]}
             caption = captions.get(row["caption_key"])
             if caption is None:
-                error, problem = gaps.get(row["caption_key"], ("", ""))
+                error, problem = row["caption_error"] or "", row["caption_problem"] or ""
                 message = (rejected_caption_message(params["captioner_version"], problem) if problem
                            else missing_caption_message(params["captioner_version"], error or None))
                 refused.append({**base, "reason": CAPTION_REJECTED if problem else NO_CAPTION, "message": message})

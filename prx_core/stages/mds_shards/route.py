@@ -1,8 +1,9 @@
-"""The first pass of `mds_shards`: route units bucket the rows of one `samples` range each, sorted
-by (stream, sample_id), into scratch parquet and report per-stream counts and a deterministic
-sample of ids (those whose hash is 0 modulo `sample_every`); `plan_chunks` cuts every stream at
-sampled ids into the chunk units (prx_core.stages.mds_shards.chunks), so the boundaries depend on
-the data only, never on the number of workers."""
+"""The first pass of `mds_shards`: route units bucket the rows of one range of content ids each,
+with what the chunks need of the shared tables (their captions and latents: `carried`), sorted by
+(stream, sample_id), into scratch parquet and report per-stream counts and a deterministic sample
+of ids (those whose hash is 0 modulo `sample_every`); `plan_chunks` cuts every stream at sampled
+ids into the chunk units (prx_core.stages.mds_shards.chunks), so the boundaries depend on the data
+only, never on the number of workers or how the route units were cut."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from prx_core.compute.row_units import read_row_unit
+from prx_core.compute.key_ranges import range_predicate
 from prx_core.compute.shuffle import hash_values
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.image.buckets import Bucket, assign_buckets
 from prx_core.shards.mds.streams import StreamKey, stream_name
+from prx_core.stages.mds_shards.carried import carried_columns
 from prx_core.stages.mds_shards.chunks import ROUTE_SCHEMA
 from prx_core.stages.mds_shards.settings import MdsSettings
+from prx_core.store.lookups import lookup_where
 from prx_core.store.partitions import source_predicate
 
 SAMPLES_PER_CHUNK = 32  # sampled ids per chunk the boundaries are chosen from
@@ -30,23 +33,26 @@ def stream_label(key: StreamKey) -> str:
 
 
 def route_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: bucket one row range and write it, sorted by stream and sample_id, to scratch."""
-    storage, params = run.storage, run.manifest.params
+    """Ray task: bucket one range of content ids (a range read of the `samples` BTREE), join what
+    the chunks need of the shared tables, and write it, sorted by stream and sample_id, to scratch."""
+    storage, params, inputs = run.storage, run.manifest.params, run.manifest.inputs
     settings = MdsSettings.from_params(params)
-    rows = read_row_unit(storage.lance_uri("samples"), run.manifest.inputs["samples"], unit.spec,
-                         ["sample_id", "content_id", "source_key", "width", "height"],
-                         source_predicate(run.manifest.partition), storage.lance_storage_options(),
-                         with_row_address=True)
+    where = f"{source_predicate(run.manifest.partition)} AND {range_predicate('content_id', unit.spec)}"
+    rows = lookup_where(storage.lance_uri("samples"), ["sample_id", "content_id", "source_key", "width", "height",
+                                                       "original_caption"],
+                        where, storage.lance_storage_options(), inputs["samples"], with_row_address=True)
     decisions = assign_buckets(rows["width"].to_numpy(), rows["height"].to_numpy(), settings.max_tier)
     kept = np.array([isinstance(d, Bucket) for d in decisions], bool)
     buckets = [d for d in decisions if isinstance(d, Bucket)]
     rows = rows.filter(pa.array(kept))
+    carried = carried_columns(storage, params, inputs, rows["content_id"].to_pylist(),
+                              rows["original_caption"].to_pylist())
     routed = pa.table({
         "tier": pa.array([b.tier for b in buckets], pa.int32()),
         "bucket_width": pa.array([b.width for b in buckets], pa.int32()),
         "bucket_height": pa.array([b.height for b in buckets], pa.int32()),
         "sample_id": rows["sample_id"], "content_id": rows["content_id"], "source_key": rows["source_key"],
-        "address": rows["_rowaddr"]}, schema=ROUTE_SCHEMA)
+        "address": rows["_rowaddr"], **carried}, schema=ROUTE_SCHEMA)
     routed = routed.sort_by([("tier", "ascending"), ("bucket_width", "ascending"), ("bucket_height", "ascending"),
                              ("sample_id", "ascending")])
     fs = storage.filesystem()

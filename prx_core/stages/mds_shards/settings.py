@@ -9,7 +9,7 @@ from prx_core.image.buckets import TIERS
 from prx_core.image.decode import DEFAULT_MAX_PIXELS
 from prx_core.stages.settings import Settings
 
-ROUTE_ROWS = 1_000_000  # rows per routing unit: sizes and ids, no pixels
+ROUTE_ROWS = 1_000_000  # samples per routing unit, a range of content ids: sizes, ids and captions, no pixels
 CHUNK_ROWS = 50_000  # target rows per MDS chunk: one worker task, one sub-folder of a stream
 
 

@@ -1,14 +1,16 @@
 """Stage `mds_shards`: the source's streams, resized to their buckets, JPEG q92, with captions.
 
 Three passes of work units over the pinned `samples` version; the driver holds unit summaries:
-1. route: per row range, bucket every sample from its recorded size (the `buckets` function),
-   sort by (stream, sample_id) and write the rows to scratch parquet; report per-stream counts
-   and a deterministic sample of ids (those whose hash is 0 modulo `sample_every`;
-   `prx_core.stages.mds_shards.route`).
+1. route: per range of content ids (prx_core.compute.key_ranges), bucket every sample from its
+   recorded size (the `buckets` function), join its caption (and latent's address) by caption
+   key, whose keys the range keeps together in the shared tables' indexes
+   (`prx_core.stages.mds_shards.carried`), sort by (stream, sample_id) and write the rows to
+   scratch parquet; report per-stream counts and a deterministic sample of ids (those whose hash
+   is 0 modulo `sample_every`; `prx_core.stages.mds_shards.route`).
 2. chunks: each stream is cut at sampled ids into chunks of about `chunk_rows` (the boundaries
    depend on the data only, never on the number of workers); per chunk a worker gathers its
-   rows from the route files, sorts them by sample_id, joins their captions, decodes and encodes
-   each image once (`process_image`) and writes the chunk folder (`prx_core.stages.mds_shards.chunks`).
+   rows from the route files, sorts them by sample_id, decodes and encodes each image once
+   (`process_image`) and writes the chunk folder (`prx_core.stages.mds_shards.chunks`).
    A chunk folder is named after what its bytes depend on, so a rerun over the same content reuses it.
 3. index: the driver publishes each stream's index.json (merged from its chunks); per chunk a
    worker writes the `mds_index` rows (position = chunk offset + row) and the chunk's rejects
@@ -24,7 +26,6 @@ from typing import Any
 
 from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
-from prx_core.compute.row_units import plan_row_units
 from prx_core.compute.units import Unit, UnitResults
 from prx_core.shards.mds.publish import StreamReport, publish_source
 from prx_core.shards.mds.retention import named_by_index
@@ -34,6 +35,7 @@ from prx_core.stages.mds_shards.chunks import chunk_unit
 from prx_core.stages.mds_shards.index import SMALL_STREAM, drop_message, index_unit, small_streams
 from prx_core.stages.mds_shards.report import MdsReport, PublishReport, StreamCount, streams_in_place, verify_published
 from prx_core.stages.mds_shards.route import SAMPLES_PER_CHUNK, plan_chunks, route_unit
+from prx_core.stages.contents import plan_key_units
 from prx_core.stages.mds_shards.settings import MdsSettings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.unchanged import last_commit
@@ -42,11 +44,12 @@ from prx_core.store.partitions import commit_unit_outputs, source_predicate
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_table
 
+ROUTE_RULE = "content-ranges"  # how route units are cut, in the manifest: attempts of another rule start over
 
 
 def pin_inputs(run: StageRun[MdsSettings]) -> dict[str, Any]:
-    """The `samples` version the route units read (planned into row ranges), the `captions` (and
-    `text_latents`) version the chunks join, and what the source reads of them (`source_reads`);
+    """The `samples` version the route units read (planned into ranges of content ids), the
+    `captions` (and `text_latents`) version they join, and what the source reads of them (`source_reads`);
     refused while there are no captions yet. The versions are `volatile`: every other source's
     ingest and captions move them, so a rerun after a crash resumes its attempt on the versions it
     first pinned (prx_core.compute.units) unless what this source reads changed: its `samples`
@@ -55,9 +58,11 @@ def pin_inputs(run: StageRun[MdsSettings]) -> dict[str, Any]:
     storage, options = run.storage, run.storage.lance_storage_options()
     if not lance_io.table_exists(storage.lance_uri("captions"), options):
         raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
-    version, run.state["route"] = plan_row_units(storage.lance_uri("samples"), source_predicate(run.partition),
-                                                 run.settings.route_rows, options)
+    version, run.state["route"] = plan_key_units(storage, run.partition, run.settings.route_rows)
     run.params["sample_every"] = max(1, run.settings.chunk_rows // SAMPLES_PER_CHUNK)
+    # route units own ranges of content ids and carry the captions (before: row ranges, and every
+    # chunk looked its captions up); an attempt of the earlier rule (other route files) is not resumed
+    run.params["route"] = ROUTE_RULE
     inputs: dict[str, Any] = {"samples": version,
                               "captions": lance_io.table_version(storage.lance_uri("captions"), options)}
     if run.settings.latents:  # the samples carry text latents: the version the chunks read them from
@@ -130,7 +135,8 @@ MDS_SHARDS: Stage[MdsSettings] = Stage(
     # run in the order route, chunks, index; `chunks` is declared first so that its progress lines
     # carry the plain label (the asset's unit is "chunks"), route's and index's "<label> route|index"
     phases=("chunks", "route", "index"),
-    unit_sizes=(UnitSize("route_rows", "Rows per `mds_shards` routing unit (sizes and ids, no pixels)."),
+    unit_sizes=(UnitSize("route_rows", "Samples per `mds_shards` routing unit, a range of content ids (sizes, "
+                                       "ids and captions, no pixels)."),
                 UnitSize("chunk_rows", "Target rows per MDS chunk: one worker task and one sub-folder of a stream.")),
     pin=pin_inputs, work=write_streams, commit=commit_index, report=report_streams, then=verify_published,
     # moved by every other source's runs: a rerun resumes across them (`source_reads` pins this source's part)

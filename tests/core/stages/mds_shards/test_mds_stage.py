@@ -89,7 +89,7 @@ def test_chunked_streams_equal_the_single_process_reference(storage: Storage, tm
     assert streams(storage.root) == {k: v for k, v in expected.items()}
     chunks = report.units["chunks"]
     assert chunks.units > len(report.streams) if chunk_rows == 2 else chunks.units == len(report.streams)
-    assert report.units["route"].units == 9  # 3 fragments of 14 rows, 5 rows per unit
+    assert report.units["route"].units == 9  # 42 samples in ranges of content ids of 5 samples each
     index = lance_io.read_table(storage.lance_uri("mds_index"), filter=source_predicate("photos")).to_pylist()
     for stream in report.streams:  # positions are the order in the published stream
         mine = sorted((r for r in index if (r["tier"], r["bucket"]) == (stream.tier, f"{stream.width}x{stream.height}")),
