@@ -22,11 +22,28 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from prx_core.compute.row_units import read_row_unit
+from prx_core.compute.parallel import imap_tasks, on_cluster
+from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit
 from prx_core.store.lance_io import StorageOptions, sql_literal
 
 SAMPLE_SCHEMA = pa.schema([("key", pa.string()), ("rows", pa.int64())])
+PLAN_ROWS = 1_000_000  # keys a planning task sorts (a fragment's worth: 64 MB of content ids)
+SAMPLES_PER_UNIT = 8  # keys per unit's worth of rows the planning tasks return (512 per 4,096-row unit)
+
+
+def plan_partition_ranges(uri: str, column: str, predicate: str, unit_rows: int,
+                          storage_options: StorageOptions = None) -> tuple[int, list[Unit]]:
+    """(the version read, units) of the rows of `uri` matching `predicate` (a source's partition):
+    ranges of `column` of `unit_rows` rows each, cut from a sample of its keys that Ray tasks sort,
+    one per PLAN_ROWS rows (in this process off Ray)."""
+    version, chunks = plan_row_units(uri, predicate, PLAN_ROWS, storage_options)
+    calls = [(uri, version, dict(c.spec), column, predicate, storage_options, max(1, unit_rows // SAMPLES_PER_UNIT))
+             for c in chunks]
+    parts = ([part for _, part in imap_tasks(key_samples, calls)] if on_cluster()
+             else [key_samples(*call) for call in calls])
+    sample = pa.concat_tables(parts) if parts else SAMPLE_SCHEMA.empty_table()
+    return version, plan_key_ranges(sample, unit_rows)
 
 
 def key_samples(uri: str, version: int, spec: dict, column: str, predicate: str, storage_options: StorageOptions,

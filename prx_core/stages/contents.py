@@ -24,9 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from prx_core.compute.actors import ModelHost
-from prx_core.compute.key_ranges import SAMPLE_SCHEMA, key_samples, plan_key_ranges, range_predicate
-from prx_core.compute.parallel import imap_tasks, on_cluster
-from prx_core.compute.row_units import plan_row_units
+from prx_core.compute.key_ranges import plan_partition_ranges, range_predicate
 from prx_core.compute.units import ModelSpec, ModelUnitFn, Unit, UnitResults, UnitRun
 from prx_core.models.caption_keys import caption_keys, keyed_by_text
 from prx_core.stages.stage import StageRun
@@ -38,36 +36,21 @@ from prx_core.store.storage import Storage
 from prx_core.upkeep.appends import BatchedAppend
 
 UNIT_ROWS = 4096  # samples per unit: minutes of GPU work, so a crash loses little
-PLAN_ROWS = 1_000_000  # content ids a planning task sorts (a fragment's worth: 64 MB of keys)
-SAMPLES_PER_UNIT = 8  # keys per unit's worth of rows the planning tasks return (512 per 4,096-row unit)
 CONTENT_VOLATILE = ("samples", "buckets")  # pinned inputs other sources move: out of the attempt's identity
 FAILED_EXAMPLES = 100  # offending contents a stage reports (per unit and in all) for its coverage check
 T = TypeVar("T")
 
 
 def plan_content_units(storage: Storage, source: str, unit_rows: int = UNIT_ROWS) -> tuple[dict[str, int], list[Unit]]:
-    """(pinned `samples` and `buckets` versions, units) for one source: `plan_key_units`, once
-    `buckets` exists (the units read the bucketed rows of their range)."""
+    """(pinned `samples` and `buckets` versions, units) for one source: ranges of content ids of
+    `unit_rows` of its samples each (`plan_partition_ranges`), once `buckets` exists (the units
+    read the bucketed rows of their range)."""
     buckets = lance_io.open_table(storage.lance_uri("buckets"), storage.lance_storage_options())
     if buckets is None:
         raise RuntimeError("the buckets table does not exist yet: materialize `buckets` first")
-    version, units = plan_key_units(storage, source, unit_rows)
+    version, units = plan_partition_ranges(storage.lance_uri("samples"), "content_id", source_predicate(source),
+                                           unit_rows, storage.lance_storage_options())
     return {"samples": version, "buckets": buckets.version}, units
-
-
-def plan_key_units(storage: Storage, source: str, unit_rows: int) -> tuple[int, list[Unit]]:
-    """(pinned `samples` version, units) for one source: ranges of content ids of `unit_rows` of
-    the source's samples each (prx_core.compute.key_ranges), cut from a sample of the source's
-    content ids that Ray tasks sort, one per PLAN_ROWS rows (in this process off Ray)."""
-    options = storage.lance_storage_options()
-    uri, where = storage.lance_uri("samples"), source_predicate(source)
-    version, chunks = plan_row_units(uri, where, PLAN_ROWS, options)
-    calls = [(uri, version, dict(c.spec), "content_id", where, options, max(1, unit_rows // SAMPLES_PER_UNIT))
-             for c in chunks]
-    parts = ([part for _, part in imap_tasks(key_samples, calls)] if on_cluster()
-             else [key_samples(*call) for call in calls])
-    sample = pa.concat_tables(parts) if parts else SAMPLE_SCHEMA.empty_table()
-    return version, plan_key_ranges(sample, unit_rows)
 
 
 def range_rows(storage: Storage, inputs: Mapping[str, int], source: str, spec: Mapping[str, Any],

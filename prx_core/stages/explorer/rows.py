@@ -1,5 +1,6 @@
-"""The explorer's rows of a unit: one `samples` row range (or ingest rejects) joined with every
-table the explorer's pages filter on or show, by key, through BTREE lookups of the unit's keys.
+"""The explorer's rows of a unit: one range of the source's content ids in `samples` (or a row
+range of its ingest rejects) joined with every table the explorer's pages filter on or show, by
+key, through BTREE lookups of the unit's keys.
 
 Every lookup reads the version the stage pinned, so the rows agree with one another; a table not
 written yet (no captions, no MDS) leaves its columns null. Skip reasons come from the streams'

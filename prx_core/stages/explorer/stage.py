@@ -9,9 +9,13 @@ page filters (BITMAP), keys (BTREE) and the text search (INVERTED). The filter m
 summed from the units into `explorer_facets`, a few hundred rows per source, so the explorer's
 home page reads no corpus-sized table at all.
 
-Units are row ranges of the pinned `samples` partition (phase `samples`) and of its ingest rejects
-(phase `rejects`: rows that never reached `samples`); each looks its keys up in the pinned versions
-of the other tables (BTREE on sample_id or content_id). A rerun commits nothing (`reusable`) when
+Units are ranges of the source's content ids in the pinned `samples` partition (phase `samples`,
+planned as the content stages plan theirs) and row ranges of its ingest rejects (phase `rejects`:
+rows that never reached `samples`); each looks its keys up in the pinned versions of the other
+tables (BTREE on sample_id or content_id). A range of content ids keeps a unit's keys in the
+content-keyed tables (`captions`, `caption_labels`) adjacent, so those lookups read the few index
+pages of the range whatever the tables' sizes; its per-sample lookups stay within the source's
+contiguous part of each sample_id index (docs/scale.md). A rerun commits nothing (`reusable`) when
 what it reads of its source did not change, whatever other sources did: the table versions are
 `volatile` (every source's commits move them) and the reuse key is `source_reads`, per table a
 digest of this source's part (`read_signatures`), plus the skip-list files and the settings.
@@ -29,6 +33,7 @@ import pyarrow.compute as pc
 
 from prx_core.compute import wire
 from prx_core.compute.parallel import Throttle
+from prx_core.compute.key_ranges import plan_partition_ranges, range_predicate
 from prx_core.compute.row_units import plan_row_units, read_row_unit
 from prx_core.compute.units import Unit, UnitResults, UnitRun
 from prx_core.shards.skiplists.files import source_folder
@@ -45,12 +50,13 @@ from prx_core.stages.settings import Settings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.unchanged import last_commit
 from prx_core.store import lance_io, schemas
-from prx_core.store.lookups import lookup_keys
+from prx_core.store.lookups import lookup_keys, lookup_where
 from prx_core.store.partitions import commit_partition, rejects_predicate, source_predicate, unit_outputs, write_partition
 from prx_core.store.storage import Storage
 from prx_core.upkeep.indexing import index_table
 
 UNIT_ROWS = 250_000  # sizes only: each unit looks its keys up in seven tables, 5,000 keys per query
+UNIT_RULE = "content-ranges"  # how `samples` units are cut, in the manifest
 JOINED = ("rejects", "buckets", "phashes", "duplicates", "captions", "caption_labels", "mds_index")
 PER_SOURCE = ("samples", "rejects", "buckets", "phashes", "mds_index")  # tables with a `source` partition
 GROUP_COLUMNS = ["sample_id", "group_id", "group_size", "keeper", "keeper_sample_id"]
@@ -87,12 +93,14 @@ def _summary(storage: Storage, rows: pa.Table) -> dict[str, Any]:
 
 
 def explore_samples_unit(unit: Unit, run: UnitRun) -> dict[str, Any]:
-    """Ray task: the explorer rows of one `samples` row range, as an uncommitted fragment."""
+    """Ray task: the explorer rows of one range of the source's content ids (a range read of the
+    `samples` BTREE), as an uncommitted fragment."""
     storage, inputs = run.storage, run.manifest.inputs
     uri = storage.lance_uri("samples")
     has_metadata = "metadata" in lance_io.require_table(uri, storage.lance_storage_options()).schema.names
-    read = read_row_unit(uri, inputs["samples"], unit.spec, SAMPLE_COLUMNS + (["metadata"] if has_metadata else []),
-                         source_predicate(run.manifest.partition), storage.lance_storage_options())
+    where = f"{source_predicate(run.manifest.partition)} AND {range_predicate('content_id', unit.spec)}"
+    read = lookup_where(uri, SAMPLE_COLUMNS + (["metadata"] if has_metadata else []), where,
+                        storage.lance_storage_options(), inputs["samples"])
     rows = explore_rows(storage, inputs, sample_base(read), run.manifest.params)
     return {"samples": rows.num_rows, **_summary(storage, rows)}
 
@@ -159,8 +167,9 @@ def pin_tables(run: StageRun[ExplorerSettings]) -> dict[str, Any]:
     if not lance_io.table_exists(storage.lance_uri("samples"), options):
         raise RuntimeError("the samples table does not exist yet: materialize `samples` first")
     lance_io.upgrade_table(storage.lance_uri("explorer"), schemas.EXPLORER, options)  # workers write its schema
-    samples, run.state["samples"] = plan_row_units(storage.lance_uri("samples"), source_predicate(source),
-                                                   run.settings.unit_rows, options)
+    samples, run.state["samples"] = plan_partition_ranges(storage.lance_uri("samples"), "content_id",
+                                                          source_predicate(source), run.settings.unit_rows, options)
+    run.params["units"] = UNIT_RULE  # attempts of the earlier rule (row ranges) start over
     inputs: dict[str, int | None] = {"samples": samples}
     for table in JOINED:
         inputs[table] = lance_io.table_version(storage.lance_uri(table), options)
@@ -224,7 +233,8 @@ EXPLORER: Stage[ExplorerSettings] = Stage(
     after=("samples", "buckets", "phashes", "captions", "caption_labels", "mds_shards", "duplicates", "skip_lists"),
     report_type=ExplorerReport, phases=("samples", "rejects"),
     settings=ExplorerSettings,
-    unit_sizes=(UnitSize("unit_rows", "Rows per `explorer` unit (sizes only)."),),
+    unit_sizes=(UnitSize("unit_rows", "Samples per `explorer` unit, a range of content ids (and ingest rejects "
+                                      "per unit of its rejects)."),),
     pin=pin_tables, work=explore_units, commit=commit_explorer, report=report_explorer,
     reusable=lambda report: True, volatile=("samples", *JOINED),
 )

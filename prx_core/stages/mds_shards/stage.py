@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Any
 
 from prx_core.compute import wire
+from prx_core.compute.key_ranges import plan_partition_ranges
 from prx_core.compute.parallel import Throttle
 from prx_core.compute.units import Unit, UnitResults
 from prx_core.shards.mds.publish import StreamReport, publish_source
@@ -35,7 +36,6 @@ from prx_core.stages.mds_shards.chunks import chunk_unit
 from prx_core.stages.mds_shards.index import SMALL_STREAM, drop_message, index_unit, small_streams
 from prx_core.stages.mds_shards.report import MdsReport, PublishReport, StreamCount, streams_in_place, verify_published
 from prx_core.stages.mds_shards.route import SAMPLES_PER_CHUNK, plan_chunks, route_unit
-from prx_core.stages.contents import plan_key_units
 from prx_core.stages.mds_shards.settings import MdsSettings
 from prx_core.stages.stage import Stage, StageRun, UnitSize, run_partition
 from prx_core.stages.unchanged import last_commit
@@ -58,7 +58,8 @@ def pin_inputs(run: StageRun[MdsSettings]) -> dict[str, Any]:
     storage, options = run.storage, run.storage.lance_storage_options()
     if not lance_io.table_exists(storage.lance_uri("captions"), options):
         raise RuntimeError("materialize `buckets` and `captions` before `mds_shards`")
-    version, run.state["route"] = plan_key_units(storage, run.partition, run.settings.route_rows)
+    version, run.state["route"] = plan_partition_ranges(storage.lance_uri("samples"), "content_id",
+                                                       source_predicate(run.partition), run.settings.route_rows, options)
     run.params["sample_every"] = max(1, run.settings.chunk_rows // SAMPLES_PER_CHUNK)
     # route units own ranges of content ids and carry the captions (before: row ranges, and every
     # chunk looked its captions up); an attempt of the earlier rule (other route files) is not resumed
