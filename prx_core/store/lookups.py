@@ -90,15 +90,14 @@ def shipped_filter(storage: Storage, captioner_version: str, version: int | None
     return where + (" AND (verdict IS NULL OR verdict != 'rejected')" if has_verdicts(storage, version) else "")
 
 
-def caption_texts(storage: Storage, captioner_version: str, keys: Sequence[str],
-                  version: int | None = None) -> dict[str, str]:
-    """caption key -> caption for the given keys (content ids, or a `source` captioner's keys:
-    prx_core.models.caption_keys), shipped captions of that captioner only."""
+def shipped_captions(storage: Storage, captioner_version: str, keys: Sequence[str],
+                     version: int | None = None) -> pa.Table:
+    """(content_id, caption) of the given keys (content ids, or a `source` captioner's keys:
+    prx_core.models.caption_keys) that have a shipped caption of that captioner."""
     if not keys:
-        return {}
-    table = lookup_keys(storage.lance_uri("captions"), "content_id", keys, ["content_id", "caption"],
-                        shipped_filter(storage, captioner_version, version), storage.lance_storage_options(), version)
-    return dict(zip(table["content_id"].to_pylist(), table["caption"].to_pylist()))
+        return pa.table({"content_id": pa.array([], pa.string()), "caption": pa.array([], pa.string())})
+    return lookup_keys(storage.lance_uri("captions"), "content_id", keys, ["content_id", "caption"],
+                       shipped_filter(storage, captioner_version, version), storage.lance_storage_options(), version)
 
 
 def caption_gaps(storage: Storage, captioner_version: str, keys: Sequence[str],

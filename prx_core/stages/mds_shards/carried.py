@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from prx_core.models.caption_keys import caption_keys
 from prx_core.stages.mds_shards.latents import latent_where
-from prx_core.store.lookups import caption_gaps, lookup_keys, shipped_filter
+from prx_core.store.lookups import caption_gaps, lookup_keys, shipped_captions
 from prx_core.store.storage import Storage
 
 CARRIED_FIELDS = [
@@ -41,13 +41,11 @@ def carried_columns(storage: Storage, params: Mapping[str, Any], inputs: Mapping
     captioner = params["captioner_version"]
     keys = caption_keys(captioner, content_ids, originals)
     key_array = pa.array(keys, pa.string())
-    options = storage.lance_storage_options()
-    shipped = lookup_keys(storage.lance_uri("captions"), "content_id", keys, ["content_id", "caption"],
-                          shipped_filter(storage, captioner, inputs["captions"]), options, inputs["captions"])
+    shipped = shipped_captions(storage, captioner, keys, inputs["captions"])
     caption = shipped["caption"].take(pc.index_in(key_array, shipped["content_id"]))
     missing = pc.is_null(caption)
     gaps = caption_gaps(storage, captioner, key_array.filter(missing).to_pylist(), inputs["captions"])
-    why = [None if ok else gaps.get(k, ("", "")) for k, ok in zip(keys, pc.invert(missing).to_pylist())]
+    why = [gaps.get(k, ("", "")) if gone else None for k, gone in zip(keys, missing.to_pylist())]
     columns = {"caption_key": key_array, "original_caption": pa.array(originals, pa.string()),
                "caption": caption,
                "caption_error": pa.array([w and w[0] for w in why], pa.string()),
@@ -55,7 +53,8 @@ def carried_columns(storage: Storage, params: Mapping[str, Any], inputs: Mapping
     latents = params.get("latents")
     if latents:
         found = lookup_keys(storage.lance_uri("text_latents"), "content_id", keys, ["content_id", "tokens"],
-                            latent_where(latents, captioner), options, inputs["text_latents"], with_row_address=True)
+                            latent_where(latents, captioner), storage.lance_storage_options(), inputs["text_latents"],
+                            with_row_address=True)
         at = pc.index_in(key_array, found["content_id"])
         columns["latent_tokens"] = found["tokens"].take(at).cast(pa.int32())
         columns["latent_address"] = found["_rowaddr"].take(at)
