@@ -102,16 +102,20 @@ def test_a_200k_url_table_is_many_units_and_every_row_a_sample_or_a_reject(tmp_p
 
 
 def test_a_hugging_face_url_dataset_is_cut_by_rows_as_a_parquet_table_is(tmp_path: Path, server, ray_cluster) -> None:
-    """A Hub snapshot of URLs (LAION-style: parquet files under data/) used to be one unit per file,
-    however many rows; its parquet files are now cut at row groups, the keys as a whole read gives them.
-    An Arrow file (`save_to_disk`) cannot count its rows without reading them: it stays whole."""
+    """A Hub snapshot of URLs (LAION-style: parquet files under data/, written here by `datasets`
+    itself) used to be one unit per file, however many rows; its parquet files are now cut at row
+    groups, the keys as a whole read gives them. An Arrow file (`save_to_disk`) cannot count its
+    rows without reading them: it stays whole."""
+    import datasets
+
+    datasets.disable_progress_bars()
     folder = tmp_path / "hub"
     (folder / "data").mkdir(parents=True)
     (folder / "README.md").write_text("---\nlicense: cc-by-4.0\n---\n")
     for n in range(2):
         rows = range(n * 10_000, (n + 1) * 10_000)
-        pq.write_table(pa.table({"url": [url_for(server, i) for i in rows], "text": [f"photo {i}" for i in rows]}),
-                       folder / "data" / f"train-0000{n}-of-00002.parquet", row_group_size=2_500)
+        datasets.Dataset.from_dict({"url": [url_for(server, i) for i in rows], "text": [f"photo {i}" for i in rows]}) \
+            .to_parquet(str(folder / "data" / f"train-0000{n}-of-00002.parquet"), batch_size=2_500)  # row groups
     spec = SourceSpec("hub", "huggingface", str(folder), url_column="url", download=FAST)
     plan = plan_units(spec, None, UNIT_BYTES, 5_000, UNIT_FILES)
     assert [u.rows for u in plan.units] == [5_000] * 4 and plan.pinned == {"unit_rows": 5_000}
@@ -129,10 +133,7 @@ def test_a_hugging_face_url_dataset_is_cut_by_rows_as_a_parquet_table_is(tmp_pat
     assert samples.num_rows == 200 and set(samples["source_key"].to_pylist()) | set(rejects["source_key"].to_pylist()) == whole
 
     saved = tmp_path / "saved"
-    saved.mkdir()
-    with pa.OSFile(str(saved / "data-00000-of-00001.arrow"), "wb") as sink, \
-            pa.ipc.new_stream(sink, pa.schema([("url", pa.string())])) as writer:
-        writer.write_table(pa.table({"url": [url_for(server, i) for i in range(12_000)]}))
+    datasets.Dataset.from_dict({"url": [url_for(server, i) for i in range(12_000)]}).save_to_disk(str(saved))
     arrow = SourceSpec("saved", "huggingface", str(saved), url_column="url", download=FAST)
     assert [(u.rows, u.spec.get("part")) for u in plan_units(arrow, None, UNIT_BYTES, 5_000, UNIT_FILES).units] == [
         (0, None)]  # one unit, read whole
