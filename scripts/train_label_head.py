@@ -5,8 +5,8 @@ of prx_core/models/data/labelled_captions.jsonl; deterministic (prx_core.models.
 
 The held-out split is never read here: measure the result with
 `prx-corpus eval-labels --labelled prx_core/models/data/labelled_captions.jsonl --split heldout`
-(`--round 1,2,3`: the hash-split rounds; `--round 4,6,7`: the fresh rounds held out whole).
-Training is ~7 minutes on 2 shared cores (4 word scales x 6 penalties x 3 x 5 folds).
+(`--round 1,2,3`: the hash-split rounds; `--round 8`: the fresh round held out whole).
+Training is ~3 minutes on 2 cores (4 word scales x 6 penalties x 3 x 5 folds).
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from prx_core.models.caption_text import words
 from prx_core.models.prompts import CAPTION_PROMPT
 
 EMPTY = "empty"
@@ -62,7 +63,6 @@ DISTINCT_MIN_TRIGRAMS = 30  # below this a text is too short for the distinct-3-
 DISTINCT_MIN_SHARE = 0.5  # under half the 3-grams distinct: the text goes round in circles
 CHAR_LOOP = re.compile(r"(\S.{0,11}?)\1{5,}", re.DOTALL)  # a unit of 1-12 characters six times in a row
 
-_WORDS = re.compile(r"\w+", re.UNICODE)
 _SPECIAL = re.compile(
     r"<\|[^<>|\s]{1,40}\|>|</?s>|<(?:unk|pad|eos|bos|image|video|start_of_turn|end_of_turn|pad_token)>"
     r"|\[/?INST\]|\[/?IMG\]|<(?:image|img)_?\d*>", re.IGNORECASE)
@@ -90,10 +90,6 @@ class Verdict:
     @property
     def ok(self) -> bool:
         return not self.problem
-
-
-def words(text: str) -> list[str]:
-    return _WORDS.findall(text.lower())
 
 
 def check_generated(text: str | None, finish_reason: str | None = None, *, min_words: int = DEFAULT_MIN_WORDS,
@@ -129,7 +125,7 @@ def check_source(text: str | None, *, max_words: int = DEFAULT_MAX_WORDS) -> Ver
         return Verdict()  # no caption at all is `no_source_caption`, counted by the captions stage
     plain = " ".join(text.lower().split()).strip(" .:-_")
     if plain in _GENERIC or _FILE_NAME.match(plain) or _FRAME_NUMBER.match(plain) or _URL.match(plain) \
-            or not _WORDS.search(plain) or plain.replace(" ", "").isdigit():
+            or not words(plain) or plain.replace(" ", "").isdigit():
         return Verdict(BOILERPLATE, f"boilerplate alt-text: {text[:80]!r}")
     count = len(text.split())
     if count > max_words:
@@ -166,7 +162,7 @@ def repeated(text: str, tokens: list[str]) -> str:
                 return f"{phrase!r} repeated {need // n + 1} times in a row"
     if found := CHAR_LOOP.search(text):
         unit = found.group(1)
-        if _WORDS.search(unit):
+        if words(unit):
             return f"{unit!r} repeated {len(found.group(0)) // len(unit)} times in a row"
     share = distinct_share(tokens)
     if share is not None and share < DISTINCT_MIN_SHARE:

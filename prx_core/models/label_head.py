@@ -14,7 +14,7 @@ moves it, and the embedding-only head sent short photos of an architect at a dra
 dog's engraved collar tag to `text`, and art nudes, lingerie and a bikini to `nsfw`; a caption's
 words ("sketch", "statue", "bikini", "diagram", "screenshot") tell those kinds apart. The head reads
 both: x = [embedding, word_scale * w / |w|], w the 0/1 indicators of the vocabulary's words in the
-caption (lower-cased runs of letters and digits; the vocabulary: words of at least MIN_DF training
+caption (prx_core.models.caption_text.words, the words the caption checks count too; the vocabulary: words of at least MIN_DF training
 captions), so the words' part has the embedding's length times word_scale whatever the caption's
 length. A word outside the vocabulary adds nothing; a caption with none is read by its embedding.
 word_scale (0: embedding only, as format 1) is chosen with the penalty and thresholds by
@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,19 +40,20 @@ from typing import Any
 
 import numpy as np
 
+from prx_core.models.caption_text import WORD_PATTERN, words
+
 DATA = Path(__file__).resolve().parent / "data"
 HEAD_PATH = DATA / "label_head.json"
 LABELLED_PATH = DATA / "labelled_captions.jsonl"
 FORMAT = 2  # 1: embedding only (no vocabulary), still read
-WORD_PATTERN = r"[a-z0-9]+"  # a caption's words: runs of letters and digits, lower-cased
 # Kinds of the labelled set that are photos showing some text (a sign, a bib, a plate, an overlaid
 # caption): the ones a labeller must not send to `text`.
 PHOTO_WITH_TEXT = ("incidental_text", "short_incidental", "overlay_text")
 
 
 def caption_words(caption: str) -> set[str]:
-    """The words of a caption as the head reads them (WORD_PATTERN over the lower-cased text)."""
-    return set(re.findall(WORD_PATTERN, str(caption).lower()))
+    """The distinct words of a caption as the head reads them (caption_text.words: the caption checks' words too)."""
+    return set(words(caption))
 
 
 def word_features(captions: Sequence[str], vocabulary: Sequence[str], scale: float) -> np.ndarray:

@@ -62,19 +62,22 @@ def test_shipped_head_is_trained_on_the_current_train_split_of_this_model() -> N
 
 
 def test_labelled_set_splits_by_caption_hash_and_covers_the_hard_cases() -> None:
-    """Rounds 1-3 split by each caption's hash; round 4, written after rounds 1-3 were measured,
-    is held out whole (a fresh measure of the method chosen on them); round 5, training captions
-    of the weak kinds written after round 4, is trained on whole."""
+    """Rounds 1-3 split by each caption's hash; every later round whole: rounds 4, 6 and 7 were the
+    fresh measures of the word head until the method was chosen on them, and are trained on since
+    round 8 (held out, written before this head) replaced them; rounds 5 and 9, training captions
+    of the weak kinds, are trained on."""
     rows = labelled_rows()
     for row in rows:
         held = int(hashlib.sha256(row["caption"].encode()).hexdigest()[:8], 16) % 100 < 30
-        expected = {4: "heldout", 5: "train", 6: "heldout", 7: "heldout"}.get(row["round"], "heldout" if held else "train")
-        assert row["round"] in range(1, 8) and row["split"] == expected, row["caption"][:60]
+        expected = {8: "heldout"}.get(row["round"], "train") if row["round"] > 3 else "heldout" if held else "train"
+        assert row["round"] in range(1, 10) and row["split"] == expected, row["caption"][:60]
         assert row["label"] in LABELS and row["kind"]
     assert sum(r["split"] == "heldout" and r["round"] < 4 for r in rows) == 231  # round 4 moved none of these
     assert len({r["caption"] for r in rows}) == len(rows)  # no caption twice
     long = [r for r in rows if not r["kind"].startswith("short")]
-    assert all(100 <= len(r["caption"].split()) <= 200 for r in long) and len(long) >= 300
+    # paragraphs of 100-200 words as CAPTION_PROMPT asks; round 8's 51-110 (VLM captions often stop short of it)
+    assert all(100 <= len(r["caption"].split()) <= 200 for r in long if r["round"] != 8) and len(long) >= 300
+    assert all(50 <= len(r["caption"].split()) <= 200 for r in long)
     kinds = {r["kind"] for r in rows}
     assert {"incidental_text", "chart", "map", "menu", "infographic", "screenshot", "meme", "document", "slide",
             "art_nude", "swimwear", "explicit_photo", "explicit_illustration"} <= kinds
@@ -115,7 +118,7 @@ def test_json_round_trip_and_digest_follows_the_weights_and_words() -> None:
     with pytest.raises(ValueError, match="shapes"):
         head_from_json({**head.to_json(), "bias": [0.0, 0.0]})
     with pytest.raises(ValueError, match="vocabulary"):
-        head_from_json({**head.to_json(), "vocabulary": ["w"] * 2000})
+        head_from_json({**head.to_json(), "vocabulary": ["w"] * head.weights.shape[1]})
     # a format-1 head (embedding only) is still read, and reads no captions
     old = LabelHead(LABELS, head.weights[:, :384], head.bias, 0.5, 0.35, head.model)
     again = head_from_json({**old.to_json(), "format": 1})
@@ -124,7 +127,7 @@ def test_json_round_trip_and_digest_follows_the_weights_and_words() -> None:
 
 
 def test_words_are_indicators_scaled_to_a_fixed_length() -> None:
-    assert caption_words("A cat's 2 CATS, cat-nap!") == {"a", "cat", "s", "2", "cats", "nap"}
+    assert caption_words("A cat's 2 CATS, cat-nap! Müller_Bau") == {"a", "cat", "s", "2", "cats", "nap", "müller_bau"}
     features = word_features(["cat dog", "cat cat bird", "", "fish"], ("bird", "cat", "dog"), 2.0)
     np.testing.assert_allclose(features, [[0, np.sqrt(2), np.sqrt(2)], [np.sqrt(2), np.sqrt(2), 0], [0, 0, 0], [0, 0, 0]])
     np.testing.assert_allclose(np.linalg.norm(features[:2], axis=1), 2.0)  # whatever the caption's length
