@@ -59,9 +59,18 @@ def test_every_size_gets_the_documented_bucket_or_drop(width: int, height: int, 
     assert decision.width % 16 == 0 and decision.height % 16 == 0
 
 
+@st.composite
+def bucketable_sizes(draw: st.DrawFn) -> tuple[int, int]:
+    """(width, height) within the accepted aspect ratios: independent sides were mostly elongated
+    (hypothesis favours the ends of a range), and filtering them out failed its health check on CI."""
+    width = draw(st.integers(384, 20_000))
+    return width, draw(st.integers(max(384, math.ceil(width / 2)), min(20_000, width * 2)))
+
+
 @FAST
-@given(width=st.integers(384, 20_000), height=st.integers(384, 20_000), max_tier=st.sampled_from(TIERS))
-def test_crop_box_is_the_centred_minimal_crop_inside_the_image(width: int, height: int, max_tier: int) -> None:
+@given(size=bucketable_sizes(), max_tier=st.sampled_from(TIERS))
+def test_crop_box_is_the_centred_minimal_crop_inside_the_image(size: tuple[int, int], max_tier: int) -> None:
+    width, height = size
     bucket = assign_bucket(width, height, max_tier)
     assume(isinstance(bucket, Bucket))
     left, top, right, bottom = crop_box(width, height, bucket)
