@@ -13,6 +13,7 @@ starts its own embedded Ray (one CPU, `ray:` in PRX_CONFIG).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -143,8 +144,13 @@ def round_of_runs(deployed: Deployment) -> Round:
         return next(int(m.group(1)) for e in events if (m := re.search(r"Started process for run \(pid: (\d+)\)",
                                                                         e.message or "")))
     pid = deployed.wait_for("the captions step of the run to kill", worker_pid, 150)
+    try:
+        os.kill(pid, signal.SIGSTOP)  # the worker stops where it is and starts no further process
+    except ProcessLookupError:
+        pytest.fail(f"run {victim}'s worker (pid {pid}) ended before it could be killed")
     for process in [pid, *descendants(pid)]:  # the whole run worker, as when its pod or node dies
-        os.kill(process, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # a child that ended between the listing and its kill
+            os.kill(process, signal.SIGKILL)
     retry = deployed.wait_for("the retry of the killed run", lambda: next(iter(deployed.instance.get_runs(
         dg.RunsFilter(tags={PARENT_RUN_ID_TAG: victim}))), None), 90)
     deployed.wait_for_runs([first, second, victim, retry.run_id], 300)
