@@ -26,7 +26,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from prx_core.models.caption_text import words
+from prx_core.models.caption_text import WORDS, words
 from prx_core.models.prompts import CAPTION_PROMPT
 
 EMPTY = "empty"
@@ -125,7 +125,7 @@ def check_source(text: str | None, *, max_words: int = DEFAULT_MAX_WORDS) -> Ver
         return Verdict()  # no caption at all is `no_source_caption`, counted by the captions stage
     plain = " ".join(text.lower().split()).strip(" .:-_")
     if plain in _GENERIC or _FILE_NAME.match(plain) or _FRAME_NUMBER.match(plain) or _URL.match(plain) \
-            or not words(plain) or plain.replace(" ", "").isdigit():
+            or not WORDS.search(plain) or plain.replace(" ", "").isdigit():
         return Verdict(BOILERPLATE, f"boilerplate alt-text: {text[:80]!r}")
     count = len(text.split())
     if count > max_words:
@@ -162,7 +162,7 @@ def repeated(text: str, tokens: list[str]) -> str:
                 return f"{phrase!r} repeated {need // n + 1} times in a row"
     if found := CHAR_LOOP.search(text):
         unit = found.group(1)
-        if words(unit):
+        if WORDS.search(unit):
             return f"{unit!r} repeated {len(found.group(0)) // len(unit)} times in a row"
     share = distinct_share(tokens)
     if share is not None and share < DISTINCT_MIN_SHARE:

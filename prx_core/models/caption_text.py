@@ -28,13 +28,6 @@ import unicodedata
 from dataclasses import dataclass
 
 DEFAULT_MAX_CAPTION_CHARS = 2_000
-WORD_PATTERN = r"\w+"  # a caption's words, for every rule that counts or reads them: runs of word characters
-_WORDS = re.compile(WORD_PATTERN)
-
-
-def words(text: str) -> list[str]:
-    """The lower-cased words of a text, in order: what the caption checks count and the labeller's head reads."""
-    return _WORDS.findall(str(text).lower())
 MIN_MAX_CAPTION_CHARS = 16  # below this a cap is a configuration mistake, not a policy
 WORD_BOUNDARY_SLACK = 4  # cut at a word boundary if one is within the last 1/4 of the cap
 
@@ -45,6 +38,14 @@ _FLAGGED = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff\u2028\u
 _SPACES = re.compile("[ \t]+")
 _BLANK_LINES = re.compile("\n{3,}")
 _JOINERS = frozenset("\u200c\u200d") | frozenset(chr(c) for c in range(0xFE00, 0xFE10))  # ZWNJ, ZWJ, variation selectors
+WORD_PATTERN = r"\w+"  # a caption's words, for every rule that counts or reads them: runs of word characters
+WORDS = re.compile(WORD_PATTERN)
+
+
+def words(text: str) -> list[str]:
+    """The lower-cased words of a text, in order: what the caption checks count and the labeller's
+    head reads."""
+    return WORDS.findall(str(text).lower())
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ moves it, and the embedding-only head sent short photos of an architect at a dra
 dog's engraved collar tag to `text`, and art nudes, lingerie and a bikini to `nsfw`; a caption's
 words ("sketch", "statue", "bikini", "diagram", "screenshot") tell those kinds apart. The head reads
 both: x = [embedding, word_scale * w / |w|], w the 0/1 indicators of the vocabulary's words in the
-caption (prx_core.models.caption_text.words, the words the caption checks count too; the vocabulary: words of at least MIN_DF training
-captions), so the words' part has the embedding's length times word_scale whatever the caption's
-length. A word outside the vocabulary adds nothing; a caption with none is read by its embedding.
-word_scale (0: embedding only, as format 1) is chosen with the penalty and thresholds by
-cross-validation on the training split (prx_core.models.label_head_train).
+caption (prx_core.models.caption_text.words, the words the caption checks count too; the
+vocabulary: words of at least MIN_DF training captions), so the words' part has the embedding's
+length times word_scale whatever the caption's length. A word outside the vocabulary adds
+nothing; a caption with none is read by its embedding. word_scale (0: embedding only, as format 1)
+is chosen with the penalty and thresholds by cross-validation on the training split
+(prx_core.models.label_head_train).
 
 The head is a small JSON file shipped with the package (`data/label_head.json`): per label a
 weight vector over the 384 embedding dimensions and the vocabulary, a bias, the vocabulary and
@@ -52,7 +53,8 @@ PHOTO_WITH_TEXT = ("incidental_text", "short_incidental", "overlay_text")
 
 
 def caption_words(caption: str) -> set[str]:
-    """The distinct words of a caption as the head reads them (caption_text.words: the caption checks' words too)."""
+    """The distinct words of a caption as the head reads them: caption_text.words, the caption
+    checks' words too."""
     return set(words(caption))
 
 

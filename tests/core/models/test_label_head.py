@@ -69,7 +69,10 @@ def test_labelled_set_splits_by_caption_hash_and_covers_the_hard_cases() -> None
     rows = labelled_rows()
     for row in rows:
         held = int(hashlib.sha256(row["caption"].encode()).hexdigest()[:8], 16) % 100 < 30
-        expected = {8: "heldout"}.get(row["round"], "train") if row["round"] > 3 else "heldout" if held else "train"
+        if row["round"] <= 3:
+            expected = "heldout" if held else "train"
+        else:
+            expected = "heldout" if row["round"] == 8 else "train"
         assert row["round"] in range(1, 10) and row["split"] == expected, row["caption"][:60]
         assert row["label"] in LABELS and row["kind"]
     assert sum(r["split"] == "heldout" and r["round"] < 4 for r in rows) == 231  # round 4 moved none of these

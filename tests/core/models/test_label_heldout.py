@@ -8,7 +8,8 @@ and round 8 (120 captions written on 2026-12-06 before this head was trained, he
 earlier fresh rounds 4, 6 and 7 had been spent on choosing the word head and are trained on since).
 Round 8 meets every target. Rounds 1-3 meet accuracy and explicit recall, but one photo with an
 overlaid title ("as on a food blog's cover") goes to `text` (p 0.77 against 0.70): the rate of
-that error out of fold on the training split is 2.33 of 199 such photos (1.2%): among 50, one miss or more has a ~45% chance.
+that error out of fold on the training split is 2.33 of 199 such photos (1.2%), so among 50 one
+miss or more has a ~45% chance.
 One embedding pass (~350 captions)."""
 
 from __future__ import annotations
