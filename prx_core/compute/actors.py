@@ -1,4 +1,5 @@
-"""Model work units on long-lived Ray actors: a model is loaded once per actor, not once per unit.
+"""Model work units on long-lived Ray actors: a model is loaded once per actor, not once per unit,
+and an actor outlives its stage run, so the next run in this process reuses its process.
 
 Each actor builds its model once (`factory()`), at its first use: a unit with nothing pending (a
 rerun, a source already done) never loads it, and a model that cannot be built fails the unit with
@@ -6,19 +7,36 @@ its own error. Then it runs unit after unit. Two units are queued per actor and 
 while a lock lets only one of them use the model at a time: the next unit's lookups and image reads
 overlap the current unit's model calls, so the model (the GPU) stays busy. The seconds
 `ModelHost.run` returns are what the benchmark reports as the model's busy time.
+
+When a run ends its actors wait in this process's `IDLE` pool instead of dying: the next stage run
+with the same resources (the next source's captioner, the labeller after the captioner) takes them.
+Starting an actor costs a worker process, its imports (torch) and the model; a GPU captioner kept
+across the sources of a backfill keeps its GPU busy. An actor holds one model at a time (built
+anew when the next run brings another factory; the process's own caches, such as MiniLM's, stay).
+An idle actor still holds its CPU and GPU reservation, so the pool gives way: it kills idle actors
+of another shape before a model run starts its own, keeps idle ones on at most half the cluster's
+CPUs (a task always finds a CPU: no deadlock; on a small machine the tasks between two model stages
+run on fewer CPUs), is emptied before a Ray Data pipeline sizes itself to the cluster
+(`release_idle`), and ends any actor idle for `IDLE_SECONDS`.
 """
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import json
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prx_core.compute.parallel import TaskFailed
 
 UNITS_PER_ACTOR = 2  # one running on the model, one preparing its inputs
+IDLE_SECONDS = 300.0  # an idle actor older than this is ended at the pool's next use
 
 
 class ModelHost:
@@ -46,11 +64,119 @@ class ModelHost:
 
 
 class _Actor:
-    def __init__(self, factory: Callable[[], Any]) -> None:
-        self.host = ModelHost(factory)
+    """One model at a time, keyed by its factory: a run with another factory drops the last model
+    (and the GPU memory it held) before building its own."""
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return fn(self.host, *args)
+    def __init__(self) -> None:
+        self._key = ""
+        self._host: ModelHost | None = None
+        self._switch = threading.Lock()
+
+    def call(self, key: str, factory: Callable[[], Any], fn: Callable[..., Any], *args: Any) -> Any:
+        with self._switch:
+            if key != self._key:
+                self._host, self._key = None, ""
+                _free_memory()
+                self._host, self._key = ModelHost(factory), key
+            host = self._host
+        return fn(host, *args)
+
+
+def _free_memory() -> None:
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What an actor reserves and runs in; only an actor of the same shape is reused."""
+
+    num_cpus: float
+    num_gpus: float
+    runtime_env: str  # canonical JSON, "" for none
+
+
+class IdleActors:
+    """The actors finished runs of this process left, by shape, oldest first. A new Ray session
+    (`ray.shutdown`, `ray.init`) drops them: their handles belong to the old one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[tuple[Shape, Any, float]] = []
+        self._session = ""
+
+    def take(self, shape: Shape, count: int) -> list[Any]:
+        """Up to `count` idle actors of `shape`; idle actors of any other shape are ended first (the
+        new actors may need what they reserve)."""
+        with self._lock:
+            self._expire()
+            other = [entry for entry in self._idle if entry[0] != shape]
+            same = [entry for entry in self._idle if entry[0] == shape]
+            _kill(actor for _, actor, _ in other)
+            taken, self._idle = same[-count:], same[:-count]
+            return [actor for _, actor, _ in taken]
+
+    def give_back(self, shape: Shape, actors: list[Any]) -> None:
+        """Keep `actors` idle while all idle actors reserve at most half the cluster's CPUs; end the rest."""
+        import ray
+
+        with self._lock:
+            self._expire()
+            budget = ray.cluster_resources().get("CPU", 0) / 2 - sum(s.num_cpus for s, _, _ in self._idle)
+            now = time.monotonic()
+            for actor in actors:
+                if shape.num_cpus <= budget:
+                    self._idle.append((shape, actor, now))
+                    budget -= shape.num_cpus
+                else:
+                    _kill([actor])
+
+    def clear(self) -> None:
+        with self._lock:
+            _kill(actor for _, actor, _ in self._idle)
+            self._idle = []
+
+    def __len__(self) -> int:
+        return len(self._idle)
+
+    def _expire(self) -> None:
+        """Forget another session's actors; end those idle for longer than IDLE_SECONDS."""
+        import ray
+
+        session = ray.get_runtime_context().get_session_name() if ray.is_initialized() else ""
+        if session != self._session:
+            self._idle, self._session = [], session
+        cutoff = time.monotonic() - IDLE_SECONDS
+        _kill(actor for _, actor, since in self._idle if since < cutoff)
+        self._idle = [entry for entry in self._idle if entry[2] >= cutoff]
+
+
+IDLE = IdleActors()
+
+
+def release_idle() -> None:
+    """End every idle actor: before work that sizes itself to the cluster's free resources (a Ray
+    Data pipeline of vLLM engines), which an idle actor's reservation would starve."""
+    IDLE.clear()
+
+
+def _kill(actors: Iterable[Any]) -> None:
+    import ray
+
+    for actor in actors:
+        try:
+            ray.kill(actor)
+        except Exception:  # noqa: BLE001 - already gone with its session or node: nothing to end
+            pass
+
+
+def factory_key(factory: Callable[[], Any]) -> str:
+    """The factory's identity across runs: its pickled bytes (a `partial` of a class and its config)."""
+    from ray import cloudpickle
+
+    return hashlib.sha256(cloudpickle.dumps(factory)).hexdigest()
 
 
 def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Iterable[tuple[Any, ...]], *,
@@ -59,14 +185,18 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
     """`fn(host, *args)` for every args tuple of `calls` on `actors` actors that each hold
     `factory()`, yielding (call number, result) in completion order; the driver holds at most
     `UNITS_PER_ACTOR` calls per actor. A call that raises is retried `max_retries` times; an actor
-    that dies is replaced and its calls resubmitted. Then the error is raised as `TaskFailed`."""
+    that dies is replaced and its calls resubmitted. Then the error is raised as `TaskFailed`.
+    Actors come from, and after a clean end go back to, the idle pool (`IDLE`)."""
     import ray
 
+    shape = Shape(num_cpus, num_gpus, json.dumps(runtime_env, sort_keys=True) if runtime_env else "")
     remote = ray.remote(_Actor).options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=UNITS_PER_ACTOR,
                                         **({"runtime_env": runtime_env} if runtime_env else {}))
     if not num_gpus:  # actors beyond the cluster's CPUs would never start, and their calls never run
         actors = min(actors, max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-9))))
-    pool = [remote.remote(factory) for _ in range(max(1, actors))]
+    key = factory_key(factory)
+    pool = IDLE.take(shape, max(1, actors))
+    pool += [remote.remote() for _ in range(max(1, actors) - len(pool))]
     load = [0] * len(pool)
     retry: deque[int] = deque()
     args_of: dict[int, tuple[Any, ...]] = {}
@@ -85,7 +215,7 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
                     else:
                         exhausted = True
                         break
-                    pending[pool[index].call.remote(fn, *args_of[number])] = (number, index, pool[index])
+                    pending[pool[index].call.remote(key, factory, fn, *args_of[number])] = (number, index, pool[index])
                     load[index] += 1
             if not pending:
                 return
@@ -99,7 +229,7 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
                 if attempts[number] > max_retries:
                     raise TaskFailed(number, RuntimeError("the actor running it died")) from None
                 if pool[index] is actor:  # its other calls fail too: replace it once
-                    pool[index] = remote.remote(factory)
+                    pool[index] = remote.remote()
                 retry.append(number)
                 continue
             except Exception as exc:
@@ -111,5 +241,7 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
             del args_of[number]
             yield number, result
     finally:
-        for actor in pool:
-            ray.kill(actor)
+        if pending:  # stopped early (a failure, an interrupt): its actors may still be busy
+            _kill(pool)
+        else:
+            IDLE.give_back(shape, pool)

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prx_core.compute.actors import release_idle
 from prx_core.compute.faults import pause_point
 from prx_core.compute.parallel import quiet_ray_data
 from prx_core.compute.units import Unit, UnitResults, UnitRun, execute_unit
@@ -193,6 +194,7 @@ class Pass:
         if not work:
             return done, 0
         quiet_ray_data()
+        release_idle()  # the engines size themselves to the free resources an idle model actor holds
         skipped = len(done)
         items = [{"unit": unit_id, **todo[unit_id][1]} for unit_id in work]
         dataset = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
