@@ -14,7 +14,6 @@ import pytest
 import skimage.data
 from PIL import Image
 
-from prx_core.compute.quiet import start_ray
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult, prepare_image, word_count
 from prx_core.models.captioning import CaptionBatch, SourceCaptioner, build_captioner, checked_captions
 from prx_core.models.captioning_transformers import TransformersCaptioner
@@ -194,25 +193,16 @@ def test_caption_batch_on_numpy_object_arrays(config: CaptionerConfig, photos: l
 
 
 def test_caption_batch_in_a_ray_data_pipeline(
-    config: CaptionerConfig, captioner: TransformersCaptioner, photos: list[bytes]
+    config: CaptionerConfig, captioner: TransformersCaptioner, photos: list[bytes], ray_cluster
 ) -> None:
-    import ray
-
+    ray = ray_cluster
     images = photos + [b"junk"] + photos[:2]
     items = [{"content_id": f"c{i}", "image": data, "original_caption": None} for i, data in enumerate(images)]
     expected = [c.result for c in checked_captions(captioner, [item["image"] for item in items], [None] * len(items))]
-    started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
-    if started:
-        start_ray(num_cpus=1, log_to_driver=False)
-    try:
-        ray.data.DataContext.get_current().enable_progress_bars = False
-        dataset = ray.data.from_items(items).map_batches(
-            CaptionBatch, fn_constructor_kwargs={"config": config}, concurrency=1, batch_size=4
-        )
-        rows = {row["content_id"]: row for row in dataset.take_all()}
-    finally:
-        if started:
-            ray.shutdown()
+    dataset = ray.data.from_items(items).map_batches(
+        CaptionBatch, fn_constructor_kwargs={"config": config}, concurrency=1, batch_size=4
+    )
+    rows = {row["content_id"]: row for row in dataset.take_all()}
     assert sorted(rows) == [item["content_id"] for item in items]
     for item, want in zip(items, expected):
         row = rows[item["content_id"]]

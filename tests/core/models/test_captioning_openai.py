@@ -15,7 +15,6 @@ import pytest
 from corpora import write_contents
 from PIL import Image
 
-from prx_core.compute.quiet import start_ray
 from prx_core.models.caption_base import CaptionerConfig, CaptionResult
 from prx_core.models.captioning import CaptionBatch, build_captioner
 from prx_core.models.captioning_openai import OpenAICaptioner, encode_for_request, parse_response
@@ -241,11 +240,9 @@ def test_server_reads_only_base64_data_urls() -> None:
 
 def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     fresh: CaptionServer, config: CaptionerConfig, local: TransformersCaptioner, photos: list[bytes],
-    tmp_path, monkeypatch: pytest.MonkeyPatch,
+    tmp_path, monkeypatch: pytest.MonkeyPatch, ray_cluster,
 ) -> None:
     """build_captions with a real local Ray: CaptionBatch actors call the loopback server."""
-    import ray
-
     from prx_core.stages.captions import stage as captions_stage
     from prx_core.store import lance_io
     from prx_core.store.storage import Storage
@@ -254,17 +251,10 @@ def test_captions_stage_records_endpoint_failures_and_a_rerun_completes_them(
     write_contents(storage, "demo", {"c0": photos[0], "c1": photos[1], "c2": photos[2], "junk": b"not an image"})
     serial = replace(config, concurrency=1, max_retries=0, batch_size=4)
     fresh.faults = Faults(schedule=[500, 429])  # the first two images sent fail, with no retries left
-    started = not ray.is_initialized()
-    if started:
-        start_ray(num_cpus=1, log_to_driver=False)
-    try:
-        first = captions_stage.build_captions("demo", storage, serial)
-        assert (first.captioned, first.failed, first.reused) == (1, 3, 0)
-        assert first.failures == {"http_error": 2, "decode_error": 1}
-        rerun = captions_stage.build_captions("demo", storage, serial)
-    finally:
-        if started:
-            ray.shutdown()
+    first = captions_stage.build_captions("demo", storage, serial)
+    assert (first.captioned, first.failed, first.reused) == (1, 3, 0)
+    assert first.failures == {"http_error": 2, "decode_error": 1}
+    rerun = captions_stage.build_captions("demo", storage, serial)
     assert (rerun.reused, rerun.captioned, rerun.failed) == (1, 2, 1)
     want = dict(zip(["c0", "c1", "c2"], expected(local, photos[:3])))
     rows = {r["content_id"]: r for r in lance_io.open_table(storage.lance_uri("captions")).to_table().to_pylist()}

@@ -14,7 +14,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from prx_core.compute.quiet import start_ray
 from prx_core.models.embeddings import EMBEDDING_DIM, EmbedBatch, EmbedderConfig
 from prx_core.stages.caption_embeddings import build_caption_embeddings
 from prx_core.store import lance_io, maintenance, schemas
@@ -28,16 +27,7 @@ CAPTIONS = [CAR, "Scanned page of a printed invoice with a table of amounts", "A
             CAR_TWIN, "Snow-capped mountains reflected in an alpine lake", "A bowl of ramen with a soft-boiled egg"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_local():
-    import ray
-
-    started = not ray.is_initialized()  # reuse a Ray another test left running, and leave it be
-    if started:
-        start_ray(num_cpus=1, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")  # the core tests' one Ray
 
 
 def vector(seed: int, dim: int) -> list[float]:
