@@ -9,15 +9,15 @@ overlap the current unit's model calls, so the model (the GPU) stays busy. The s
 `ModelHost.run` returns are what the benchmark reports as the model's busy time.
 
 When a run ends its actors wait in this process's `IDLE` pool instead of dying: the next stage run
-with the same resources (the next source's captioner, the labeller after the captioner) takes them.
+with the same resources (the labeller after the captioner, the next source's captioner) takes them.
 Starting an actor costs a worker process, its imports (torch) and the model; a GPU captioner kept
 across the sources of a backfill keeps its GPU busy. An actor holds one model at a time (built
 anew when the next run brings another factory; the process's own caches, such as MiniLM's, stay).
-An idle actor still holds its CPU and GPU reservation, so the pool gives way: it kills idle actors
-of another shape before a model run starts its own, keeps idle ones on at most half the cluster's
-CPUs (a task always finds a CPU: no deadlock; on a small machine the tasks between two model stages
-run on fewer CPUs), is emptied before a Ray Data pipeline sizes itself to the cluster
-(`release_idle`), and ends any actor idle for `IDLE_SECONDS`.
+An idle actor keeps its CPU and GPU reservation, so the pool gives way: idle actors of another
+shape end when a run's own actors would not fit beside them; the idle ones hold at most half the
+cluster's CPUs (a task always finds a CPU: no deadlock; on a small machine the tasks between two
+model stages run on fewer CPUs); `release_idle` ends them all before a Ray Data pipeline sizes
+itself to the cluster; and an actor idle for `IDLE_SECONDS` ends.
 """
 
 from __future__ import annotations
@@ -108,14 +108,27 @@ class IdleActors:
         self._session = ""
 
     def take(self, shape: Shape, count: int) -> list[Any]:
-        """Up to `count` idle actors of `shape`; idle actors of any other shape are ended first (the
-        new actors may need what they reserve)."""
+        """Up to `count` idle actors of `shape`. Idle actors of other shapes stay while the actors
+        still to start fit beside them (a GPU captioner waits through the CPU labeller for the next
+        source); otherwise they end, those holding the missing resource first, oldest first."""
+        import ray
+
         with self._lock:
             self._expire()
-            other = [entry for entry in self._idle if entry[0] != shape]
             same = [entry for entry in self._idle if entry[0] == shape]
-            _kill(actor for _, actor, _ in other)
-            taken, self._idle = same[-count:], same[:-count]
+            taken = same[-count:]
+            self._idle = [entry for entry in self._idle if entry not in taken]
+            missing = count - len(taken)
+            if missing and self._idle:
+                free = ray.available_resources()
+                cpus, gpus = free.get("CPU", 0.0), free.get("GPU", 0.0)
+                short_of_gpus = gpus < missing * shape.num_gpus
+                for entry in sorted(self._idle, key=lambda e: ((e[0].num_gpus > 0) != short_of_gpus, e[2])):
+                    if cpus >= missing * shape.num_cpus and gpus >= missing * shape.num_gpus:
+                        break
+                    self._idle.remove(entry)
+                    _kill([entry[1]])
+                    cpus, gpus = cpus + entry[0].num_cpus, gpus + entry[0].num_gpus
             return [actor for _, actor, _ in taken]
 
     def give_back(self, shape: Shape, actors: list[Any]) -> None:

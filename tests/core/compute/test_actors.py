@@ -69,17 +69,24 @@ def test_the_same_factory_twice_builds_once(folder: Path) -> None:
     assert builds(folder, "same") == 1
 
 
-def test_an_actor_of_another_shape_is_ended_first(folder: Path) -> None:
+def test_an_actor_of_another_shape_stays_while_the_new_ones_fit_beside_it(folder: Path) -> None:
+    first = run(partial(Counted, "a", str(folder)), [1])
+    run(partial(Counted, "b", str(folder)), [2], num_cpus=0.25)  # fits beside it; then more than half: not kept
+    assert len(IDLE) == 1
+    again = run(partial(Counted, "a", str(folder)), [3])
+    assert {pid for pid, _ in again.values()} == {pid for pid, _ in first.values()} and builds(folder, "a") == 1
+
+
+def test_an_actor_of_another_shape_is_ended_when_the_new_ones_need_its_cpus(folder: Path) -> None:
     import ray
 
-    before = run(partial(Counted, "a", str(folder)), [1])
+    run(partial(Counted, "a", str(folder)), [1])
     [old] = IDLE.take(actors.Shape(HALF, 0.0, ""), 1)
     IDLE.give_back(actors.Shape(HALF, 0.0, ""), [old])
-    after = run(partial(Counted, "b", str(folder)), [2], num_cpus=0.25)
-    assert {pid for pid, _ in after.values()} != {pid for pid, _ in before.values()}
+    run(partial(Counted, "b", str(folder)), [2], num_cpus=0.75)  # half a CPU is free: the idle one must go
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(old.call.remote("k", None, on_actor, 1), timeout=60)
-    assert len(IDLE) == 1  # the quarter-CPU one
+    assert len(IDLE) == 0  # three quarters of a CPU is more than the pool keeps
 
 
 def test_the_pool_keeps_at_most_half_the_cpus(folder: Path) -> None:
