@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import sys
 import threading
 import time
@@ -36,7 +37,8 @@ from typing import Any
 from prx_core.compute.parallel import TaskFailed
 
 UNITS_PER_ACTOR = 2  # one running on the model, one preparing its inputs
-IDLE_SECONDS = 300.0  # an idle actor older than this is ended at the pool's next use
+# an idle actor older than this is ended at the pool's next use; 0: no actor outlives its run
+IDLE_SECONDS = float(os.environ.get("PRX_IDLE_ACTOR_SECONDS", "300"))
 
 
 class ModelHost:
@@ -132,12 +134,14 @@ class IdleActors:
             return [actor for _, actor, _ in taken]
 
     def give_back(self, shape: Shape, actors: list[Any]) -> None:
-        """Keep `actors` idle while all idle actors reserve at most half the cluster's CPUs; end the rest."""
+        """Keep `actors` idle while all idle actors reserve at most half the cluster's CPUs; end the
+        rest (all of them with PRX_IDLE_ACTOR_SECONDS=0)."""
         import ray
 
         with self._lock:
             self._expire()
-            budget = ray.cluster_resources().get("CPU", 0) / 2 - sum(s.num_cpus for s, _, _ in self._idle)
+            kept = sum(s.num_cpus for s, _, _ in self._idle)
+            budget = ray.cluster_resources().get("CPU", 0) / 2 - kept if IDLE_SECONDS > 0 else -1.0
             now = time.monotonic()
             for actor in actors:
                 if shape.num_cpus <= budget:

@@ -106,3 +106,9 @@ def test_an_actor_idle_too_long_is_ended(folder: Path, monkeypatch: pytest.Monke
     second = run(partial(Counted, "old", str(folder)), [2])
     assert {pid for pid, _ in second.values()} != {pid for pid, _ in first.values()}
     assert builds(folder, "old") == 2
+
+
+def test_with_no_idle_time_no_actor_outlives_its_run(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(actors, "IDLE_SECONDS", 0.0)  # PRX_IDLE_ACTOR_SECONDS=0
+    run(partial(Counted, "once", str(folder)), [1])
+    assert len(IDLE) == 0
