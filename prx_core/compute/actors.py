@@ -77,7 +77,7 @@ class _Actor:
     def call(self, key: str, factory: Callable[[], Any], fn: Callable[..., Any], *args: Any) -> Any:
         with self._switch:
             if key != self._key:
-                self._host, self._key = None, ""
+                self._host, self._key = None, ""  # the last model's memory is freed before the next is built
                 _free_memory()
                 self._host, self._key = ModelHost(factory), key
             host = self._host
@@ -117,9 +117,9 @@ class IdleActors:
 
         with self._lock:
             self._expire()
-            same = [entry for entry in self._idle if entry[0] == shape]
-            taken = same[-count:]
-            self._idle = [entry for entry in self._idle if entry not in taken]
+            picked = [i for i, entry in enumerate(self._idle) if entry[0] == shape][-count:]  # the newest
+            taken = [self._idle[i] for i in picked]
+            self._idle = [entry for i, entry in enumerate(self._idle) if i not in picked]
             missing = count - len(taken)
             if missing and self._idle:
                 free = ray.available_resources()
