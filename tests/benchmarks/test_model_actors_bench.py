@@ -25,14 +25,16 @@ def fake_builds(cpu: dict[str, list[float | None]], other_summary: bool = False)
 
 
 def test_medians_ratios_and_the_summary_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(model_actors, "run_build", fake_builds({"baseline": [100.0, 80.0, 90.0], "kept": [60.0, 54.0, 57.0]}))
+    cpu = {"baseline": [100.0, 80.0, 90.0], "kept": [60.0, 54.0, 57.0]}
+    monkeypatch.setattr(model_actors, "run_build", fake_builds(cpu))
     results = model_actors.run(tmp_path / "sources.yaml", tmp_path, repeats=3)
     assert [b["kind"] for b in results["builds"]] == ["baseline", "kept"] * 3  # alternated, not one kind then the other
     assert results["medians"] == {"baseline": {"seconds": 20.0, "cpu_seconds": 90.0},
                                   "kept": {"seconds": 12.0, "cpu_seconds": 57.0}}
     assert results["kept_over_baseline"] == {"seconds": 0.6, "cpu_seconds": 0.63} and results["same_summary"]
     assert "kept / baseline (medians): wall 0.6x, CPU 0.63x; same summary: True" in model_actors.format_table(results)
-    monkeypatch.setattr(model_actors, "run_build", fake_builds({"baseline": [None], "kept": [None]}, other_summary=True))
+    no_cpu = {"baseline": [None], "kept": [None]}
+    monkeypatch.setattr(model_actors, "run_build", fake_builds(no_cpu, other_summary=True))
     results = model_actors.run(tmp_path / "sources.yaml", tmp_path, repeats=1)
     assert results["kept_over_baseline"]["cpu_seconds"] is None and not results["same_summary"]
     assert "| kept | 6.0 | - |" in model_actors.format_table(results)
