@@ -66,6 +66,7 @@ def run_build(catalog: Path, work: Path, kind: str) -> dict[str, Any]:
     return {"kind": kind, "seconds": round(seconds, 1), "cpu_seconds": None if cpu is None else round(cpu, 1),
             "summary": lines[first:last + 1]}
 
+
 def run(catalog: Path, work: Path, repeats: int) -> dict[str, Any]:
     builds = [run_build(catalog, work / f"{kind}-{n}", kind) for n in range(repeats) for kind in KINDS]
     medians = {kind: {measure: statistics.median(b[measure] for b in builds if b["kind"] == kind)

@@ -209,11 +209,12 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
     shape = Shape(num_cpus, num_gpus, json.dumps(runtime_env, sort_keys=True) if runtime_env else "")
     remote = ray.remote(_Actor).options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=UNITS_PER_ACTOR,
                                         **({"runtime_env": runtime_env} if runtime_env else {}))
+    count = max(1, actors)
     if not num_gpus:  # actors beyond the cluster's CPUs would never start, and their calls never run
-        actors = min(actors, max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-9))))
+        count = min(count, max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-9))))
     key = factory_key(factory)
-    pool = IDLE.take(shape, max(1, actors))
-    pool += [remote.remote() for _ in range(max(1, actors) - len(pool))]
+    pool = IDLE.take(shape, count)
+    pool += [remote.remote() for _ in range(count - len(pool))]
     load = [0] * len(pool)
     retry: deque[int] = deque()
     args_of: dict[int, tuple[Any, ...]] = {}

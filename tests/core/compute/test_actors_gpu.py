@@ -1,18 +1,18 @@
 """A GPU model actor waits through the CPU model stages between two sources (prx_core.compute.actors):
 the next source's captioner run reuses its process and model. On a Ray of 2 CPUs declaring one
-(logical) GPU, as a GPU node's Ray declares its GPUs; the models are stand-ins of each shape."""
+(logical) GPU, as a GPU node's Ray declares its GPUs; the models are test_actors' stand-ins."""
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
+import test_actors
+from test_actors import Counted, on_actor
 
-from prx_core.compute.actors import IDLE, ModelHost, imap_actors, release_idle
+from prx_core.compute.actors import IDLE, imap_actors, release_idle
 from prx_core.compute.quiet import start_ray
 
 
@@ -23,23 +23,10 @@ def gpu_ray() -> Iterator[None]:
     if ray.is_initialized():  # another module's Ray has no GPU
         ray.shutdown()
     start_ray(num_cpus=2, num_gpus=1, log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(__import__(__name__))
+    ray.cloudpickle.register_pickle_by_value(test_actors)  # the stand-in models: workers cannot import tests
     yield
     release_idle()
     ray.shutdown()
-
-
-class Model:
-    def __init__(self, name: str, builds: str) -> None:
-        self.name = name
-        Path(builds, f"{name}-{os.getpid()}-{time.monotonic_ns()}").touch()
-
-    def __call__(self, x: int) -> str:
-        return f"{self.name}:{x}"
-
-
-def on_actor(host: ModelHost, x: int) -> tuple[int, str]:
-    return os.getpid(), host.run(x)[0]
 
 
 def pids(factory, num_gpus: float) -> set[int]:
@@ -47,7 +34,7 @@ def pids(factory, num_gpus: float) -> set[int]:
 
 
 def test_the_captioner_outlives_the_labeller_and_serves_the_next_source(gpu_ray: None, tmp_path: Path) -> None:
-    captioner, labeller = partial(Model, "captioner", str(tmp_path)), partial(Model, "labeller", str(tmp_path))
+    captioner, labeller = partial(Counted, "captioner", str(tmp_path)), partial(Counted, "labeller", str(tmp_path))
     first = pids(captioner, num_gpus=1)  # source a: captions on the GPU,
     assert pids(labeller, num_gpus=0) != first  # labels on a CPU actor beside it (one CPU free: it fits),
     assert pids(captioner, num_gpus=1) == first  # source b: captions on the same actor, model not built again
