@@ -188,15 +188,24 @@ def compact_corpus(storage: Any) -> tuple[int, None, dict[str, Any]]:
     return rows, None, {"fragments_before_after": fragments, "chunks_pruned": len(done.streams.removed)}
 
 
-def units_summary(results: Any) -> dict[str, Any]:
+def units_summary(results: Any, storage: Any) -> dict[str, Any]:
+    """A phase's counts, peaks and time; and per unit that ran, the bytes it read and its seconds
+    (from the report's detail: benchmarks.corpus_growth compares them across corpus sizes)."""
+    from prx_core.compute.unit_results import read_detail
+
+    detail = results.summaries or (read_detail(storage, results.detail_uri) if results.detail_uri else [])
+    ran = [s for s in detail if "read_bytes" in s]
     return {"units": results.units, "ran": results.ran, "skipped": results.skipped,
             "reused": results.total("reused"),  # mds chunks whose content-named folder existed: no work
-            "worker_peak_rss_mb": results.worker_peak_rss_mb(), "seconds": round(results.seconds, 3)}
+            "worker_peak_rss_mb": results.worker_peak_rss_mb(), "seconds": round(results.seconds, 3),
+            "unit_read_bytes": [s["read_bytes"] for s in ran], "unit_seconds": [s["seconds"] for s in ran]}
 
 
 def run_stage(job: dict[str, Any]) -> dict[str, Any]:
     """Connect to the benchmark's cluster, run the stage, report its numbers and this process's peak RSS."""
     import ray
+
+    from prx_core.store.storage import Storage
 
     ray.init(address=job["address"], log_to_driver=False, logging_level="warning", configure_logging=False)
     started = time.monotonic()
@@ -207,7 +216,7 @@ def run_stage(job: dict[str, Any]) -> dict[str, Any]:
     seconds = time.monotonic() - imported
     phases = results if isinstance(results, dict) else {} if results is None else {"units": results}
     return {"stage": job["stage"], "rows": rows, "seconds": seconds, "import_s": imported - started,
-            "units": {phase: units_summary(r) for phase, r in phases.items()},
+            "units": {phase: units_summary(r, Storage(job["root"])) for phase, r in phases.items()},
             "driver_peak_rss_mb": peak_rss_mb(), "extra": extra}
 
 

@@ -294,6 +294,19 @@ def _record_failure(run: UnitRun, unit: Unit, exc: TaskFailed, on_failed: Failed
     return summary
 
 
+def process_read_bytes() -> int | None:
+    """Bytes this process has read so far (Linux `rchar`: every read of a file, page cache hits
+    included, as an object store would serve them; Lance's own counters agree on its reads), None
+    where /proc is missing. A unit's difference (`read_bytes` in its summary) is what it read: how
+    its cost grows with the corpus. A model actor runs two units at once (UNITS_PER_ACTOR): there
+    it is the process's reads while the unit ran, an upper bound."""
+    try:
+        with open("/proc/self/io") as handle:
+            return next(int(line.split()[1]) for line in handle if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 def _execute_on_actor(host: ModelHost, fn: ModelUnitFn, unit: Unit, run: UnitRun) -> dict[str, Any]:
     return _execute(fn, unit, run, host)
 
@@ -308,12 +321,15 @@ def _execute(fn: UnitFn | ModelUnitFn, unit: Unit, run: UnitRun, *host: ModelHos
     """On the worker: run the unit, then record its completion (outputs first, record last)."""
     import ray
 
-    began = time.monotonic()
+    began, read_before = time.monotonic(), process_read_bytes()
     token = UNIT_BEGAN.set(run.mark_started(unit.id))
     try:
         summary = dict(fn(*host, unit, run))
     finally:
         UNIT_BEGAN.reset(token)
+    read_after = process_read_bytes()
+    if read_before is not None and read_after is not None:
+        summary["read_bytes"] = read_after - read_before
     summary.update(unit=unit.id, rows_planned=unit.rows, seconds=round(time.monotonic() - began, 3),
                    worker_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                    node=ray.get_runtime_context().get_node_id())

@@ -62,7 +62,10 @@ def test_drivers_stay_bounded_on_a_partition_four_times_larger(tmp_path: Path) -
             assert 50 < entry["driver_peak_rss_mb"] < 4096, stage
         for stage in UNIT_STAGES:
             entry = size["stages"][stage]
-            assert entry["units"]["units"] | {"worker_peak_rss_mb": 0, "seconds": 0} == {
+            units = dict(entry["units"]["units"])
+            read, seconds = units.pop("unit_read_bytes"), units.pop("unit_seconds")  # per unit that ran
+            assert len(read) == len(seconds) == n and min(read) > 0 and min(seconds) > 0, stage
+            assert units | {"worker_peak_rss_mb": 0, "seconds": 0} == {
                 "units": n, "ran": n, "skipped": 0, "reused": 0, "worker_peak_rss_mb": 0, "seconds": 0}, stage
             assert 50 < entry["worker_peak_rss_mb"] < 4096 and entry["worker_peak_rss_mb_units"] > 50, stage
         assert size["stages"]["samples"]["tables"]["samples"]["fragments"] == [0, n]  # one fragment per unit

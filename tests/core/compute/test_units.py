@@ -183,3 +183,22 @@ def test_without_a_handler_a_hung_unit_fails_the_run_naming_it(tmp_path: Path) -
     run = UnitRun.open(Storage(str(tmp_path)), manifest())
     with pytest.raises(UnitFailed, match=r"unit u001 timed out: still running after \d+ s, over the 4 s time limit"):
         run_units(run, [Unit("u000", 1, {}), Unit("u001", 1, {"hang": True})], hang_or_fail, time_limit_s=4)
+
+
+def read_file_unit(unit: Unit, run: UnitRun) -> dict:
+    """Reads `spec["bytes"]` bytes of a file written before the run (page cache or not)."""
+    with open(unit.spec["path"], "rb") as handle:
+        assert len(handle.read(unit.spec["bytes"])) == unit.spec["bytes"]
+    return {"rows": unit.rows}
+
+
+def test_each_unit_records_the_bytes_it_read(tmp_path: Path) -> None:
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(3 << 20))
+    plan = [Unit("small", 1, {"path": str(data), "bytes": 1 << 20}), Unit("large", 1, {"path": str(data), "bytes": 3 << 20})]
+    result = run_units(UnitRun.open(Storage(str(tmp_path / "root")), manifest()), plan, read_file_unit)
+    read = {s["unit"]: s["read_bytes"] for s in result.summaries}
+    # its own reads, plus what recording a unit reads (a few KB), never another unit's
+    assert 1 << 20 <= read["small"] < (1 << 20) + (512 << 10), read
+    assert 3 << 20 <= read["large"] < (3 << 20) + (512 << 10), read
+    assert result.total("read_bytes") == sum(read.values())
