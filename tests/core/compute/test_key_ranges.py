@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 import random
 from pathlib import Path
+from unittest.mock import patch
 
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from prx_core.compute.key_ranges import SAMPLE_SCHEMA, in_range, key_samples, plan_key_ranges, range_predicate
+from prx_core.compute import key_ranges
+from prx_core.compute.key_ranges import (RANGE_TABLE_ROWS, SAMPLE_SCHEMA, in_range, key_samples, plan_key_ranges,
+                                         range_predicate, range_unit_rows)
 from prx_core.compute.row_units import plan_row_units
 from prx_core.store.lookups import lookup_where
 
@@ -81,3 +84,39 @@ def test_a_range_read_finds_exactly_the_range_rows(tmp_path: Path) -> None:
     assert sorted(found) == sorted(keys[1::3])
     assert range_predicate("content_id", {"lo": None, "hi": None}) == "TRUE"
     assert range_predicate("content_id", {"lo": "a'b", "hi": None}) == "content_id >= 'a''b'"
+
+
+@pytest.mark.parametrize(("unit_rows", "partition", "table", "expected"), [
+    (4_096, 100_000, 100_000, 4_096),  # the whole table: as configured
+    (4_096, 100_000, 1_000_000, 4_096),  # a tenth of it: 40,960 rows spanned, under the budget
+    (4_096, 20_000, 16_000_000, 256),  # 1/800: 2**18 * 20,000 / 16M = 327 rows fit, so 256
+    (4_096, 20_000, 17_000_000, 256),  # a table a little bigger: the same plan
+    (4_096, 10, 1_000_000_000, 1),  # never below one row
+    (1_000_000, 1_000_000, 1_000_000, 1_000_000),  # bigger units (mds route) span their own rows
+    (1_000_000, 1_000_000, 4_000_000, 131_072),  # ... or their own size of the table (250,000 fit)
+    (4_096, 0, 1_000, 4_096),  # an empty partition plans nothing either way
+])
+def test_a_small_partition_in_a_big_table_gets_units_of_a_bounded_span(unit_rows: int, partition: int, table: int,
+                                                                       expected: int) -> None:
+    rows = range_unit_rows(unit_rows, partition, table)
+    assert rows == expected
+    if partition and rows < unit_rows:  # the span is within budget, and twice the rows would not be
+        budget = max(unit_rows, RANGE_TABLE_ROWS)
+        assert rows * table <= budget * partition < 2 * rows * table or rows == 1
+
+
+def test_a_range_plan_spans_a_bounded_part_of_the_table_and_ids_say_its_size(tmp_path: Path) -> None:
+    """One source of 2,000 keys among 60,000 of others: units of 4,096 rows would each span the
+    whole table; with a budget of 8,192 table rows a unit holds 256 of the source's rows (2,000 *
+    8,192 / 62,000 = 264 fit), and its range holds about 8,000 rows of all sources."""
+    mine, others = digests(2_000, "mine"), digests(60_000, "others")
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"content_id": mine + others, "source": ["s"] * 2_000 + ["o"] * 60_000}), uri)
+    with patch("prx_core.compute.key_ranges.RANGE_TABLE_ROWS", 8_192):
+        _, units = key_ranges.plan_partition_ranges(uri, "content_id", "source = 's'", 4_096)
+    assert len(units) == 8 and all(u.id.startswith("k256r") for u in units)  # ceil(2,000 / 256)
+    assert set(owners(mine, units)) == {1}  # every key of the source in exactly one unit
+    spans = [sum(owners_in(mine + others, u)) for u in units]
+    assert sum(spans) == 62_000 and max(spans) < 8_192 * 1.3, spans
+    _, whole = key_ranges.plan_partition_ranges(uri, "content_id", "source = 'o'", 4_096)  # most of the table
+    assert [u.id for u in whole] == [f"k{i:07d}" for i in range(15)]  # ceil(60,000 / 4,096): as configured
