@@ -21,8 +21,8 @@ from prx_core.store.schemas import (BTREE_COLUMNS, FILTER_COLUMNS, FTS_COLUMNS, 
                                     VECTOR_COLUMNS)
 
 FTS_TYPES = {"inverted", "fts"}
-MERGE_ROWS = 10_000_000  # index rows one run merges per index: ~12 min of a full-text index (74 s per 1M rows)
-BOUNDED_TYPES = {"btree", "bitmap"}  # kept to MAX_SEGMENTS segments; their merges are cheap (docs/benchmarks.md)
+MERGE_ROWS = 10_000_000  # index rows maintenance merges per index at least (the bound may ask for more)
+BOUNDED_TYPES = {"btree", "bitmap"}  # kept to MAX_SEGMENTS segments at every catch-up; their merges are cheap
 MIN_VECTOR_ROWS = 256  # below this a vector index is not built: a flat scan is as fast
 
 
@@ -84,9 +84,11 @@ def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE
     `max_segments` segments whatever the table's history (prx_core.store.segments: size-ratio
     merges of the newest segments, so a row is rewritten a few times, not at every catch-up), and
     fold at least the newest segments within `merge_rows` (0 in the stages' catch-ups).
-    Merging a full-text index cost 74 s per million rows, so the other kinds merge at most
-    `merge_rows` rows of their newest segments per run and the big old segments stay as they
-    are; with `merge_rows=0` their new fragments get a delta segment of their own."""
+    Full-text and vector indexes (searches read every segment too) get the same bound in
+    maintenance's catch-ups (`merge_rows` > 0: compaction, on a worker), where the rare merge
+    that folds the oldest segment belongs; in the stages' (`merge_rows=0`) their new fragments
+    get a delta segment of their own, so a commit never waits on a big merge, and the next
+    maintenance folds them."""
     rows = {f.fragment_id: f.metadata.num_rows for f in ds.get_fragments()}
     done = []
     for desc in ds.describe_indices():
@@ -94,7 +96,7 @@ def catch_up_indexes(ds: LanceDataset, names: list[str], merge_rows: int = MERGE
             continue
         segments = [s.fragment_ids for s in desc.segments]
         unindexed = _unindexed_fragments(ds, desc)
-        if desc.index_type.lower() in BOUNDED_TYPES:
+        if desc.index_type.lower() in BOUNDED_TYPES or merge_rows > 0:
             # and, where a budget is given (compaction's catch-ups), the newest segments within it:
             # Lance never merges fragments indexed by different segments of an index, so a small
             # delta left by the ratio rule would keep its fragments apart from the older ones

@@ -129,3 +129,29 @@ def test_the_default_bound_is_what_catch_ups_use() -> None:
     import inspect
 
     assert inspect.signature(maint.catch_up_indexes).parameters["max_segments"].default == MAX_SEGMENTS
+
+
+def test_a_full_text_index_gains_deltas_in_the_stages_and_maintenance_folds_them_within_the_bound(
+        tmp_path: Path) -> None:
+    """Stage catch-ups (`merge_rows=0`) leave a full-text delta per commit, never a big merge in a
+    commit; a maintenance catch-up (compaction's, `merge_rows` > 0) folds them to the bound, and
+    every caption is still found by its words."""
+    uri, batch, appends, bound = str(tmp_path / "captions.lance"), 50, 12, 3
+
+    def rows(a: int) -> pa.Table:
+        return pa.table({"n": list(range(a * batch, (a + 1) * batch)),
+                         "caption": [f"a photo of thing{i} near word{i % 7}" for i in range(a * batch, (a + 1) * batch)]})
+
+    lance.write_dataset(rows(0), uri)
+    lance.dataset(uri).create_scalar_index("caption", "INVERTED", name="caption_fts")
+    for a in range(1, appends):
+        ds = lance.write_dataset(rows(a), uri, mode="append")
+        maint.catch_up_indexes(ds, ["caption_fts"], merge_rows=0, max_segments=bound)
+    assert len(segment_sizes(uri, "caption_fts")) == appends  # a delta per commit
+    maint.catch_up_indexes(lance.dataset(uri), ["caption_fts"], merge_rows=1, max_segments=bound)
+    sizes = segment_sizes(uri, "caption_fts")
+    assert len(sizes) <= bound and sum(sizes) == appends * batch
+    ds = lance.dataset(uri)
+    for i in random.Random(5).sample(range(appends * batch), 20):
+        hits = ds.to_table(full_text_query=f"thing{i}", columns=["n"])["n"].to_pylist()
+        assert hits == [i], (i, hits)

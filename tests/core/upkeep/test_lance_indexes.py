@@ -111,10 +111,10 @@ def test_vector_index_rules(tmp_path: Path) -> None:
 
 
 def test_a_run_merges_only_the_newest_segments_within_its_row_budget(tmp_path: Path) -> None:
-    """A whole-index merge of a 100M-row full-text index is hours in one process: compaction
-    merges the newest (small) segments up to its row budget and leaves the big old one as it is.
-    The BTREE index is bounded instead (prx_core.store.segments): each stage commit folds its rows
-    into the newest small segment, never into the 300-row one."""
+    """A stage commit leaves a full-text delta of its own; compaction folds the newest (small)
+    segments, within its row budget and the size-ratio bound, and leaves the big old one as it is.
+    The BTREE index is bounded at every catch-up (prx_core.store.segments): each stage commit folds
+    its rows into the newest small segment, never into the 300-row one."""
     uri = str(tmp_path / "segments.lance")
     lio.replace_partition(uri, where("a"), rows("a", 300), SCHEMA)
     maint.refresh_indexes(uri, ["caption"], btree_columns=["sample_id"])
