@@ -10,6 +10,7 @@ import json
 import os
 import time
 from pathlib import Path
+from unittest.mock import patch
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,7 @@ import pytest
 from corpora import stored_labels
 from crash import kill_at, recorded_units
 
+from prx_core.compute.unit_results import read_detail
 from prx_core.compute.units import RUNS
 from prx_core.models.caption_base import CaptionerConfig
 from prx_core.models.caption_keys import source_caption_key
@@ -112,6 +114,21 @@ def test_captions_units_give_the_reference_rows_once_per_content(storage: Storag
     assert (other.eligible, other.reused, other.captioned) == (4, 1, 3)
     assert caption_rows(storage) == sorted(want | reference_captions(B))  # b's c2 has its own caption
     assert len(caption_rows(storage)) == len(want) + 3
+
+
+def test_a_small_source_in_a_bigger_table_runs_in_smaller_units_with_the_same_captions(storage: Storage) -> None:
+    """A range of a source's content ids holds the other sources' keys between its own, which the
+    unit's range reads and lookups cross: where its units would span more than RANGE_TABLE_ROWS
+    rows of the table they get fewer rows (prx_core.compute.key_ranges.range_unit_rows), with ids
+    that say so. With a budget of 2 rows, a's 12 of the 16 rows run in units of 2 and b's 4 in
+    units of 1, and the captions are the single-process reference's."""
+    with patch("prx_core.compute.key_ranges.RANGE_TABLE_ROWS", 2):
+        first = build_captions("a", storage, CONFIG, unit_rows=4)
+        report = build_captions("b", storage, CONFIG, unit_rows=4)
+    assert (first.units.units, report.units.units, report.units.ran) == (6, 4, 4)
+    assert [s["unit"] for s in read_detail(storage, report.units.detail_uri)] == [f"k1r{i:07d}" for i in range(4)]
+    assert caption_rows(storage) == sorted(reference_captions(A) | reference_captions(B))
+    assert (report.eligible, report.reused, report.captioned) == (4, 1, 3)
 
 
 def test_labels_units_give_the_reference_labels_once_per_content(storage: Storage) -> None:
