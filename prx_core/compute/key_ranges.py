@@ -41,7 +41,7 @@ SAMPLE_SCHEMA = pa.schema([("key", pa.string()), ("rows", pa.int64())])
 PLAN_ROWS = 1_000_000  # keys a planning task sorts (a fragment's worth: 64 MB of content ids)
 SAMPLES_PER_UNIT = 8  # keys per unit's worth of rows the planning tasks return (512 per 4,096-row unit)
 # rows of the whole table (every partition's) one unit's range may span: a range read and a lookup
-# of its keys read ~60 BTREE pages of each table they touch (~25 MB of a content_id index), at most
+# of its keys read at most ~64 BTREE pages of each table they touch (~19 MB of a content_id index)
 RANGE_TABLE_ROWS = 1 << 18
 
 
