@@ -11,8 +11,8 @@ does not. Measured through the stages themselves, not a model of their lookups:
    own rows over and over with new sample ids, content ids and caption keys, images and
    fingerprints left empty; the measured stages never read another source's bytes), indexed as the
    stages index them (BTREE and BITMAP; the full-text indexes, which no unit reads, are left out);
-3. each measured stage's last run of the source is forgotten (its attempt and its reuse record)
-   and the stage runs again: every unit runs, and records the bytes it read (`read_bytes`, the
+3. each measured stage's last run of the source is not reused (`force_next_run`) and the stage
+   runs again: every unit runs, and records the bytes it read (`read_bytes`, the
    worker's `rchar`, prx_core.compute.units.process_read_bytes). Stages whose outputs are all
    stored (captions, labels) still run each unit's lookups, which is what is measured.
 
@@ -84,8 +84,10 @@ def template_rows(ds: Any, source: str) -> pa.Table:
     """The rows padding copies: the measured source's (a per-source table) or all (a content-keyed
     one, which holds only the source's contents yet); one made-up row where the table is empty
     (no duplicates among distinct photos)."""
+    from prx_core.store.partitions import source_predicate
+
     columns = [f.name for f in ds.schema if f.name not in EMPTIED]
-    table = ds.to_table(columns=columns, filter=f"source = '{source}'" if "source" in ds.schema.names else None)
+    table = ds.to_table(columns=columns, filter=source_predicate(source) if "source" in ds.schema.names else None)
     for name in EMPTIED:
         if name in ds.schema.names:
             table = table.append_column(ds.schema.field(name), pa.nulls(table.num_rows, ds.schema.field(name).type))
@@ -126,16 +128,6 @@ def pad_table(uri: str, table: str, source: str, have: int, want: int) -> float:
     return time.monotonic() - began
 
 
-def forget_last_run(root: str, stage: str, source: str) -> None:
-    """The stage's attempts and reuse record for the source: its next run runs every unit again."""
-    from prx_core.compute.unit_results import REPORTS
-    from prx_core.stages.unchanged import LATEST
-    from prx_core.store.storage import RUNS
-
-    shutil.rmtree(Path(root, RUNS, stage, source), ignore_errors=True)
-    Path(root, REPORTS, stage, source, LATEST).unlink(missing_ok=True)
-
-
 def unit_reads(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Per phase of a driver's result: units, median and largest MB read per unit, median seconds."""
     phases = {}
@@ -164,6 +156,8 @@ def run(rows: int, unit_rows: int, corpus: Sequence[int], stages: Sequence[str],
         workdir: str | None, cpus: int) -> dict[str, Any]:
     from benchmarks.scale import default_cache, synthetic_source, unit_sizes
     from benchmarks.scale_driver import Cluster, run_driver
+    from prx_core.stages.unchanged import force_next_run
+    from prx_core.store.storage import Storage
 
     source_dir = synthetic_source(Path(cache) if cache else default_cache(), rows, max(1, unit_rows // 2), cpus, True)
     spec = {"name": "bench", "format": "parquet", "uri": str(source_dir), "image_column": "image",
@@ -171,7 +165,7 @@ def run(rows: int, unit_rows: int, corpus: Sequence[int], stages: Sequence[str],
     work = Path(workdir or tempfile.mkdtemp(prefix="prx-bench-growth-"))
     job = {"root": str(work / "corpus"), "source": spec, "units": unit_sizes(unit_rows, source_dir), "cpus": cpus,
            "model_seconds": 0.0}
-    cluster = Cluster(cpus, fresh=False)
+    storage, cluster = Storage(job["root"]), Cluster(cpus, fresh=False)
     results: dict[str, Any] = {"rows": rows, "unit_rows": unit_rows, "cpus": cpus, "sizes": []}
     try:
         with cluster.session() as address:
@@ -182,13 +176,12 @@ def run(rows: int, unit_rows: int, corpus: Sequence[int], stages: Sequence[str],
             for size in sorted(corpus):
                 padding = {}
                 for table in PADDED:
-                    padding[table] = round(pad_table(str(work / "corpus" / "lance" / f"{table}.lance"), table, "bench",
-                                                     have, size), 1)
+                    padding[table] = round(pad_table(storage.lance_uri(table), table, "bench", have, size), 1)
                 have = size
                 print(f"corpus of {size} other rows (padded in {sum(padding.values()):.0f} s)", flush=True)
                 measured = {}
                 for stage in stages:
-                    forget_last_run(job["root"], stage, "bench")
+                    force_next_run(storage, stage, "bench")  # its units run again, their lookups measured
                     measured[stage] = unit_reads(run_driver({**job, "stage": stage, "address": address}))
                     for phase, numbers in measured[stage].items():
                         print(f"  {stage:<15} {phase:<8} {numbers['units']:>3} units  {numbers['read_mb']:8.2f} MB/unit "

@@ -64,13 +64,12 @@ def plan_partition_ranges(uri: str, column: str, predicate: str, unit_rows: int,
     return version, plan_key_ranges(sample, rows, prefix="k" if rows == unit_rows else f"k{rows}r")
 
 
-def range_unit_rows(unit_rows: int, partition_rows: int, table_rows: int,
-                    table_rows_per_unit: int | None = None) -> int:
+def range_unit_rows(unit_rows: int, partition_rows: int, table_rows: int) -> int:
     """Rows per unit of a partition of `partition_rows` in a table of `table_rows`: `unit_rows`
-    while such a unit's range spans at most `table_rows_per_unit` rows of the table (or
-    `unit_rows`, for units sized bigger than that: `mds_shards`' route units), else the largest
-    power of two that does (a table that grows a little does not change the plan), at least 1."""
-    budget = max(unit_rows, RANGE_TABLE_ROWS if table_rows_per_unit is None else table_rows_per_unit)
+    while such a unit's range spans at most RANGE_TABLE_ROWS rows of the table (or `unit_rows`,
+    for units sized bigger than that: `mds_shards`' route units), else the largest power of two
+    that does (a table that grows a little does not change the plan), at least 1."""
+    budget = max(unit_rows, RANGE_TABLE_ROWS)
     if partition_rows <= 0 or unit_rows * table_rows <= budget * partition_rows:
         return unit_rows
     fit = budget * partition_rows // table_rows

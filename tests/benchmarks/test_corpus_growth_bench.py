@@ -1,7 +1,6 @@
 """The corpus-growth benchmark's parts that decide what it measures: the padding rows (other
 sources, new keys that sort among the real ones, no bytes a unit could read by mistake), padding a
-real Lance table with its key indexes kept, forgetting a stage's last run, and the arithmetic of
-the report. Its runs (a source built through the stages, then 1M-16M padding rows) are by hand:
+real Lance table with its key indexes kept, and the arithmetic of the report. Its runs (a source built through the stages, then 1M-16M padding rows) are by hand:
 docs/benchmarks.md has the figures and the command."""
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from benchmarks.corpus_growth import OTHERS, filler_rows, forget_last_run, growth, pad_table, template_rows, unit_reads
+from benchmarks.corpus_growth import OTHERS, filler_rows, growth, pad_table, template_rows, unit_reads
 from prx_core.store import schemas
 
 SOURCE = "bench"
@@ -73,18 +72,6 @@ def test_padding_appends_other_sources_and_keeps_the_key_indexes_caught_up(tmp_p
     for name in ("sample_id_btree", "content_id_btree", "source_bitmap"):
         covered = set().union(*(s.fragment_ids for s in indexed[name].segments))
         assert covered == fragments, name
-
-
-def test_forgetting_a_run_removes_its_attempts_and_reuse_record(tmp_path: Path) -> None:
-    attempt = tmp_path / "_runs" / "skip_lists" / SOURCE / "abc" / "done"
-    attempt.mkdir(parents=True)
-    report = tmp_path / "_reports" / "skip_lists" / SOURCE
-    report.mkdir(parents=True)
-    (report / "latest.json").write_text("{}")
-    (report / "detail.jsonl.gz").write_bytes(b"")
-    forget_last_run(str(tmp_path), "skip_lists", SOURCE)
-    assert not (tmp_path / "_runs" / "skip_lists" / SOURCE).exists()
-    assert [p.name for p in report.iterdir()] == ["detail.jsonl.gz"]  # the detail of past runs is kept
 
 
 def test_the_report_takes_medians_per_unit_and_the_growth_from_the_smallest_corpus() -> None:
