@@ -221,7 +221,7 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
     attempts: dict[int, int] = {}
     pending: dict[Any, tuple[int, int, Any]] = {}  # ref -> (call number, actor index, actor)
     numbered = enumerate(calls)
-    exhausted = False
+    exhausted = finished = False
     try:
         while True:
             for index in range(len(pool)):
@@ -236,6 +236,7 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
                     pending[pool[index].call.remote(key, factory, fn, *args_of[number])] = (number, index, pool[index])
                     load[index] += 1
             if not pending:
+                finished = True
                 return
             (ready,), _ = ray.wait(list(pending), num_returns=1)
             number, index, actor = pending.pop(ready)
@@ -259,7 +260,9 @@ def imap_actors(factory: Callable[[], Any], fn: Callable[..., Any], calls: Itera
             del args_of[number]
             yield number, result
     finally:
-        if pending:  # stopped early (a failure, an interrupt): its actors may still be busy
-            _kill(pool)
-        else:
+        # stopped early (a failure, an interrupt, a consumer that stopped reading): its actors may
+        # still be busy, even when no call is pending at the moment it stopped
+        if finished:
             IDLE.give_back(shape, pool)
+        else:
+            _kill(pool)
